@@ -1,0 +1,33 @@
+# FAR's two entry points. Both set up their own environment from the pinned lock file.
+#   make run    run the default FAR recipe (local storage, Prefect ephemeral mode, CPU)
+#   make test   lint, type-check and run every test
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RECIPE ?= recipes/smoke.yaml
+PYTEST_ARGS ?=
+
+.PHONY: run test lint env clean-runs
+
+$(BIN)/.installed: requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade "pip==26.3"
+	$(BIN)/pip install --quiet --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+env: $(BIN)/.installed
+
+run: env
+	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)
+
+lint: env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy schemas stages
+
+test: lint
+	JAX_PLATFORMS=cpu $(BIN)/pytest $(PYTEST_ARGS)
+
+clean-runs:
+	rm -rf runs

@@ -1,0 +1,115 @@
+"""The `far` command line: run a FAR recipe through the Prefect flow.
+
+Settings are read here, once, and passed down; nothing is configured at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from schemas.record import RunSummary
+from stages import storage
+from stages.recipes import RecipeError, load_recipe
+
+EXIT_INVALID = 2
+EXIT_INCOMPLETE = 3
+
+DESCRIPTION = """\
+FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason:
+data-prep -> SFT-format -> GRPO-reinforce -> evaluation, as one Prefect flow.
+
+Every stage writes its output under {storage_root}/{name}/{stage}-{hash}/ and a record
+(stage.json) last. Running the same recipe again skips every completed stage, so a run
+that stopped (session over, machine preempted, a failure) continues where it left off.
+"""
+
+RUN_EPILOG = """\
+examples:
+  far run recipes/smoke.yaml                      tiny random model, about a minute on CPU
+  far run recipes/smoke.yaml --root gs://bucket/far --session-budget 9h
+
+Without PREFECT_API_URL, Prefect starts a temporary local server for the run (ephemeral
+mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
+Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="far", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run (or continue) a FAR recipe end to end",
+        description=(
+            "Validate RECIPE in full, then run its four stages as a Prefect flow.\n"
+            "Stages already complete on storage (a stage.json record) are skipped, so running\n"
+            "the same command again continues a run that stopped."
+        ),
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    run.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
+    run.add_argument("--root", help="override the recipe's storage_root (path or URI)")
+    run.add_argument("--name", help="override the recipe's run name")
+    run.add_argument(
+        "--session-budget", help="stop cleanly after this long, e.g. 9h, 90m (overrides recipe)"
+    )
+    run.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    return parser
+
+
+def configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    quiet = logging.INFO if verbose else logging.WARNING
+    for noisy in ("absl", "jax", "orbax", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(quiet)
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "stages")
+
+
+def print_summary(summary: RunSummary) -> None:
+    state = "complete" if summary.complete else f"INCOMPLETE ({summary.stopped_reason})"
+    print(f"\nFAR run '{summary.run}' at {summary.run_uri}: {state}")
+    for s in summary.stages:
+        took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
+        print(f"  {s.stage:<10} {took:<27} {s.output_uri}")
+    if not summary.complete:
+        print("Run the same command again to continue from here.")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    overrides = {
+        "storage_root": args.root,
+        "name": args.name,
+        "session_budget": args.session_budget,
+    }
+    try:
+        recipe = load_recipe(args.recipe, overrides)
+    except RecipeError as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    budget = recipe.session_budget
+    deadline = time.time() + budget.total_seconds() if budget is not None else None
+    from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
+
+    summary = format_align_reinforce(recipe, storage.normalize(recipe.storage_root), deadline)
+    print_summary(summary)
+    return 0 if summary.complete else EXIT_INCOMPLETE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    handlers = {"run": cmd_run}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The format_align_reinforce flow: one Prefect task per stage, passing artifacts (URIs).
+
+Prefect adds the run graph, logs, retries and UI artifacts. Whether a stage runs or is
+skipped is decided by the stage itself from the records on storage, so task caching is off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, runtime, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
+from schemas.recipe import Recipe
+from schemas.record import RunSummary, StageSummary
+from stages import data_prep, evaluate, grpo, sft
+from stages.runner import RunContext, SessionExpired, StageOutcome
+
+
+def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
+    """Log and publish one stage's outcome as a Prefect artifact; return its summary line."""
+    logger = get_run_logger()
+    output = outcome.output
+    verb = "skipped (already complete on storage)" if outcome.skipped else "ran"
+    logger.info("%s %s -> %s", stage, verb, output.uri)
+    lines = [
+        f"### {stage}: {verb}",
+        "",
+        f"- output: `{output.uri}`",
+        f"- record: `{outcome.record_uri}`",
+        f"- fingerprint: `{output.fingerprint}`",
+    ]
+    if not outcome.skipped:
+        lines.append(f"- seconds: {outcome.seconds:.1f}")
+    if isinstance(output, EvalReport):
+        lines += ["", evaluate.markdown_table(output.scores)]
+    create_markdown_artifact(
+        markdown="\n".join(lines),
+        key=f"far-{stage.replace('_', '-')}",
+        description=f"FAR {stage} output",
+    )
+    return StageSummary(
+        stage=stage,
+        output_uri=output.uri,
+        record_uri=outcome.record_uri,
+        skipped=outcome.skipped,
+        seconds=outcome.seconds,
+    )
+
+
+@task(name="data_prep", cache_policy=NO_CACHE)
+def data_prep_task(recipe: Recipe, ctx: RunContext) -> tuple[DatasetArtifact, StageSummary]:
+    outcome = data_prep.prepare(recipe.data, recipe.model, ctx)
+    return outcome.output, _report("data_prep", outcome)
+
+
+@task(name="sft", cache_policy=NO_CACHE)
+def sft_task(
+    recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
+) -> tuple[CheckpointArtifact, StageSummary]:
+    outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
+    return outcome.output, _report("sft", outcome)
+
+
+@task(name="grpo", cache_policy=NO_CACHE)
+def grpo_task(
+    recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
+) -> tuple[CheckpointArtifact, StageSummary]:
+    outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
+    return outcome.output, _report("grpo", outcome)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(
+    recipe: Recipe,
+    dataset: DatasetArtifact,
+    checkpoints: dict[str, CheckpointArtifact],
+    ctx: RunContext,
+) -> tuple[EvalReport, StageSummary]:
+    wanted = {k: v for k, v in checkpoints.items() if k in recipe.eval.models}
+    outcome = evaluate.evaluate(dataset, wanted, recipe.eval, recipe.model, recipe.mesh, ctx)
+    return outcome.output, _report("evaluate", outcome)
+
+
+@flow(name="format_align_reinforce", log_prints=True)
+def format_align_reinforce(recipe: Recipe, root: str, deadline: float | None = None) -> RunSummary:
+    """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
+
+    `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
+    between stages when the session is over: re-running the same command continues.
+    """
+    ctx = RunContext(
+        root=root, run=recipe.name, deadline=deadline, flow_run_id=str(runtime.flow_run.id)
+    )
+    done: list[StageSummary] = []
+    try:
+        dataset, line = data_prep_task(recipe, ctx)
+        done.append(line)
+        policy, line = sft_task(recipe, dataset, ctx)
+        done.append(line)
+        reinforced, line = grpo_task(recipe, dataset, policy, ctx)
+        done.append(line)
+        _, line = evaluate_task(recipe, dataset, {"sft": policy, "grpo": reinforced}, ctx)
+        done.append(line)
+    except SessionExpired as e:
+        get_run_logger().warning("stopping: %s; run the same command again to continue", e)
+        return RunSummary(
+            run=recipe.name, run_uri=ctx.run_uri, complete=False, stages=done, stopped_reason=str(e)
+        )
+    return RunSummary(run=recipe.name, run_uri=ctx.run_uri, complete=True, stages=done)

@@ -1,0 +1,49 @@
+"""FAR's shared vocabulary: recipes, the artifacts stages hand each other, and stage records.
+
+Nothing in this package does I/O or imports JAX: it is safe to import anywhere (CLI, flows,
+tests, a notebook) and cheap to validate before any compute starts.
+"""
+
+from schemas.artifacts import (
+    CheckpointArtifact,
+    DatasetArtifact,
+    EvalReport,
+    ModelScores,
+    StageOutput,
+)
+from schemas.base import Frozen
+from schemas.recipe import (
+    DataPrepConfig,
+    EvalConfig,
+    Gemma3Architecture,
+    GRPOConfig,
+    LoraSpec,
+    MeshSpec,
+    ModelSpec,
+    Recipe,
+    SFTConfig,
+)
+from schemas.record import CodeVersion, Hardware, RunSummary, StageRecord, StageSummary
+
+__all__ = [
+    "CheckpointArtifact",
+    "CodeVersion",
+    "DataPrepConfig",
+    "DatasetArtifact",
+    "EvalConfig",
+    "EvalReport",
+    "Frozen",
+    "GRPOConfig",
+    "Gemma3Architecture",
+    "Hardware",
+    "LoraSpec",
+    "MeshSpec",
+    "ModelScores",
+    "ModelSpec",
+    "Recipe",
+    "RunSummary",
+    "SFTConfig",
+    "StageOutput",
+    "StageRecord",
+    "StageSummary",
+]

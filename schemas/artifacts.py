@@ -1,0 +1,74 @@
+"""What stages hand each other: URIs and metadata, never arrays.
+
+Each artifact carries a fingerprint, the content identity that downstream stage hashes are
+built from, and enough metadata for the receiving stage to refuse a mismatch (another model
+config, another tokenizer) before it spends any compute.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from schemas.base import Frozen
+from schemas.recipe import LoraSpec, ModelSpec
+
+Fingerprint = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class DatasetArtifact(Frozen):
+    """Prepared, tokenized data: fixed-shape SFT arrays plus prompt sets for GRPO and eval."""
+
+    kind: Literal["dataset"] = "dataset"
+    uri: str
+    tokenizer: str
+    seq_len: int
+    prompt_len: int
+    split_sizes: dict[str, int]
+    counts_by_source: dict[str, int]
+    quarantined: int
+    fingerprint: Fingerprint
+
+
+class CheckpointArtifact(Frozen):
+    """An Orbax checkpoint (the CheckpointManager root) and everything needed to restore it.
+
+    When `lora` is set the checkpoint holds adapters only; the base weights come from `model`.
+    """
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    uri: str
+    step: int
+    model: ModelSpec
+    tokenizer: str
+    lora: LoraSpec | None
+    params_item: str = "model_params"
+    size_bytes: int
+    fingerprint: Fingerprint
+
+
+class ModelScores(Frozen):
+    """One evaluated model's metrics over the eval prompts."""
+
+    name: str
+    checkpoint_uri: str | None
+    num_prompts: int
+    format_rate: float
+    accuracy: float
+    mean_completion_chars: float
+
+
+class EvalReport(Frozen):
+    """Metrics per model; the per-sample outputs behind them live at `samples_uri`."""
+
+    kind: Literal["eval_report"] = "eval_report"
+    uri: str
+    samples_uri: str
+    scores: list[ModelScores]
+    fingerprint: Fingerprint
+
+
+StageOutput = Annotated[
+    DatasetArtifact | CheckpointArtifact | EvalReport, Field(discriminator="kind")
+]

