@@ -79,6 +79,13 @@ def print_summary(summary: RunSummary) -> None:
     for s in summary.stages:
         took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
         print(f"  {s.stage:<10} {took:<27} {s.output_uri}")
+    ran = sum(s.seconds for s in summary.stages)
+    overhead = summary.seconds - ran
+    share = f" ({100 * overhead / summary.seconds:.1f}%)" if summary.seconds else ""
+    print(
+        f"  flow {summary.seconds:.1f} s = stages {ran:.1f} s "
+        f"+ orchestration {overhead:.1f} s{share}"
+    )
     if not summary.complete:
         print("Run the same command again to continue from here.")
 

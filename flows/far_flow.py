@@ -6,6 +6,7 @@ skipped is decided by the stage itself from the records on storage, so task cach
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime, task
@@ -91,6 +92,7 @@ def format_align_reinforce(recipe: Recipe, root: str, deadline: float | None = N
     `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
     between stages when the session is over: re-running the same command continues.
     """
+    started = time.perf_counter()
     ctx = RunContext(
         root=root, run=recipe.name, deadline=deadline, flow_run_id=str(runtime.flow_run.id)
     )
@@ -106,7 +108,22 @@ def format_align_reinforce(recipe: Recipe, root: str, deadline: float | None = N
         done.append(line)
     except SessionExpired as e:
         get_run_logger().warning("stopping: %s; run the same command again to continue", e)
-        return RunSummary(
-            run=recipe.name, run_uri=ctx.run_uri, complete=False, stages=done, stopped_reason=str(e)
-        )
-    return RunSummary(run=recipe.name, run_uri=ctx.run_uri, complete=True, stages=done)
+        return _summary(recipe, ctx, done, started, stopped_reason=str(e))
+    return _summary(recipe, ctx, done, started)
+
+
+def _summary(
+    recipe: Recipe,
+    ctx: RunContext,
+    done: list[StageSummary],
+    started: float,
+    stopped_reason: str | None = None,
+) -> RunSummary:
+    return RunSummary(
+        run=recipe.name,
+        run_uri=ctx.run_uri,
+        complete=stopped_reason is None,
+        stages=done,
+        seconds=time.perf_counter() - started,
+        stopped_reason=stopped_reason,
+    )

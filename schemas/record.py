@@ -64,4 +64,5 @@ class RunSummary(Frozen):
     run_uri: str
     complete: bool
     stages: list[StageSummary]
+    seconds: float  # wall time inside the flow; minus the stages' seconds = orchestration
     stopped_reason: str | None = None

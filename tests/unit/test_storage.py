@@ -1,4 +1,4 @@
-"""The storage module behaves alike on a local path, file:// and memory:// (gs:// in integration)."""
+"""Storage behaves alike on a local path, file:// and memory:// (gs:// is in integration)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_roundtrip_and_listing(root: str) -> None:
 
 def test_missing_file_error_names_the_uri(root: str) -> None:
     uri = storage.join(root, "nope.json")
-    with pytest.raises(FileNotFoundError, match="nope.json"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.json"):
         storage.read_json(uri)
 
 
