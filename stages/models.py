@@ -75,8 +75,10 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
         lora_model = qwix.apply_lora_to_model(
             base, provider, rngs=nnx.Rngs(params=seed), **model_input
         )
-        state = nnx.state(lora_model)
-        sharded = jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state))
+        # Place only the new adapters: resharding the whole state would copy the base
+        # weights and break the sharing that lets `base` serve as GRPO's reference.
+        adapters = nnx.state(lora_model, nnx.LoRAParam)
+        sharded = jax.lax.with_sharding_constraint(adapters, nnx.get_partition_spec(adapters))
         nnx.update(lora_model, sharded)
     return lora_model
 

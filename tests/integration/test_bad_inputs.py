@@ -33,7 +33,9 @@ def trained() -> tuple[Recipe, RunContext, DatasetArtifact, CheckpointArtifact]:
 
 def _other_model(recipe: Recipe) -> Recipe:
     arch = recipe.model.architecture.model_copy(update={"embed_dim": 64})
-    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"architecture": arch})})
+    return recipe.model_copy(
+        update={"model": recipe.model.model_copy(update={"architecture": arch})}
+    )
 
 
 def _stage_dirs(ctx: RunContext, stage: str) -> list[str]:
@@ -45,7 +47,7 @@ def test_dataset_uri_that_does_not_exist(trained) -> None:
     recipe, ctx, dataset, _ = trained
     missing = dataset.model_copy(update={"uri": f"{ctx.run_uri}/data_prep-000000000000"})
     started = time.perf_counter()
-    with pytest.raises(FileNotFoundError, match="data_prep-000000000000.*not a committed"):
+    with pytest.raises(FileNotFoundError, match=r"data_prep-000000000000.*not a committed"):
         sft.train(missing, recipe.sft.model_copy(update={"seed": 9}), recipe.model,
                   recipe.mesh, ctx)  # fmt: skip
     assert time.perf_counter() - started < 2.0  # refused before building any model
@@ -56,7 +58,9 @@ def test_checkpoint_of_another_model_config(trained) -> None:
     recipe, ctx, dataset, checkpoint = trained
     other = _other_model(recipe)
     started = time.perf_counter()
-    with pytest.raises(ValueError, match=r"another model config.*architecture\.embed_dim.*128 -> 64"):
+    with pytest.raises(
+        ValueError, match=r"another model config.*architecture\.embed_dim.*128 -> 64"
+    ):
         grpo.reinforce(dataset, checkpoint, other.grpo, other.model, other.mesh, ctx)
     with pytest.raises(ValueError, match="another model config"):
         evaluate.evaluate(dataset, {"sft": checkpoint}, other.eval.model_copy(
@@ -68,14 +72,14 @@ def test_checkpoint_of_another_model_config(trained) -> None:
 def test_checkpoint_uri_that_does_not_exist(trained) -> None:
     recipe, ctx, dataset, checkpoint = trained
     gone = checkpoint.model_copy(update={"uri": f"{ctx.run_uri}/sft-ffffffffffff/checkpoints"})
-    with pytest.raises(FileNotFoundError, match="sft-ffffffffffff.*no committed step 4"):
+    with pytest.raises(FileNotFoundError, match=r"sft-ffffffffffff.*no committed step 4"):
         grpo.reinforce(dataset, gone, recipe.grpo, recipe.model, recipe.mesh, ctx)
 
 
 def test_dataset_tokenized_for_another_tokenizer(trained) -> None:
     recipe, ctx, dataset, _ = trained
     foreign = dataset.model_copy(update={"tokenizer": "gemma3-sentencepiece"})
-    with pytest.raises(ValueError, match="tokenized with 'gemma3-sentencepiece'.*'bytes-v1'"):
+    with pytest.raises(ValueError, match=r"tokenized with 'gemma3-sentencepiece'.*'bytes-v1'"):
         sft.train(foreign, recipe.sft, recipe.model, recipe.mesh, ctx)
 
 
