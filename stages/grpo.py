@@ -90,10 +90,11 @@ def _reinforce(
     config: GRPOConfig,
     spec: ModelSpec,
     mesh_spec: MeshSpec,
+    cache_dir: str,
 ) -> tuple[CheckpointArtifact, dict[str, float]]:
-    tokenizer = build_tokenizer(spec)
+    tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
-    reference = models.build_base_model(spec, mesh)
+    reference = models.build_base_model(spec, mesh, cache_dir)
     actor = models.restore_policy(sft, reference, mesh)
     ckpt_uri = storage.join(directory, CHECKPOINT_DIR)
     local_ckpt = storage.orbax_directory(ckpt_uri)
@@ -174,12 +175,12 @@ def reinforce(
     ctx: RunContext,
 ) -> StageOutcome[CheckpointArtifact]:
     """Run GRPO from the SFT checkpoint (or reuse a committed result)."""
-    tokenizer_name = build_tokenizer(model).name
+    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
     check_dataset(dataset, tokenizer_name)
     models.check_compatible(sft, model, tokenizer_name)
     rewards.validate_names(config.rewards)
     return run_stage(
         ctx,
         identity(config, model, dataset.fingerprint, sft.fingerprint),
-        lambda directory: _reinforce(directory, dataset, sft, config, model, mesh),
+        lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx.model_cache),
     )

@@ -6,6 +6,7 @@ evaluation construct and restore networks the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,12 +17,13 @@ from flax import nnx
 from jax.sharding import Mesh
 from tunix.models import dummy_model_creator
 from tunix.models.gemma3 import model as gemma3
+from tunix.models.gemma3 import params_safetensors as gemma3_safetensors
 from tunix.sft import checkpoint_manager as tunix_ckpt
 from tunix.utils import mesh as tunix_mesh
 
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
-from stages import storage
+from stages import model_sources, storage
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -39,8 +41,20 @@ def build_mesh(spec: MeshSpec) -> Mesh:
     return tunix_mesh.create_mesh((spec.fsdp, spec.tp), ("fsdp", "tp"), devices=devices)
 
 
+_PRESETS = {
+    "gemma3_270m": gemma3.ModelConfig.gemma3_270m,
+    "gemma3_1b": gemma3.ModelConfig.gemma3_1b_pt,
+    "gemma3_4b": gemma3.ModelConfig.gemma3_4b_pt,
+}
+
+
 def tunix_config(spec: ModelSpec) -> gemma3.ModelConfig:
+    if spec.preset is not None:
+        preset = _PRESETS[spec.preset]()
+        return dataclasses.replace(preset, param_dtype=_DTYPES[spec.dtype])
     arch = spec.architecture
+    if arch is None:  # ModelSpec's validator guarantees one of preset / architecture
+        raise ValueError("model spec has neither preset nor architecture")
     return gemma3.ModelConfig(
         num_layers=arch.num_layers,
         num_embed=arch.num_embed,
@@ -54,14 +68,19 @@ def tunix_config(spec: ModelSpec) -> gemma3.ModelConfig:
     )
 
 
-def build_base_model(spec: ModelSpec, mesh: Mesh) -> gemma3.Gemma3:
-    """The base network on `mesh`. Only `source: random` exists so far (tiny test models)."""
-    if spec.source != "random":
-        raise ValueError(f"unknown model source {spec.source!r}; expected one of: 'random'")
+def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> gemma3.Gemma3:
+    """The base network on `mesh`: random init, or real weights via an HF-layout directory."""
     config = tunix_config(spec)
-    return dummy_model_creator.create_dummy_model(
-        gemma3.Gemma3, config, mesh=mesh, dtype=_DTYPES[spec.dtype], random_seed=spec.init_seed
-    )
+    dtype = _DTYPES[spec.dtype]
+    if spec.source == "random":
+        return dummy_model_creator.create_dummy_model(
+            gemma3.Gemma3, config, mesh=mesh, dtype=dtype, random_seed=spec.init_seed
+        )
+    directory = model_sources.resolve(spec, cache_dir)
+    with mesh:
+        return gemma3_safetensors.create_model_from_safe_tensors(
+            directory, config, mesh=mesh, dtype=dtype
+        )
 
 
 def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> nnx.Module:

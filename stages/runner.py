@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -62,6 +63,11 @@ class RunContext:
     run: str
     deadline: float | None = None  # time.time() after which no new work starts
     flow_run_id: str | None = None
+    cache_dir: str | None = None  # converted model weights; None: ~/.cache/far
+
+    @property
+    def model_cache(self) -> str:
+        return self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "far")
 
     @property
     def run_uri(self) -> str:

@@ -83,10 +83,11 @@ def _train(
     config: SFTConfig,
     spec: ModelSpec,
     mesh_spec: MeshSpec,
+    cache_dir: str,
 ) -> tuple[CheckpointArtifact, dict[str, float]]:
-    tokenizer = build_tokenizer(spec)
+    tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
-    base = models.build_base_model(spec, mesh)
+    base = models.build_base_model(spec, mesh, cache_dir)
     model = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
     ckpt_uri = storage.join(directory, CHECKPOINT_DIR)
     training_config = peft_trainer.TrainingConfig(
@@ -131,9 +132,9 @@ def train(
     dataset: DatasetArtifact, config: SFTConfig, model: ModelSpec, mesh: MeshSpec, ctx: RunContext
 ) -> StageOutcome[CheckpointArtifact]:
     """Train (or reuse, if committed) the SFT checkpoint for `dataset`."""
-    check_dataset(dataset, build_tokenizer(model).name)
+    check_dataset(dataset, build_tokenizer(model, ctx.model_cache).name)
     return run_stage(
         ctx,
         identity(config, model, dataset.fingerprint),
-        lambda directory: _train(directory, dataset, config, model, mesh),
+        lambda directory: _train(directory, dataset, config, model, mesh, ctx.model_cache),
     )

