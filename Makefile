@@ -1,10 +1,11 @@
 # FAR's two entry points. Both set up their own environment from the pinned lock file.
-#   make run    run the default FAR recipe (local storage, Prefect ephemeral mode, CPU)
+#   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
+#               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
 #   make test   lint, type-check and run every test
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-RECIPE ?= recipes/smoke.yaml
+RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
 .PHONY: run test lint env clean-runs

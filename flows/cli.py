@@ -67,6 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
     )
     run.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    export = commands.add_parser(
+        "export", help="write a checkpoint as a Hugging Face model directory",
+        description=(
+            "Merge a LoRA checkpoint into its base weights (or convert a full-weight one) and\n"
+            "write a Hugging Face directory (model.safetensors, config.json, tokenizer) that\n"
+            "transformers' AutoModelForCausalLM loads. CHECKPOINT_URI is an sft or grpo\n"
+            "output URI as `far run` prints it."
+        ),
+        formatter_class=argparse.RawTextHelpFormatter,
+    )  # fmt: skip
+    export.add_argument("checkpoint_uri", help="checkpoint URI (path, file://, gs://)")
+    export.add_argument("out_dir", help="output directory (path or gs:// URI)")
+    export.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"),
+                        help="converted model weights cache (default ~/.cache/far)")  # fmt: skip
+    export.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
     return parser
 
 
@@ -84,6 +99,9 @@ def print_summary(summary: RunSummary) -> None:
     for s in summary.stages:
         took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
         print(f"  {s.stage:<10} {took:<27} {s.output_uri}")
+    for s in summary.stages:
+        if s.stage == "evaluate":  # the report's table sits beside report.json
+            print("\n" + storage.read_text(s.output_uri.rsplit("/", 1)[0] + "/report.md"))
     ran = sum(s.seconds for s in summary.stages)
     overhead = summary.seconds - ran
     share = f" ({100 * overhead / summary.seconds:.1f}%)" if summary.seconds else ""
@@ -117,11 +135,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary.complete else EXIT_INCOMPLETE
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from stages.export import export_checkpoint  # deferred: imports JAX and Tunix
+    from stages.runner import RunContext
+
+    cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    try:
+        out = export_checkpoint(args.checkpoint_uri, args.out_dir, cache_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"exported {args.checkpoint_uri} -> {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
-    handlers = {"run": cmd_run}
+    handlers = {"run": cmd_run, "export": cmd_export}
     return handlers[args.command](args)
 
 

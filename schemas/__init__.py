@@ -13,9 +13,9 @@ from schemas.artifacts import (
 )
 from schemas.base import Frozen
 from schemas.recipe import (
+    Architecture,
     DataPrepConfig,
     EvalConfig,
-    Gemma3Architecture,
     GRPOConfig,
     LoraSpec,
     MeshSpec,
@@ -26,6 +26,7 @@ from schemas.recipe import (
 from schemas.record import CodeVersion, Hardware, RunSummary, StageRecord, StageSummary
 
 __all__ = [
+    "Architecture",
     "CheckpointArtifact",
     "CodeVersion",
     "DataPrepConfig",
@@ -34,7 +35,6 @@ __all__ = [
     "EvalReport",
     "Frozen",
     "GRPOConfig",
-    "Gemma3Architecture",
     "Hardware",
     "LoraSpec",
     "MeshSpec",

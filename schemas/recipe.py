@@ -16,7 +16,8 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from schemas.base import Frozen
 
 BYTE_TOKENIZER_VOCAB = 272  # 16 reserved special ids + 256 byte ids (stages/tokenizers.py)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 STORAGE_SCHEMES = ("", "file", "memory", "gs")
 EvalModel = Literal["base", "sft", "grpo"]
@@ -24,9 +25,10 @@ EVAL_MODELS: tuple[EvalModel, ...] = ("base", "sft", "grpo")
 
 
 def parse_duration(value: object) -> object:
-    """Accept '9h', '90m', '45s', '1.5h', and what pydantic's timedelta accepts (ISO 8601)."""
-    if isinstance(value, str) and (match := _DURATION.match(value)):
-        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    """Accept '9h', '90m', '8h45m', '1.5h', and what pydantic's timedelta accepts (ISO 8601)."""
+    if isinstance(value, str) and _DURATION.match(text := value.replace(" ", "")):
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+        return timedelta(seconds=seconds)
     return value
 
 
@@ -42,8 +44,8 @@ class MeshSpec(Frozen):
     tp: PositiveInt = 1
 
 
-class Gemma3Architecture(Frozen):
-    """The subset of Tunix's gemma3 ModelConfig that defines the network's shapes."""
+class Architecture(Frozen):
+    """The shapes of a Gemma network (Tunix ModelConfig fields), for random-init models."""
 
     num_layers: PositiveInt
     num_embed: PositiveInt
@@ -55,7 +57,7 @@ class Gemma3Architecture(Frozen):
     sliding_window_size: PositiveInt = 512  # Gemma3 local layers need one
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> Gemma3Architecture:
+    def _heads_divide(self) -> Architecture:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads must be a multiple of num_kv_heads, got num_heads={self.num_heads} "
@@ -65,7 +67,8 @@ class Gemma3Architecture(Frozen):
 
 
 ModelSource = Literal["random", "gguf", "safetensors", "hub"]
-Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b"]
+Family = Literal["gemma3", "gemma2"]
+Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma2_2b"]
 
 
 class ModelSpec(Frozen):
@@ -77,11 +80,11 @@ class ModelSpec(Frozen):
     `preset` architecture and their own sentencepiece tokenizer.
     """
 
-    family: Literal["gemma3"] = "gemma3"
+    family: Family = "gemma3"
     source: ModelSource = "random"
     uri: str | None = None
     preset: Preset | None = None
-    architecture: Gemma3Architecture | None = None
+    architecture: Architecture | None = None
     tokenizer: Literal["bytes", "sentencepiece"] = "bytes"
     dtype: Literal["float32", "bfloat16"] = "float32"
     init_seed: int = 0
@@ -93,6 +96,13 @@ class ModelSpec(Frozen):
                 f"give exactly one of preset and architecture, got preset={self.preset!r} "
                 f"and architecture={'set' if self.architecture else None}"
             )
+        if self.preset is not None and not self.preset.startswith(self.family):
+            raise ValueError(
+                f"preset {self.preset!r} is not a {self.family!r} model; expected a "
+                f"preset starting with {self.family!r}"
+            )
+        if self.source == "gguf" and self.family != "gemma3":
+            raise ValueError(f"source 'gguf' supports family 'gemma3' only, got {self.family!r}")
         if self.source == "random" and self.preset is not None:
             raise ValueError(
                 f"source 'random' needs an explicit architecture, got preset "
@@ -160,7 +170,8 @@ class SFTConfig(Frozen):
     """Supervised format training with Tunix PeftTrainer."""
 
     max_steps: PositiveInt
-    batch_size: PositiveInt
+    batch_size: PositiveInt  # the micro-batch: examples per forward/backward pass
+    gradient_accumulation_steps: PositiveInt = 1  # seed 000's "fit to tile": 8 on v5e-8
     learning_rate: PositiveFloat = 1e-3
     lora: LoraSpec | None = Field(default_factory=LoraSpec)
     checkpoint_every_steps: PositiveInt = 50
@@ -171,7 +182,8 @@ class GRPOConfig(Frozen):
     """Reinforcement with Tunix GRPOLearner: rollout, rewards (by registered name), loss."""
 
     max_steps: PositiveInt
-    batch_size: PositiveInt
+    batch_size: PositiveInt  # prompts per step; each gets num_generations completions
+    train_micro_batch_size: PositiveInt | None = None  # prompts per backward pass
     num_generations: Annotated[int, Field(ge=2)] = 4
     max_generation_tokens: PositiveInt = 32
     temperature: PositiveFloat = 0.9
@@ -237,6 +249,12 @@ class Recipe(Frozen):
 
     @model_validator(mode="after")
     def _batches_fit(self) -> Recipe:
+        micro = self.grpo.train_micro_batch_size
+        if micro is not None and self.grpo.batch_size % micro:
+            raise ValueError(
+                f"grpo.batch_size must be a multiple of grpo.train_micro_batch_size, got "
+                f"{self.grpo.batch_size} and {micro}"
+            )
         if self.grpo.batch_size > self.data.grpo_prompts:
             raise ValueError(
                 f"grpo.batch_size must be <= data.grpo_prompts, got {self.grpo.batch_size} "

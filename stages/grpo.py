@@ -57,6 +57,8 @@ def _cluster_config(
         actor_optimizer=optax.adamw(config.learning_rate),
         eval_every_n_steps=10**9,
         max_steps=config.max_steps,
+        mini_batch_size=config.batch_size,
+        train_micro_batch_size=config.train_micro_batch_size,
         checkpoint_root_directory=ckpt_dir,
         checkpointing_options=ocp.CheckpointManagerOptions(
             save_interval_steps=config.checkpoint_every_steps, max_to_keep=2

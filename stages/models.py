@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,13 +17,15 @@ import qwix
 from flax import nnx
 from jax.sharding import Mesh
 from tunix.models import dummy_model_creator
+from tunix.models.gemma import model as gemma2
+from tunix.models.gemma import params_safetensors as gemma2_safetensors
 from tunix.models.gemma3 import model as gemma3
 from tunix.models.gemma3 import params_safetensors as gemma3_safetensors
 from tunix.sft import checkpoint_manager as tunix_ckpt
 from tunix.utils import mesh as tunix_mesh
 
 from schemas.artifacts import CheckpointArtifact
-from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
+from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
 from stages import model_sources, storage
 
 log = logging.getLogger(__name__)
@@ -41,20 +44,30 @@ def build_mesh(spec: MeshSpec) -> Mesh:
     return tunix_mesh.create_mesh((spec.fsdp, spec.tp), ("fsdp", "tp"), devices=devices)
 
 
-_PRESETS = {
+_PRESETS: dict[str, Callable[[], Any]] = {
     "gemma3_270m": gemma3.ModelConfig.gemma3_270m,
     "gemma3_1b": gemma3.ModelConfig.gemma3_1b_pt,
     "gemma3_4b": gemma3.ModelConfig.gemma3_4b_pt,
+    "gemma2_2b": gemma2.ModelConfig.gemma2_2b,
+}
+_FAMILIES: dict[str, tuple[type[nnx.Module], Callable[..., nnx.Module]]] = {
+    "gemma3": (gemma3.Gemma3, gemma3_safetensors.create_model_from_safe_tensors),
+    "gemma2": (gemma2.Gemma, gemma2_safetensors.create_model_from_safe_tensors),
 }
 
 
-def tunix_config(spec: ModelSpec) -> gemma3.ModelConfig:
+def tunix_config(spec: ModelSpec) -> Any:
+    """Tunix's ModelConfig for `spec`: gemma3.ModelConfig or gemma (v1/v2) ModelConfig."""
     if spec.preset is not None:
         preset = _PRESETS[spec.preset]()
-        return dataclasses.replace(preset, param_dtype=_DTYPES[spec.dtype])
+        if spec.family == "gemma3":
+            preset = dataclasses.replace(preset, param_dtype=_DTYPES[spec.dtype])
+        return preset
     arch = spec.architecture
     if arch is None:  # ModelSpec's validator guarantees one of preset / architecture
         raise ValueError("model spec has neither preset nor architecture")
+    if spec.family == "gemma2":
+        return _tiny_gemma2_config(arch)
     return gemma3.ModelConfig(
         num_layers=arch.num_layers,
         num_embed=arch.num_embed,
@@ -68,19 +81,38 @@ def tunix_config(spec: ModelSpec) -> gemma3.ModelConfig:
     )
 
 
-def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> gemma3.Gemma3:
+def _tiny_gemma2_config(arch: Architecture) -> gemma2.ModelConfig:
+    """Gemma 2's layout (alternating local/global attention, soft caps) at test-model size."""
+    pattern = (gemma2.AttentionType.LOCAL_SLIDING, gemma2.AttentionType.GLOBAL)
+    return gemma2.ModelConfig(
+        num_layers=arch.num_layers,
+        num_embed=arch.num_embed,
+        embed_dim=arch.embed_dim,
+        hidden_dim=arch.hidden_dim,
+        num_heads=arch.num_heads,
+        head_dim=arch.head_dim,
+        num_kv_heads=arch.num_kv_heads,
+        final_logit_softcap=30.0,
+        use_post_attn_norm=True,
+        use_post_ffw_norm=True,
+        attention_types=tuple(pattern[i % 2] for i in range(arch.num_layers)),
+        attn_logits_soft_cap=50.0,
+        sliding_window_size=arch.sliding_window_size,
+    )
+
+
+def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
     """The base network on `mesh`: random init, or real weights via an HF-layout directory."""
     config = tunix_config(spec)
     dtype = _DTYPES[spec.dtype]
+    model_class, from_safetensors = _FAMILIES[spec.family]
     if spec.source == "random":
         return dummy_model_creator.create_dummy_model(
-            gemma3.Gemma3, config, mesh=mesh, dtype=dtype, random_seed=spec.init_seed
+            model_class, config, mesh=mesh, dtype=dtype, random_seed=spec.init_seed
         )
     directory = model_sources.resolve(spec, cache_dir)
     with mesh:
-        return gemma3_safetensors.create_model_from_safe_tensors(
-            directory, config, mesh=mesh, dtype=dtype
-        )
+        return from_safetensors(directory, config, mesh=mesh, dtype=dtype)
 
 
 def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> nnx.Module:

@@ -93,6 +93,9 @@ def _train(
     training_config = peft_trainer.TrainingConfig(
         eval_every_n_steps=10**9,  # no intermediate eval (seed 000: it crashed at step 80)
         max_steps=config.max_steps,
+        gradient_accumulation_steps=(
+            config.gradient_accumulation_steps if config.gradient_accumulation_steps > 1 else None
+        ),
         checkpoint_root_directory=storage.orbax_directory(ckpt_uri),
         checkpointing_options=ocp.CheckpointManagerOptions(
             save_interval_steps=config.checkpoint_every_steps, max_to_keep=2

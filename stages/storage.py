@@ -121,14 +121,17 @@ def orbax_directory(uri: str) -> str:
     return os.path.join(tempfile.gettempdir(), "far-orbax-mirror", digest)
 
 
-def publish_tree(local_dir: str, uri: str) -> None:
-    """Copy a local directory tree to `uri` (no-op when `uri` is the directory itself)."""
-    if orbax_directory(uri) == uri:
-        return
-    fs, path = _split(uri)
+def upload_tree(local_dir: str, uri: str) -> None:
+    """Copy every file under a local directory to the same relative paths under `uri`."""
     for rel in list_files(local_dir):
         with open(os.path.join(local_dir, rel), "rb") as f:
-            fs.pipe_file(f"{path}/{rel}", f.read())
+            write_bytes(join(uri, rel), f.read())
+
+
+def publish_tree(local_dir: str, uri: str) -> None:
+    """Copy a checkpoint's local mirror to `uri` (no-op when Orbax wrote `uri` directly)."""
+    if orbax_directory(uri) != uri:
+        upload_tree(local_dir, uri)
 
 
 def fetch_tree(uri: str) -> str:

@@ -25,9 +25,9 @@ def smoke_data() -> dict[str, Any]:
     return yaml.safe_load(SMOKE.read_text())
 
 
-def recipe_with(root: str, **sections: dict[str, Any]) -> Recipe:
-    """The smoke recipe at `root`, with some sections' fields replaced."""
-    data = smoke_data()
+def recipe_with(root: str, base: str = "smoke", **sections: dict[str, Any]) -> Recipe:
+    """recipes/{base}.yaml at `root`, with some sections' fields replaced."""
+    data = yaml.safe_load((REPO / "recipes" / f"{base}.yaml").read_text())
     data["storage_root"] = root
     for section, fields in sections.items():
         data[section] = {**data[section], **fields}
@@ -110,3 +110,9 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
                 return
         time.sleep(0.1)
     raise TimeoutError(f"fake-gcs-server did not listen on 127.0.0.1:{port} in {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Converted model weights for the whole test session (the GGUF converts once, ~20 s)."""
+    return str(tmp_path_factory.mktemp("model-cache"))

@@ -15,7 +15,7 @@ def test_lora_clone_shares_base_and_leaves_it_unchanged() -> None:
     recipe = recipe_with("/tmp/unused")
     assert recipe.sft.lora is not None
     mesh = models.build_mesh(recipe.mesh)
-    base = models.build_base_model(recipe.model, mesh)
+    base = models.build_base_model(recipe.model, mesh, cache_dir="unused-for-random-models")
     policy = models.apply_lora(base, recipe.sft.lora, mesh)
     assert rl_utils.is_sharing_backbone(base, policy)
     assert nnx.state(base, nnx.LoRAParam) == nnx.State({})  # base stays LoRA-free

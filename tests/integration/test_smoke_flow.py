@@ -70,3 +70,30 @@ def test_sft_teaches_the_format(smoke_runs: tuple[RunSummary, RunSummary]) -> No
     assert scores["sft"].format_rate >= 0.5
     samples = storage.read_text(report.samples_uri).splitlines()
     assert len(samples) == 3 * scores["base"].num_prompts
+
+
+def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]) -> None:
+    """GRPO starts from the SFT LoRA weights and changes them (greedy outputs may not move)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from schemas.recipe import MeshSpec
+    from stages import models
+
+    first, _ = smoke_runs
+    sft_ckpt, grpo_ckpt = (
+        StageRecord.model_validate(storage.read_json(s.record_uri)).output
+        for s in first.stages[1:3]
+    )
+    assert sft_ckpt.kind == grpo_ckpt.kind == "checkpoint"
+    mesh = models.build_mesh(MeshSpec())
+    base = models.build_base_model(sft_ckpt.model, mesh, "/nonexistent-cache-not-needed")
+    adapters = [
+        jax.tree.leaves(nnx.state(models.restore_policy(c, base, mesh), nnx.LoRAParam))
+        for c in (sft_ckpt, grpo_ckpt)
+    ]
+    deltas = [
+        float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(*adapters, strict=True)
+    ]
+    assert len(deltas) > 0 and max(deltas) > 0

@@ -73,7 +73,8 @@ def test_recipe_is_frozen() -> None:
 
 
 def test_session_budget_units() -> None:
-    for text, seconds in [("9h", 32400), ("90m", 5400), ("45s", 45), ("1.5h", 5400)]:
+    cases = [("9h", 32400), ("90m", 5400), ("45s", 45), ("1.5h", 5400), ("8h45m", 31500)]
+    for text, seconds in cases:
         recipe = parse_recipe({**smoke_data(), "session_budget": text}, "x")
         assert recipe.session_budget is not None
         assert recipe.session_budget.total_seconds() == seconds
