@@ -6,7 +6,10 @@ skipped is decided by the stage itself from the records on storage, so task cach
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime, task
@@ -18,6 +21,7 @@ from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
 from stages import data_prep, evaluate, grpo, sft
 from stages.runner import RunContext, SessionExpired, StageOutcome
+from stages.sessions import StopFlag, stop_on_sigterm
 
 
 def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
@@ -37,6 +41,8 @@ def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
         lines.append(f"- seconds: {outcome.seconds:.1f}")
     if isinstance(output, EvalReport):
         lines += ["", evaluate.markdown_table(output.scores)]
+    if isinstance(output, DatasetArtifact):
+        lines += ["", data_prep.card_markdown(output)]
     create_markdown_artifact(
         markdown="\n".join(lines),
         key=f"far-{stage.replace('_', '-')}",
@@ -102,8 +108,26 @@ def format_align_reinforce(
         deadline=deadline,
         flow_run_id=str(runtime.flow_run.id),
         cache_dir=cache_dir,
+        stop=StopFlag(),
     )
     done: list[StageSummary] = []
+    with _sigterm_stops(ctx):
+        return _run_stages(recipe, ctx, done, started)
+
+
+@contextmanager
+def _sigterm_stops(ctx: RunContext) -> Iterator[None]:
+    """SIGTERM (a preemption notice) makes training save and stop; main thread only."""
+    if ctx.stop is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with stop_on_sigterm(ctx.stop):
+        yield
+
+
+def _run_stages(
+    recipe: Recipe, ctx: RunContext, done: list[StageSummary], started: float
+) -> RunSummary:
     try:
         dataset, line = data_prep_task(recipe, ctx)
         done.append(line)

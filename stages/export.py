@@ -57,8 +57,12 @@ def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
            "model.norm.weight": arr(network.final_norm.scale)}  # fmt: skip
     for i, layer in enumerate(network.layers):
         p, attn = f"model.layers.{i}.", layer.attn
-        q = arr(attn.q_einsum.w)  # (N, D, H)
-        kv = arr(attn.kv_einsum.w)  # (2, K, D, H)
+        if hasattr(attn, "qkv_einsum"):  # num_heads == num_kv_heads: fused (3, N, D, H)
+            qkv = arr(attn.qkv_einsum.w)
+            q, kv = qkv[0], qkv[1:]
+        else:
+            q = arr(attn.q_einsum.w)  # (N, D, H)
+            kv = arr(attn.kv_einsum.w)  # (2, K, D, H)
         out |= {
             p + "self_attn.q_proj.weight": q.transpose(1, 0, 2).reshape(d, n * h).T,
             p + "self_attn.k_proj.weight": kv[0].transpose(1, 0, 2).reshape(d, k * h).T,
@@ -136,6 +140,11 @@ def export_checkpoint(checkpoint_uri: str, out_uri: str, cache_dir: str) -> str:
         policy = models.restore_policy(artifact, base, mesh)
         merged = os.path.join(scratch, "merged")
         if artifact.lora is not None:
+            if hasattr(base.layers[0].attn, "qkv_einsum"):  # type: ignore[attr-defined]
+                raise ValueError(
+                    "exporting LoRA on a fused-qkv model (num_heads == num_kv_heads) is not "
+                    "supported by Tunix's merge; Gemma 3 presets are not fused"
+                )
             gemma3_params.save_lora_merged_model_as_safetensors(
                 base_dir, merged, policy, rank=artifact.lora.rank, alpha=artifact.lora.alpha
             )

@@ -134,6 +134,12 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
     return lora_model
 
 
+def param_bytes(network: nnx.Module) -> int:
+    """Bytes of all parameters: what a full-weights checkpoint stores for the model."""
+    leaves = jax.tree.leaves(nnx.state(network, nnx.Param))
+    return int(sum(leaf.size * leaf.dtype.itemsize for leaf in leaves))
+
+
 def check_compatible(artifact: CheckpointArtifact, spec: ModelSpec, tokenizer: str) -> None:
     """Refuse a checkpoint built for another model or tokenizer, before any compute."""
     if artifact.model != spec:

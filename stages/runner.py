@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from schemas.record import CodeVersion, Hardware, StageRecord
 from stages import storage
+from stages.sessions import StopFlag
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +65,7 @@ class RunContext:
     deadline: float | None = None  # time.time() after which no new work starts
     flow_run_id: str | None = None
     cache_dir: str | None = None  # converted model weights; None: ~/.cache/far
+    stop: StopFlag | None = None  # set on SIGTERM: training stages save and stop
 
     @property
     def model_cache(self) -> str:
@@ -134,6 +136,8 @@ def run_stage(
     left = ctx.seconds_left()
     if left is not None and left <= 0:
         raise SessionExpired(f"session deadline passed before stage {stage} could start")
+    if ctx.stop is not None and ctx.stop.is_set():
+        raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
     output, metrics = work(directory)

@@ -12,25 +12,29 @@ it skips are exactly the ones already trained on).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import grain
+import jax
+import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
-from tunix.sft import peft_trainer
-from tunix.sft import utils as sft_utils
+from tunix.sft import metrics_logger, peft_trainer
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
-from stages import models, storage
+from stages import models, optim, storage
+from stages.compilations import counting_compilations
 from stages.data_prep import load_sft_arrays
-from stages.runner import RunContext, StageIdentity, StageOutcome, run_stage
+from stages.runner import RunContext, SessionExpired, StageIdentity, StageOutcome, run_stage
+from stages.sessions import StepClock, guarded
 from stages.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "tensorboard"
 
 
 def check_dataset(dataset: DatasetArtifact, tokenizer_name: str) -> None:
@@ -51,7 +55,7 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.
     """A deterministic, endlessly repeating, shuffled batch stream (resume-safe order)."""
     records = [{k: v[i] for k, v in arrays.items()} for i in range(len(arrays["input_tokens"]))]
     if len(records) < batch_size:
-        raise ValueError(f"sft.batch_size {batch_size} exceeds the {len(records)} SFT examples")
+        raise ValueError(f"sft.batch_size {batch_size} exceeds the {len(records)} SFT rows")
     return (
         grain.MapDataset.source(records)
         .seed(seed)
@@ -61,69 +65,118 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.
     )
 
 
-def model_inputs(pad_id: int) -> Any:
-    """PeftTrainer's input function: positions and a causal mask that ignores padding."""
+def segment_attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, L, L]: causal, within one segment, never to padding (segment 0).
 
-    def gen(batch: dict[str, Any]) -> dict[str, Any]:
-        tokens = batch["input_tokens"]
-        not_pad = tokens != pad_id
-        return {
-            "input_tokens": tokens,
-            "input_mask": batch["input_mask"],
-            "positions": sft_utils.build_positions_from_mask(not_pad),
-            "attention_mask": sft_utils.make_causal_attn_mask(not_pad),
-        }
-
-    return gen
+    With packed rows this is block-diagonal, so packed examples never see each other.
+    """
+    length = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    real = (segment_ids != 0)[:, None, :]
+    return causal[None] & same & real
 
 
-def _train(
-    directory: str,
-    dataset: DatasetArtifact,
-    config: SFTConfig,
-    spec: ModelSpec,
-    mesh_spec: MeshSpec,
-    cache_dir: str,
-) -> tuple[CheckpointArtifact, dict[str, float]]:
-    tokenizer = build_tokenizer(spec, cache_dir)
-    mesh = models.build_mesh(mesh_spec)
-    base = models.build_base_model(spec, mesh, cache_dir)
-    model = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
-    ckpt_uri = storage.join(directory, CHECKPOINT_DIR)
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """PeftTrainer's input function: per-segment positions and the segment-aware mask."""
+    return {
+        "input_tokens": batch["input_tokens"],
+        "input_mask": batch["input_mask"],
+        "positions": batch["positions"],
+        "attention_mask": segment_attention_mask(batch["segment_ids"]),
+    }
+
+
+def checkpoint_options(config: SFTConfig) -> ocp.CheckpointManagerOptions:
+    """Save every N steps, and also every S seconds when configured; keep the last two."""
+    policy: Any = ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every_steps)
+    if config.checkpoint_every_seconds is not None:
+        timer = ocp.checkpoint_managers.ContinuousCheckpointingPolicy(
+            minimum_interval_secs=int(config.checkpoint_every_seconds)
+        )
+        policy = ocp.checkpoint_managers.AnySavePolicy([policy, timer])
+    return ocp.CheckpointManagerOptions(save_decision_policy=policy, max_to_keep=2)
+
+
+def build_trainer(
+    model: Any, config: SFTConfig, checkpoint_dir: str, log_dir: str
+) -> peft_trainer.PeftTrainer:
+    accumulate = config.gradient_accumulation_steps
     training_config = peft_trainer.TrainingConfig(
         eval_every_n_steps=10**9,  # no intermediate eval (seed 000: it crashed at step 80)
         max_steps=config.max_steps,
-        gradient_accumulation_steps=(
-            config.gradient_accumulation_steps if config.gradient_accumulation_steps > 1 else None
-        ),
-        checkpoint_root_directory=storage.orbax_directory(ckpt_uri),
-        checkpointing_options=ocp.CheckpointManagerOptions(
-            save_interval_steps=config.checkpoint_every_steps, max_to_keep=2
+        gradient_accumulation_steps=accumulate if accumulate > 1 else None,
+        checkpoint_root_directory=checkpoint_dir,
+        checkpointing_options=checkpoint_options(config),
+        metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+            log_dir=log_dir, flush_every_n_steps=10
         ),
         pbar_description="SFT",
     )
-    trainer = peft_trainer.PeftTrainer(model, optax.adamw(config.learning_rate), training_config)
-    trainer = trainer.with_gen_model_input_fn(model_inputs(tokenizer.pad_id()))
-    data = batches(load_sft_arrays(dataset), config.batch_size, config.seed)
-    with mesh:
-        trainer.train(iter(data))
-    losses = trainer.metrics_logger.get_metric_history("", "loss", "train")
-    trainer.close()
-    storage.publish_tree(storage.orbax_directory(ckpt_uri), ckpt_uri)
+    optimizer = optim.adamw(
+        config.learning_rate, config.lr_schedule, config.warmup_steps, config.max_steps,
+        config.weight_decay, config.max_grad_norm,
+    )  # fmt: skip
+    trainer = peft_trainer.PeftTrainer(model, optimizer, training_config)
+    return trainer.with_gen_model_input_fn(model_inputs)
+
+
+def _train(
+    directory: str, dataset: DatasetArtifact, config: SFTConfig, spec: ModelSpec,
+    mesh_spec: MeshSpec, ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float]]:  # fmt: skip
+    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    mesh = models.build_mesh(mesh_spec)
+    base = models.build_base_model(spec, mesh, ctx.model_cache)
+    model = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
+    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
+    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    trainer = build_trainer(model, config, local_ckpt, local_logs)
+    start_step, clock = trainer.train_steps, StepClock()
+    arrays = load_sft_arrays(dataset)
+    stream = guarded(iter(batches(arrays, config.batch_size, config.seed)), ctx.deadline,
+                     ctx.stop, config.save_margin_seconds, clock)  # fmt: skip
+    with mesh, counting_compilations("_train_step") as compiles:
+        trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
+    finished = time.time()
+    storage.publish_tree(local_ckpt, ckpt_uri)
+    storage.publish_local_directory(local_logs, log_uri)
+    if trainer.train_steps < config.max_steps:
+        raise SessionExpired(f"SFT stopped at step {trainer.train_steps} of {config.max_steps} "
+                             f"with a checkpoint saved; it resumes from there")  # fmt: skip
     artifact = CheckpointArtifact(
-        uri=ckpt_uri,
-        step=config.max_steps,
-        model=spec,
-        tokenizer=tokenizer.name,
-        lora=config.lora,
-        size_bytes=sum(storage.list_files(ckpt_uri).values()),
+        uri=ckpt_uri, step=config.max_steps, model=spec, tokenizer=tokenizer.name,
+        lora=config.lora, size_bytes=sum(storage.list_files(ckpt_uri).values()),
         fingerprint=storage.tree_fingerprint(ckpt_uri),
-    )
-    metrics = {
-        "final_loss": float(np.asarray(losses)[-1]),
-        "first_loss": float(np.asarray(losses)[0]),
-    }
+    )  # fmt: skip
+    metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)
+    metrics["train_step_compilations"] = float(compiles.count)
+    metrics["full_params_bytes"] = float(models.param_bytes(base))
+    metrics["checkpoint_bytes"] = float(artifact.size_bytes)
     return artifact, metrics
+
+
+def training_metrics(
+    trainer: peft_trainer.PeftTrainer, config: SFTConfig, arrays: dict[str, np.ndarray],
+    clock: StepClock, start_step: int, finished: float,
+) -> dict[str, float]:  # fmt: skip
+    """Loss, learning rate, throughput and compilations of this session's training."""
+    history = trainer.metrics_logger
+    losses = np.asarray(history.get_metric_history("", "loss", "train"))
+    rates = np.asarray(history.get_metric_history("", "learning_rate", "train"))
+    rows_per_step = config.batch_size * config.gradient_accumulation_steps
+    useful = float((arrays["segment_ids"] > 0).mean())
+    trained = clock.times[start_step * config.gradient_accumulation_steps :]
+    # throughput after the first batch, whose time is mostly compilation
+    seconds = finished - trained[1] if len(trained) > 1 else float("nan")
+    tokens = (len(trained) - 1) * config.batch_size * useful * arrays["input_tokens"].shape[1]
+    return {
+        "first_loss": float(losses[0]), "final_loss": float(losses[-1]),
+        "final_learning_rate": float(rates[-1]), "resumed_from_step": float(start_step),
+        "steps_this_session": float(config.max_steps - start_step),
+        "tokens_per_second": tokens / seconds, "useful_token_fraction": useful,
+        "rows_per_step": float(rows_per_step),
+    }  # fmt: skip
 
 
 def identity(config: SFTConfig, model: ModelSpec, dataset_fingerprint: str) -> StageIdentity:
@@ -139,5 +192,5 @@ def train(
     return run_stage(
         ctx,
         identity(config, model, dataset.fingerprint),
-        lambda directory: _train(directory, dataset, config, model, mesh, ctx.model_cache),
+        lambda directory: _train(directory, dataset, config, model, mesh, ctx),
     )

@@ -121,6 +121,26 @@ def orbax_directory(uri: str) -> str:
     return os.path.join(tempfile.gettempdir(), "far-orbax-mirror", digest)
 
 
+def local_directory(uri: str) -> str:
+    """A local directory for writers that only write local files (e.g. TensorBoard).
+
+    Local URIs are used directly; others get a mirror, published by publish_local_directory.
+    """
+    if protocol(uri) == "file":
+        path = normalize(uri)
+        os.makedirs(path, exist_ok=True)
+        return path
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), "far-local-mirror", digest)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def publish_local_directory(local_dir: str, uri: str) -> None:
+    if local_dir != normalize(uri):
+        upload_tree(local_dir, uri)
+
+
 def upload_tree(local_dir: str, uri: str) -> None:
     """Copy every file under a local directory to the same relative paths under `uri`."""
     for rel in list_files(local_dir):

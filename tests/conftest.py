@@ -26,12 +26,20 @@ def smoke_data() -> dict[str, Any]:
 
 
 def recipe_with(root: str, base: str = "smoke", **sections: dict[str, Any]) -> Recipe:
-    """recipes/{base}.yaml at `root`, with some sections' fields replaced."""
+    """recipes/{base}.yaml at `root`, with fields replaced (nested dicts merge)."""
     data = yaml.safe_load((REPO / "recipes" / f"{base}.yaml").read_text())
     data["storage_root"] = root
-    for section, fields in sections.items():
-        data[section] = {**data[section], **fields}
-    return parse_recipe(data, "smoke+overrides")
+    return parse_recipe(_merge(data, sections), f"{base}+overrides")
+
+
+def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and value:
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 @pytest.fixture(scope="session")

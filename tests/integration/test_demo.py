@@ -20,7 +20,7 @@ from tests.conftest import recipe_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 TINY_DEMO = {
-    "data": {"sft_examples": 16, "grpo_prompts": 4, "eval_prompts": 4},
+    "data": {"sft": {"size": 16}, "grpo": {"size": 4}, "eval": {"size": 4}},
     "sft": {"max_steps": 3, "checkpoint_every_steps": 3, "learning_rate": 3e-3},
     "grpo": {"max_steps": 1, "batch_size": 2, "num_generations": 2, "max_generation_tokens": 8,
              "checkpoint_every_steps": 1},

@@ -41,3 +41,18 @@ def test_smoke_recipe_on_gcs_runs_then_skips(fake_gcs: str) -> None:
     second = format_align_reinforce(recipe, root)
     assert all(s.skipped for s in second.stages)
     assert [s.output_uri for s in second.stages] == [s.output_uri for s in first.stages]
+
+
+def test_data_source_file_on_gcs(fake_gcs: str) -> None:
+    import json
+
+    from schemas.recipe import SourceSpec
+    from stages.data_sources import ADAPTERS, read_rows
+
+    uri = f"gs://{fake_gcs}/data/gsm8k-sample.jsonl"
+    rows = [{"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
+            for i in range(4)]  # fmt: skip
+    storage.write_text(uri, "".join(json.dumps(r) + "\n" for r in rows))
+    spec = SourceSpec(kind="file", name=uri, adapter="gsm8k")
+    answers = [ADAPTERS["gsm8k"](r, "gcs").answer for r in read_rows(spec, 0)]  # type: ignore[arg-type]
+    assert answers == ["2", "3", "4", "5"]

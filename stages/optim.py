@@ -1,0 +1,42 @@
+"""Optimizers for the training stages: AdamW with an optional warmup-cosine schedule,
+decoupled weight decay and global-norm gradient clipping (the learning rate stays visible to
+Tunix's metrics through optax.inject_hyperparams)."""
+
+from __future__ import annotations
+
+import optax
+
+FINAL_LR_FRACTION = 0.1  # the cosine decays to 10% of the peak
+
+
+def learning_rate_schedule(
+    peak: float, schedule: str, warmup_steps: int, total_steps: int
+) -> optax.Schedule:
+    if schedule == "constant":
+        return optax.constant_schedule(peak)
+    if schedule == "warmup_cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0 if warmup_steps else peak, peak_value=peak,
+            warmup_steps=warmup_steps, decay_steps=max(total_steps, warmup_steps + 1),
+            end_value=peak * FINAL_LR_FRACTION,
+        )  # fmt: skip
+    raise ValueError(f"unknown schedule {schedule!r}; expected 'constant' or 'warmup_cosine'")
+
+
+def adamw(
+    peak_lr: float, schedule: str = "constant", warmup_steps: int = 0, total_steps: int = 1,
+    weight_decay: float = 0.0, max_grad_norm: float | None = None,
+) -> optax.GradientTransformation:  # fmt: skip
+    """Clipping sits inside inject_hyperparams so the outer state carries `learning_rate`,
+    where Tunix's trainer looks for it when logging."""
+
+    def build(
+        learning_rate: optax.ScalarOrSchedule, weight_decay: float
+    ) -> optax.GradientTransformation:
+        update = optax.adamw(learning_rate, weight_decay=weight_decay)
+        if max_grad_norm is None:
+            return update
+        return optax.chain(optax.clip_by_global_norm(max_grad_norm), update)
+
+    lr = learning_rate_schedule(peak_lr, schedule, warmup_steps, total_steps)
+    return optax.inject_hyperparams(build)(learning_rate=lr, weight_decay=weight_decay)

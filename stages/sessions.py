@@ -1,0 +1,82 @@
+"""Stopping training cleanly before a session ends (a 9-hour Kaggle session, a preempted VM).
+
+A training stage feeds its trainer through `guarded(...)`: the wrapped iterator stops yielding
+batches once a stop is requested (SIGTERM, via `StopFlag`) or the time left before the run's
+deadline would not cover one more step plus a save margin. The trainer then ends its loop
+as if the data ran out and saves its last checkpoint; the stage sees it stopped short and
+raises SessionExpired. Running the same command again resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StopFlag:
+    """Set by a signal handler (or a test); read by training loops. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def request(self, reason: str) -> None:
+        self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+@contextmanager
+def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
+    """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        flag.request(f"received signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class StepClock:
+    """When each batch was handed out: the basis for step-time estimates and tokens/s."""
+
+    times: list[float] = field(default_factory=list)
+
+    def step_seconds(self) -> float:
+        """The slowest of the last few steps (conservative), 0 before two batches."""
+        recent = [b - a for a, b in zip(self.times[-6:], self.times[-5:], strict=False)]
+        return max(recent, default=0.0)
+
+
+def guarded(
+    items: Iterator[T], deadline: float | None, flag: StopFlag | None, save_margin_s: float,
+    clock: StepClock,
+) -> Iterator[T]:  # fmt: skip
+    """`items` until a stop is requested or the deadline is too close for another step."""
+    for item in items:
+        now = time.time()
+        if flag is not None and flag.is_set():
+            log.warning("stopping training: %s", flag.reason)
+            return
+        if deadline is not None and deadline - now < clock.step_seconds() + save_margin_s:
+            log.warning("stopping training: %.0f s left before the session deadline",
+                        deadline - now)  # fmt: skip
+            return
+        clock.times.append(now)
+        yield item

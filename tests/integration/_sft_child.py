@@ -1,0 +1,39 @@
+"""Run the SFT stage of a small recipe in its own process (tests kill it with SIGKILL).
+
+usage: python -m tests.integration._sft_child ROOT MAX_STEPS [DEADLINE_SECONDS]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from stages import data_prep, sft
+from stages.runner import RunContext, SessionExpired
+from tests.conftest import recipe_with
+
+EXIT_SESSION_ENDED = 3
+
+
+def child_recipe(root: str, max_steps: int) -> object:
+    return recipe_with(root, sft={"max_steps": max_steps, "checkpoint_every_steps": 5,
+                                  "save_margin_seconds": 0.5})  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    root, max_steps = argv[0], int(argv[1])
+    deadline = time.time() + float(argv[2]) if len(argv) > 2 else None
+    recipe = child_recipe(root, max_steps)
+    ctx = RunContext(root=root, run="child", deadline=deadline)
+    dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output  # type: ignore[attr-defined]
+    try:
+        out = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)  # type: ignore[attr-defined]
+    except SessionExpired as e:
+        print(f"SESSION ENDED: {e}", flush=True)
+        return EXIT_SESSION_ENDED
+    print(f"RECORD {out.record_uri}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
