@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
-from stages import data_prep, evaluate, grpo, sft
+from stages import data_prep, evaluate, grpo, reports, sft
 from stages.runner import RunContext, SessionExpired, StageOutcome
 from stages.sessions import StopFlag, stop_on_sigterm
 
@@ -40,7 +40,7 @@ def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
     if not outcome.skipped:
         lines.append(f"- seconds: {outcome.seconds:.1f}")
     if isinstance(output, EvalReport):
-        lines += ["", evaluate.markdown_table(output.scores)]
+        lines += ["", reports.markdown_table(output.scores)]
     if isinstance(output, DatasetArtifact):
         lines += ["", data_prep.card_markdown(output)]
     create_markdown_artifact(

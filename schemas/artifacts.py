@@ -63,7 +63,12 @@ class CheckpointArtifact(Frozen):
 
 
 class ModelScores(Frozen):
-    """One evaluated model's metrics over the eval prompts."""
+    """One evaluated model's metrics over the eval prompts.
+
+    accuracy: per completion, math answers equal numerically or symbolically and code
+    passes all its tests. metrics adds exact/symbolic accuracy, pass@1, pass@k, majority
+    vote, lengths and sandbox failures; by_domain breaks format rate and accuracy down.
+    """
 
     name: str
     checkpoint_uri: str | None
@@ -71,6 +76,8 @@ class ModelScores(Frozen):
     format_rate: float
     accuracy: float
     mean_completion_chars: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+    by_domain: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
 class EvalReport(Frozen):

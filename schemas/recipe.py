@@ -300,11 +300,39 @@ class GRPOConfig(Frozen):
 
 
 class EvalConfig(Frozen):
-    """Greedy generation on the held-out prompts for each listed model."""
+    """Generation on the held-out prompts for each listed model, then metrics.
 
-    models: list[EvalModel] = Field(default_factory=lambda: list(EVAL_MODELS), min_length=1)
+    models: 'base', 'sft', 'grpo' (this run's stages) or any checkpoint URI.
+    temperature 0 is greedy (batched outputs equal batch-size-1 outputs); with a temperature,
+    `samples` completions per prompt give pass@k and majority-vote accuracy.
+    """
+
+    models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
     max_generation_tokens: PositiveInt = 32
     batch_size: PositiveInt = 8
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    samples: PositiveInt = 1
+    seed: int = 0
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in EVAL_MODELS and "/" not in name:
+                raise ValueError(
+                    f"eval model {name!r} is neither one of {list(EVAL_MODELS)} "
+                    f"nor a checkpoint URI"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _sampling(self) -> EvalConfig:
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"samples={self.samples} needs a temperature > 0 (greedy "
+                f"decoding gives the same completion every time)"
+            )
+        return self
 
 
 class Recipe(Frozen):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import Field
+
 from schemas.artifacts import StageOutput
 from schemas.base import Frozen
 
@@ -44,7 +46,10 @@ class StageRecord(Frozen):
     finished_at: datetime
     seconds: float
     metrics: dict[str, float]
+    history: dict[str, list[float]] = Field(default_factory=dict)  # per-step curves
     flow_run_id: str | None = None
+    # scores of this stage's checkpoint, added by evaluation stages that used it
+    evaluations: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class StageSummary(Frozen):

@@ -22,6 +22,7 @@ import unicodedata
 from collections import Counter
 from typing import Any
 
+import grain
 import numpy as np
 from tqdm import tqdm
 
@@ -145,6 +146,14 @@ def sft_sequence(example: Example, tokenizer: Tokenizer) -> tuple[list[int], lis
     response = [*tokenizer.encode(format_target(example.reasoning, example.answer)),
                 tokenizer.eos_id()]  # fmt: skip
     return prompt + response, [0] * len(prompt) + [1] * len(response)
+
+
+def tokenize_on_grain(
+    examples: list[Example], tokenizer: Tokenizer
+) -> list[tuple[list[int], list[int]]]:
+    """(tokens, loss mask) per example, as a grain map over the examples (order kept)."""
+    dataset = grain.MapDataset.source(examples).map(lambda e: sft_sequence(e, tokenizer))
+    return [dataset[i] for i in range(len(dataset))]
 
 
 def fits(example: Example, split: str, tokenizer: Tokenizer, config: DataPrepConfig) -> str | None:
@@ -287,11 +296,11 @@ def card_markdown(artifact: DatasetArtifact) -> str:
 
 def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, cache_dir: str
-) -> tuple[DatasetArtifact, dict[str, float]]:
+) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(model, cache_dir)
     quarantine = Quarantine()
     splits = build_splits(config, tokenizer, quarantine)
-    sequences = [sft_sequence(e, tokenizer) for e in splits["sft_train"]]
+    sequences = tokenize_on_grain(splits["sft_train"], tokenizer)
     arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {
         SPLIT_FILES["sft_train"]: _npz_bytes(arrays),
@@ -315,7 +324,7 @@ def _write_dataset(
         "quarantined": float(len(quarantine.rows)),
         "sft_rows": float(card.sft_rows),
     }
-    return artifact, metrics
+    return artifact, metrics, {}
 
 
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:

@@ -1,17 +1,22 @@
-"""Evaluation stage: greedy generation on held-out prompts for base, SFT and GRPO models.
+"""Evaluation stage: generate on held-out prompts for each model, score, report.
 
 Entry point: `evaluate(dataset, checkpoints, config, model, mesh, ctx) -> StageOutcome[EvalReport]`.
 
-Each model answers every eval prompt with Tunix's Sampler (greedy, fixed prompt length, the
-prompt list padded to whole batches so every batch has one compiled shape). Metrics: format
-compliance (the strict reward) and answer accuracy; every sample is stored beside them.
+Generation is batched with fixed shapes (prompts padded to the dataset's prompt length, the
+last batch filled with repeats) and, when greedy, gives exactly the batch-size-1 outputs
+(tested). Scores come from the registered rewards: format compliance, math answers equal
+numerically or symbolically (SymPy, sandboxed), code passing its tests (sandboxed): pass@1,
+pass@k and majority vote with sampling. Outputs: report.json, report.md (base vs SFT vs GRPO,
+per domain), metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
+record gets these scores appended.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,162 +24,192 @@ from tunix.generate import sampler as tunix_sampler
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
-from stages import models, rewards, storage
+from stages import models, reports, rewards
 from stages.data_prep import load_prompts
-from stages.runner import RunContext, StageIdentity, StageOutcome, run_stage
+from stages.runner import (
+    RunContext,
+    StageIdentity,
+    StageOutcome,
+    find_checkpoint_record,
+    run_stage,
+)
 from stages.sft import check_dataset
 from stages.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 
 
 def generate(
-    network: Any,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    config: EvalConfig,
-    prompt_len: int,
-    spec: ModelSpec,
-) -> list[str]:
-    """Greedy completions, batch by batch; the last batch is padded with repeats, then cut."""
+    network: Any, tokenizer: Tokenizer, prompts: Sequence[str], config: EvalConfig,
+    prompt_len: int, spec: ModelSpec,
+) -> list[str]:  # fmt: skip
+    """Completions batch by batch at one compiled shape; greedy unless config.temperature."""
     arch = models.tunix_config(spec)
-    sampler = tunix_sampler.Sampler(
-        network,
-        tokenizer,
-        tunix_sampler.CacheConfig(
-            cache_size=prompt_len + config.max_generation_tokens + 8,
-            num_layers=arch.num_layers,
-            num_kv_heads=arch.num_kv_heads,
-            head_dim=arch.head_dim,
-        ),
-    )
-    eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
+    sampler = tunix_sampler.Sampler(network, tokenizer, tunix_sampler.CacheConfig(
+        cache_size=prompt_len + config.max_generation_tokens + 8, num_layers=arch.num_layers,
+        num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim))  # fmt: skip
+    sampling = {"temperature": config.temperature, "top_p": 1.0} if config.temperature else {}
     out: list[str] = []
-    for start in range(0, len(prompts), config.batch_size):
-        batch = prompts[start : start + config.batch_size]
+    for number, start in enumerate(range(0, len(prompts), config.batch_size)):
+        batch = list(prompts[start : start + config.batch_size])
         padded = batch + [batch[-1]] * (config.batch_size - len(batch))
         result = sampler(
-            padded,
-            max_generation_steps=config.max_generation_tokens,
-            max_prompt_length=prompt_len,
-            eos_tokens=eos,
-        )
+            padded, max_generation_steps=config.max_generation_tokens,
+            max_prompt_length=prompt_len, seed=config.seed + number,
+            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()], **sampling,
+        )  # fmt: skip
         out.extend(result.text[: len(batch)])
     return out
 
 
+def correctness(
+    rows: Sequence[dict[str, Any]], completions: Sequence[str], stats: rewards.SandboxStats
+) -> tuple[list[float], list[float]]:
+    """(exact, correct) per completion: code needs every test to pass."""
+    refs = rewards.references([r["answer"] for r in rows],
+                              [json.dumps(r.get("tests", [])) for r in rows])  # fmt: skip
+    exact = rewards.REGISTRY["answer_match"].score(completions, refs, stats)
+    code = [i for i, r in enumerate(rows) if r.get("tests")]
+    math = [i for i, r in enumerate(rows) if not r.get("tests")]
+    correct = [0.0] * len(rows)
+    for indices, name in ((math, "math_equivalent"), (code, "code_pass_rate")):
+        scored = rewards.REGISTRY[name].score([completions[i] for i in indices],
+                                              [refs[i] for i in indices], stats)  # fmt: skip
+        for i, value in zip(indices, scored, strict=True):
+            correct[i] = 1.0 if value == 1.0 else 0.0
+    return exact, correct
+
+
 def score(
-    name: str, uri: str | None, rows: list[dict[str, str]], completions: list[str]
-) -> ModelScores:
-    fmt = [rewards.format_strict(c, r["answer"]) for c, r in zip(completions, rows, strict=True)]
-    acc = [rewards.answer_match(c, r["answer"]) for c, r in zip(completions, rows, strict=True)]
-    return ModelScores(
-        name=name,
-        checkpoint_uri=uri,
-        num_prompts=len(rows),
-        format_rate=float(np.mean(fmt)),
-        accuracy=float(np.mean(acc)),
+    name: str, uri: str | None, rows: Sequence[dict[str, Any]], completions: Sequence[str],
+    samples: int,
+) -> tuple[ModelScores, list[dict[str, Any]]]:  # fmt: skip
+    """Scores over prompts x samples (completions are prompt-major), and per-sample rows."""
+    stats = rewards.SandboxStats()
+    expanded = [r for r in rows for _ in range(samples)]
+    fmt = [rewards.format_strict(c, rewards.Reference(r["answer"]))
+           for c, r in zip(completions, expanded, strict=True)]  # fmt: skip
+    exact, correct = correctness(expanded, completions, stats)
+    per_prompt = np.asarray(correct).reshape(len(rows), samples)
+    metrics = {
+        "exact_accuracy": float(np.mean(exact)), "pass@1": float(per_prompt.mean()),
+        f"pass@{samples}": float(per_prompt.max(axis=1).mean()),
+        "majority_accuracy": majority_accuracy(rows, completions, samples),
+        "sandbox_runs": float(stats.runs), "sandbox_failures": float(stats.failures),
+    }  # fmt: skip
+    by_domain: dict[str, dict[str, float]] = {}
+    for domain in sorted({r.get("domain", "math") for r in rows}):
+        idx = [i for i, r in enumerate(expanded) if r.get("domain", "math") == domain]
+        by_domain[domain] = {"n": float(len(idx) // samples),
+                             "format_rate": float(np.mean([fmt[i] for i in idx])),
+                             "accuracy": float(np.mean([correct[i] for i in idx]))}  # fmt: skip
+    scores = ModelScores(
+        name=name, checkpoint_uri=uri, num_prompts=len(rows), format_rate=float(np.mean(fmt)),
+        accuracy=float(np.mean(correct)),
         mean_completion_chars=float(np.mean([len(c) for c in completions])),
-    )
+        metrics=metrics, by_domain=by_domain,
+    )  # fmt: skip
+    sample_rows = [{"model": name, "id": r["id"], "domain": r.get("domain", "math"),
+                    "answer": r["answer"], "completion": c, "format": f, "exact": e,
+                    "correct": k}
+                   for r, c, f, e, k in zip(expanded, completions, fmt, exact, correct,
+                                            strict=True)]  # fmt: skip
+    return scores, sample_rows
 
 
-def markdown_table(scores: list[ModelScores]) -> str:
-    lines = [
-        "| model | prompts | format rate | accuracy | mean completion chars |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for s in scores:
-        lines.append(
-            f"| {s.name} | {s.num_prompts} | {s.format_rate:.3f} | {s.accuracy:.3f} "
-            f"| {s.mean_completion_chars:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
+def majority_accuracy(rows: Sequence[dict[str, Any]], completions: Sequence[str], k: int) -> float:
+    """Share of prompts whose most frequent extracted answer equals the reference."""
+    hits = 0
+    for i, row in enumerate(rows):
+        answers = [rewards.extract_answer(c) for c in completions[i * k : (i + 1) * k]]
+        votes = Counter(a for a in answers if a is not None)
+        if votes and rewards.answers_equal(votes.most_common(1)[0][0], row["answer"]):
+            hits += 1
+    return hits / len(rows) if rows else 0.0
+
+
+def _networks(
+    names: Sequence[str], checkpoints: dict[str, CheckpointArtifact], spec: ModelSpec,
+    mesh: Any, cache_dir: str,
+) -> Any:  # fmt: skip
+    """Yield (name, checkpoint or None, network); LoRA policies share one base network."""
+    base = models.build_base_model(spec, mesh, cache_dir)
+    for name in names:
+        artifact = checkpoints.get(name)
+        if artifact is None:
+            yield name, None, base
+            continue
+        own_base = base if artifact.lora else models.build_base_model(spec, mesh, cache_dir)
+        yield name, artifact, models.restore_policy(artifact, own_base, mesh)
 
 
 def _evaluate(
-    directory: str,
-    dataset: DatasetArtifact,
-    checkpoints: dict[str, CheckpointArtifact],
-    config: EvalConfig,
-    spec: ModelSpec,
-    mesh_spec: MeshSpec,
-    cache_dir: str,
-) -> tuple[EvalReport, dict[str, float]]:
+    directory: str, dataset: DatasetArtifact, checkpoints: dict[str, CheckpointArtifact],
+    config: EvalConfig, spec: ModelSpec, mesh_spec: MeshSpec, cache_dir: str,
+) -> tuple[EvalReport, dict[str, float], dict[str, list[float]]]:  # fmt: skip
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, "eval")
-    prompts = [r["prompt"] for r in rows]
-    scores, samples = [], []
-    base = models.build_base_model(
-        spec, mesh, cache_dir
-    )  # LoRA policies share (and never change) it
-    for name in config.models:
-        artifact = checkpoints.get(name)
-        with mesh:
-            if artifact is None:
-                network = base
-            else:
-                own_base = base if artifact.lora else models.build_base_model(spec, mesh, cache_dir)
-                network = models.restore_policy(artifact, own_base, mesh)
+    prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
+    all_scores, all_samples = [], []
+    with mesh:
+        for name, artifact, network in _networks(config.models, checkpoints, spec, mesh,
+                                                 cache_dir):  # fmt: skip
             completions = generate(network, tokenizer, prompts, config, dataset.prompt_len, spec)
-        scores.append(score(name, artifact.uri if artifact else None, rows, completions))
-        samples += [
-            {"model": name, "id": r["id"], "answer": r["answer"], "completion": c}
-            for r, c in zip(rows, completions, strict=True)
-        ]
-        log.info("evaluated %s: %s", name, scores[-1])
-    samples_bytes = "".join(json.dumps(s, sort_keys=True) + "\n" for s in samples).encode()
-    samples_uri = storage.join(directory, "samples.jsonl")
-    storage.write_bytes(samples_uri, samples_bytes)
-    storage.write_text(storage.join(directory, "report.md"), markdown_table(scores))
-    report_uri = storage.join(directory, "report.json")
-    report = EvalReport(
-        uri=report_uri,
-        samples_uri=samples_uri,
-        scores=scores,
-        fingerprint=hashlib.sha256(samples_bytes).hexdigest(),
-    )
-    storage.write_json(report_uri, report.model_dump(mode="json"))
-    metrics = {f"{s.name}/{m}": getattr(s, m) for s in scores for m in ("format_rate", "accuracy")}
-    return report, metrics
+            scores, sample_rows = score(name, artifact.uri if artifact else None, rows,
+                                        completions, config.samples)  # fmt: skip
+            all_scores.append(scores)
+            all_samples += sample_rows
+            log.info("evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate,
+                     scores.accuracy)  # fmt: skip
+    report = reports.write_report(directory, all_scores, all_samples, checkpoints)
+    metrics = {f"{s.name}/{m}": getattr(s, m) for s in all_scores
+               for m in ("format_rate", "accuracy")}  # fmt: skip
+    return report, metrics, {}
 
 
 def identity(
-    config: EvalConfig,
-    model: ModelSpec,
-    dataset_fingerprint: str,
+    config: EvalConfig, model: ModelSpec, dataset_fingerprint: str,
     checkpoint_fingerprints: dict[str, str],
-) -> StageIdentity:
+) -> StageIdentity:  # fmt: skip
     hashed = {"eval": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
     return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
 
 
+def resolve_checkpoints(
+    config: EvalConfig, given: dict[str, CheckpointArtifact]
+) -> dict[str, CheckpointArtifact]:
+    """The run's named checkpoints plus any listed by URI (read from their stage records)."""
+    found = {name: given[name] for name in config.models if name in given}
+    for name in config.models:
+        if name == "base" or name in found:
+            continue
+        if "/" not in name:
+            raise ValueError(f"eval.models lists {name!r} but no checkpoint was given for it; "
+                             f"given: {sorted(given)}")  # fmt: skip
+        _, record = find_checkpoint_record(name)
+        found[name] = record.output  # type: ignore[assignment]
+    return found
+
+
 def evaluate(
-    dataset: DatasetArtifact,
-    checkpoints: dict[str, CheckpointArtifact],
-    config: EvalConfig,
-    model: ModelSpec,
-    mesh: MeshSpec,
-    ctx: RunContext,
-) -> StageOutcome[EvalReport]:
-    """Evaluate `config.models` ('base' needs no checkpoint; others must be in `checkpoints`)."""
+    dataset: DatasetArtifact, checkpoints: dict[str, CheckpointArtifact], config: EvalConfig,
+    model: ModelSpec, mesh: MeshSpec, ctx: RunContext,
+) -> StageOutcome[EvalReport]:  # fmt: skip
+    """Evaluate `config.models` ('base' needs no checkpoint; URIs are looked up)."""
     tokenizer_name = build_tokenizer(model, ctx.model_cache).name
     check_dataset(dataset, tokenizer_name)
-    missing = [m for m in config.models if m != "base" and m not in checkpoints]
-    if missing:
-        raise ValueError(
-            f"eval.models lists {missing} but no checkpoint was given for them; "
-            f"given: {sorted(checkpoints)}"
-        )
-    for artifact in checkpoints.values():
+    resolved = resolve_checkpoints(config, checkpoints)
+    for artifact in resolved.values():
         models.check_compatible(artifact, model, tokenizer_name)
-    fingerprints = {name: a.fingerprint for name, a in checkpoints.items()}
-    return run_stage(
-        ctx,
-        identity(config, model, dataset.fingerprint, fingerprints),
-        lambda directory: _evaluate(
-            directory, dataset, checkpoints, config, model, mesh, ctx.model_cache
-        ),
-    )
+    fingerprints = {name: a.fingerprint for name, a in resolved.items()}
+    outcome = run_stage(
+        ctx, identity(config, model, dataset.fingerprint, fingerprints),
+        lambda directory: _evaluate(directory, dataset, resolved, config, model, mesh,
+                                    ctx.model_cache),
+    )  # fmt: skip
+    if not outcome.skipped:
+        reports.record_scores(outcome.output, resolved, outcome.record_uri)
+    return outcome

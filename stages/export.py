@@ -22,27 +22,17 @@ from tunix.models.gemma3 import params as gemma3_params
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec, ModelSpec
 from stages import model_sources, models, storage
-from stages.runner import RECORD_NAME, read_record
+from stages.runner import find_checkpoint_record
 
 log = logging.getLogger(__name__)
 
 
 def find_checkpoint(uri: str) -> CheckpointArtifact:
     """The CheckpointArtifact whose URI is `uri`, from the stage record above it."""
-    uri = storage.normalize(uri)
-    parent = uri.rsplit("/", 1)[0]
-    for directory in (uri, parent, parent.rsplit("/", 1)[0]):
-        record = read_record(storage.join(directory, RECORD_NAME))
-        if (
-            record is not None
-            and record.output.kind == "checkpoint"
-            and uri in (storage.normalize(record.output.uri), directory)
-        ):
-            return record.output
-    raise FileNotFoundError(
-        f"no committed FAR checkpoint at {uri}: expected a stage record ({RECORD_NAME}) of an "
-        f"sft or grpo stage in it or up to two directories above"
-    )
+    _, record = find_checkpoint_record(uri)
+    if not isinstance(record.output, CheckpointArtifact):
+        raise TypeError(f"record for {uri} holds a {record.output.kind}, not a checkpoint")
+    return record.output
 
 
 def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:

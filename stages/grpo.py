@@ -10,6 +10,7 @@ same mesh. Actor checkpoints are written by Tunix under checkpoints/actor/.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -47,6 +48,7 @@ def prompt_batches(
             yield {
                 "prompts": np.asarray([r["prompt"] for r in chosen]),
                 "answer": np.asarray([r["answer"] for r in chosen]),
+                "tests": np.asarray([json.dumps(r.get("tests", [])) for r in chosen]),
             }
 
 
@@ -93,7 +95,7 @@ def _reinforce(
     spec: ModelSpec,
     mesh_spec: MeshSpec,
     cache_dir: str,
-) -> tuple[CheckpointArtifact, dict[str, float]]:
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
     reference = models.build_base_model(spec, mesh, cache_dir)
@@ -107,6 +109,7 @@ def _reinforce(
         tokenizer=tokenizer,
         cluster_config=_cluster_config(config, dataset.prompt_len, local_ckpt, mesh, eos),
     )
+    sandbox = rewards.SandboxStats()  # verifier crashes/timeouts score 0 and are counted
     learner = grpo_learner.GRPOLearner(
         rl_cluster=cluster,
         algo_config=grpo_learner.GRPOConfig(
@@ -115,7 +118,7 @@ def _reinforce(
             beta=config.beta,
             epsilon=config.epsilon,
         ),
-        reward_fns=rewards.tunix_reward_fns(config.rewards),
+        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
     )
     history = MetricsHistory()
     cluster.with_external_metrics_logger(history)
@@ -134,7 +137,9 @@ def _reinforce(
         size_bytes=sum(storage.list_files(actor_uri).values()),
         fingerprint=storage.tree_fingerprint(actor_uri),
     )
-    return artifact, history.summary()
+    metrics = {**history.summary(), "sandbox_runs": float(sandbox.runs),
+               "sandbox_failures": float(sandbox.failures)}  # fmt: skip
+    return artifact, metrics, history.curves()
 
 
 class MetricsHistory:
@@ -150,6 +155,11 @@ class MetricsHistory:
                 continue  # text samples (prompts, completions) are not metrics
             scalar = op(array) if op is not None else array.mean()
             self.values.setdefault(name, []).append(float(scalar))
+
+    def curves(self) -> dict[str, list[float]]:
+        """Per-step reward means and KL (the training curves the report plots)."""
+        wanted = [n for n in self.values if n.startswith("rewards/") or "kl" in n.lower()]
+        return {name: self.values[name] for name in sorted(wanted)}
 
     def summary(self) -> dict[str, float]:
         """First and last value of every reward metric, and the step count seen."""

@@ -68,36 +68,19 @@ def tunix_config(spec: ModelSpec) -> Any:
         raise ValueError("model spec has neither preset nor architecture")
     if spec.family == "gemma2":
         return _tiny_gemma2_config(arch)
-    return gemma3.ModelConfig(
-        num_layers=arch.num_layers,
-        num_embed=arch.num_embed,
-        embed_dim=arch.embed_dim,
-        hidden_dim=arch.hidden_dim,
-        num_heads=arch.num_heads,
-        head_dim=arch.head_dim,
-        num_kv_heads=arch.num_kv_heads,
-        sliding_window_size=arch.sliding_window_size,
-        param_dtype=_DTYPES[spec.dtype],
-    )
+    return gemma3.ModelConfig(**arch.model_dump(), param_dtype=_DTYPES[spec.dtype])
 
 
 def _tiny_gemma2_config(arch: Architecture) -> gemma2.ModelConfig:
     """Gemma 2's layout (alternating local/global attention, soft caps) at test-model size."""
     pattern = (gemma2.AttentionType.LOCAL_SLIDING, gemma2.AttentionType.GLOBAL)
     return gemma2.ModelConfig(
-        num_layers=arch.num_layers,
-        num_embed=arch.num_embed,
-        embed_dim=arch.embed_dim,
-        hidden_dim=arch.hidden_dim,
-        num_heads=arch.num_heads,
-        head_dim=arch.head_dim,
-        num_kv_heads=arch.num_kv_heads,
+        **arch.model_dump(),
         final_logit_softcap=30.0,
         use_post_attn_norm=True,
         use_post_ffw_norm=True,
         attention_types=tuple(pattern[i % 2] for i in range(arch.num_layers)),
         attn_logits_soft_cap=50.0,
-        sliding_window_size=arch.sliding_window_size,
     )
 
 

@@ -120,12 +120,44 @@ def read_record(record_uri: str) -> StageRecord | None:
         raise ValueError(f"stage record {record_uri} is unreadable or invalid: {e}") from e
 
 
+def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
+    """The record of the stage whose checkpoint is at `uri` (the uri or up to two levels up)."""
+    uri = storage.normalize(uri)
+    parent = uri.rsplit("/", 1)[0]
+    for directory in (uri, parent, parent.rsplit("/", 1)[0]):
+        record_uri = storage.join(directory, RECORD_NAME)
+        record = read_record(record_uri)
+        if (
+            record is not None
+            and record.output.kind == "checkpoint"
+            and uri in (storage.normalize(record.output.uri), directory)
+        ):
+            return record_uri, record
+    raise FileNotFoundError(
+        f"no committed FAR checkpoint at {uri}: expected a stage record ({RECORD_NAME}) of an "
+        f"sft or grpo stage in it or up to two directories above"
+    )
+
+
+def add_evaluation(record_uri: str, entry: dict[str, Any]) -> None:
+    """Append (or replace, by its 'evaluation' key) an evaluation entry in a stage record."""
+    record = read_record(record_uri)
+    if record is None:
+        raise FileNotFoundError(f"no stage record at {record_uri}")
+    kept = [e for e in record.evaluations if e.get("evaluation") != entry.get("evaluation")]
+    updated = record.model_copy(update={"evaluations": [*kept, entry]})
+    storage.write_json(record_uri, updated.model_dump(mode="json"))
+
+
 def run_stage(
     ctx: RunContext,
     identity: StageIdentity,
-    work: Callable[[str], tuple[T, dict[str, float]]],
+    work: Callable[[str], tuple[T, dict[str, float], dict[str, list[float]]]],
 ) -> StageOutcome[T]:
-    """Skip if committed, else run `work(directory)` and commit its output with a record."""
+    """Skip if committed, else run `work(directory)` and commit its output with a record.
+
+    `work` returns the output, scalar metrics and per-step histories (training curves).
+    """
     stage, digest = identity.stage, identity.digest
     directory = stage_directory(ctx, stage, digest)
     record_uri = storage.join(directory, RECORD_NAME)
@@ -140,7 +172,7 @@ def run_stage(
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
-    output, metrics = work(directory)
+    output, metrics, history = work(directory)
     seconds = time.perf_counter() - t0
     record = StageRecord(
         stage=stage,
@@ -157,6 +189,7 @@ def run_stage(
         finished_at=datetime.now(UTC),
         seconds=seconds,
         metrics=metrics,
+        history=history,
         flow_run_id=ctx.flow_run_id,
     )
     storage.write_json(record_uri, record.model_dump(mode="json"))

