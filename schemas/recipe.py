@@ -278,6 +278,8 @@ class GRPOConfig(Frozen):
     batch_size: PositiveInt  # prompts per step; each gets num_generations completions
     train_micro_batch_size: PositiveInt | None = None  # prompts per backward pass
     num_generations: Annotated[int, Field(ge=2)] = 4
+    num_iterations: PositiveInt = 1  # policy updates per batch (mu in the GRPO paper)
+    loss_variant: Literal["grpo", "gspo-token"] = "grpo"
     max_generation_tokens: PositiveInt = 32
     temperature: PositiveFloat = 0.9
     top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
@@ -289,6 +291,7 @@ class GRPOConfig(Frozen):
         default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
     )
     checkpoint_every_steps: PositiveInt = 50
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
     seed: int = 0
 
     @field_validator("rewards")

@@ -10,6 +10,7 @@ same mesh. Actor checkpoints are written by Tunix under checkpoints/actor/.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Iterator
@@ -26,7 +27,8 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import models, rewards, storage
 from stages.data_prep import load_prompts
-from stages.runner import RunContext, StageIdentity, StageOutcome, run_stage
+from stages.runner import RunContext, SessionExpired, StageIdentity, StageOutcome, run_stage
+from stages.sessions import StepClock, guarded
 from stages.sft import check_dataset
 from stages.tokenizers import build_tokenizer
 
@@ -87,58 +89,73 @@ def _cluster_config(
     )
 
 
+def _learner(
+    cluster: rl_cluster_lib.RLCluster, config: GRPOConfig, sandbox: rewards.SandboxStats
+) -> grpo_learner.GRPOLearner:
+    algo = grpo_learner.GRPOConfig(
+        num_generations=config.num_generations, num_iterations=config.num_iterations,
+        beta=config.beta, epsilon=config.epsilon, loss_algo=config.loss_variant,
+    )  # fmt: skip
+    return grpo_learner.GRPOLearner(
+        rl_cluster=cluster, algo_config=algo,
+        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
+    )  # fmt: skip
+
+
+def resync_after_restore(cluster: rl_cluster_lib.RLCluster, step: int) -> None:
+    """Work around two Tunix 0.1.7 resume defects (FIELD-NOTES): the rollout and anchor
+    weights still hold the pre-restore policy until the first sync, and the global step
+    restarts at 0 when the last checkpoint was written by close() (empty custom metadata)."""
+    cluster.sync_weights()  # pushes the restored adapters; also bumps global_steps
+    cluster.global_steps = step
+
+
 def _reinforce(
-    directory: str,
-    dataset: DatasetArtifact,
-    sft: CheckpointArtifact,
-    config: GRPOConfig,
-    spec: ModelSpec,
-    mesh_spec: MeshSpec,
-    cache_dir: str,
-) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
-    tokenizer = build_tokenizer(spec, cache_dir)
+    directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
+    spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
+    tokenizer = build_tokenizer(spec, ctx.model_cache)
     mesh = models.build_mesh(mesh_spec)
-    reference = models.build_base_model(spec, mesh, cache_dir)
+    reference = models.build_base_model(spec, mesh, ctx.model_cache)
     actor = models.restore_policy(sft, reference, mesh)
     ckpt_uri = storage.join(directory, CHECKPOINT_DIR)
     local_ckpt = storage.orbax_directory(ckpt_uri)
     eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
     cluster = rl_cluster_lib.RLCluster(
-        actor=actor,
-        reference=reference,
-        tokenizer=tokenizer,
+        actor=actor, reference=reference, tokenizer=tokenizer,
         cluster_config=_cluster_config(config, dataset.prompt_len, local_ckpt, mesh, eos),
-    )
-    sandbox = rewards.SandboxStats()  # verifier crashes/timeouts score 0 and are counted
-    learner = grpo_learner.GRPOLearner(
-        rl_cluster=cluster,
-        algo_config=grpo_learner.GRPOConfig(
-            num_generations=config.num_generations,
-            num_iterations=1,
-            beta=config.beta,
-            epsilon=config.epsilon,
-        ),
-        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
-    )
-    history = MetricsHistory()
+    )  # fmt: skip
+    sandbox, history = rewards.SandboxStats(), MetricsHistory()
+    learner = _learner(cluster, config, sandbox)
     cluster.with_external_metrics_logger(history)
+    # A restored actor resumes at its step: skip the prompt batches it already trained on
+    # (one batch per step), so the run continues at the exact prompt position.
+    start_step = cluster.actor_trainer.train_steps
+    if start_step:
+        resync_after_restore(cluster, start_step)
     rows = load_prompts(dataset, "grpo_train")
+    batches = itertools.islice(prompt_batches(rows, config.batch_size, config.seed), start_step,
+                               None)  # fmt: skip
+    stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock())
     with mesh:
-        learner.train(prompt_batches(rows, config.batch_size, config.seed))
-    cluster.close()
+        learner.train(stream)  # ends with the cluster's close(): saves the last checkpoint
     storage.publish_tree(local_ckpt, ckpt_uri)
+    done = cluster.actor_trainer.train_steps
+    if done < config.max_steps:
+        raise SessionExpired(f"GRPO stopped at step {done} of {config.max_steps} with a "
+                             f"checkpoint saved; it resumes from there")  # fmt: skip
     actor_uri = storage.join(ckpt_uri, ACTOR_SUBDIR)
     artifact = CheckpointArtifact(
-        uri=actor_uri,
-        step=config.max_steps,
-        model=spec,
-        tokenizer=tokenizer.name,
-        lora=sft.lora,
-        size_bytes=sum(storage.list_files(actor_uri).values()),
+        uri=actor_uri, step=config.max_steps, model=spec, tokenizer=tokenizer.name,
+        lora=sft.lora, size_bytes=sum(storage.list_files(actor_uri).values()),
         fingerprint=storage.tree_fingerprint(actor_uri),
-    )
-    metrics = {**history.summary(), "sandbox_runs": float(sandbox.runs),
-               "sandbox_failures": float(sandbox.failures)}  # fmt: skip
+    )  # fmt: skip
+    metrics = {
+        **history.summary(),
+        "resumed_from_step": float(start_step),
+        "sandbox_runs": float(sandbox.runs),
+        "sandbox_failures": float(sandbox.failures),
+    }
     return artifact, metrics, history.curves()
 
 
@@ -194,5 +211,5 @@ def reinforce(
     return run_stage(
         ctx,
         identity(config, model, dataset.fingerprint, sft.fingerprint),
-        lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx.model_cache),
+        lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
     )
