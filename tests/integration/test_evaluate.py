@@ -97,3 +97,27 @@ def test_sampling_gives_pass_at_k(trained) -> None:
     metrics = report.scores[0].metrics
     assert metrics["pass@3"] >= metrics["pass@1"]
     assert len(storage.read_text(report.samples_uri).splitlines()) == 3 * recipe.data.eval.size
+
+
+def test_far_export_cli_on_the_tiny_checkpoint(trained, tmp_path: Path, capsys) -> None:
+    from flows.cli import EXIT_INVALID, main
+
+    _, _, _, checkpoint = trained
+    out = tmp_path / "hf"
+    assert main(["export", checkpoint.uri, str(out), "--cache-dir", str(tmp_path)]) == 0
+    assert {"model.safetensors", "config.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "config.json").read_text())["model_type"] == "gemma3_text"
+    assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == EXIT_INVALID
+    assert "no committed FAR checkpoint" in capsys.readouterr().err
+
+
+def test_checkpoints_also_on_a_timer(tmp_path: Path) -> None:
+    recipe = recipe_with(str(tmp_path), sft={"max_steps": 150, "checkpoint_every_steps": 1000,
+                                             "checkpoint_every_seconds": 1.0})  # fmt: skip
+    ctx = RunContext(str(tmp_path), "timer")
+    dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
+    sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
+    directory = next(Path(tmp_path, "timer").glob("sft-*/checkpoints"))
+    # step 1000 never comes: every checkpoint but the final one was the 1-second timer's
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    assert steps[-1] == 150 and len(steps) >= 2 and steps[0] < 150
