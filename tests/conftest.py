@@ -124,3 +124,56 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Converted model weights for the whole test session (the GGUF converts once, ~20 s)."""
     return str(tmp_path_factory.mktemp("model-cache"))
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`prefect server start` on 127.0.0.1 (own SQLite database, UI served): yields its API URL.
+
+    For tests that need the real server process: the UI in a browser, workers, deployments.
+    Tests that only need an API use the faster in-process `prefect_server` harness.
+    """
+    import httpx
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = prefect_env(home, api_url)
+    env.pop("PREFECT_API_URL")  # the server itself must not point at an API
+    log = open(home / "server.log", "w")  # noqa: SIM115  # closed at teardown
+    proc = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "prefect"), "server", "start",
+         "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited with {proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(f"prefect server not healthy in 90 s; see {log.name}")
+            time.sleep(0.5)
+        yield api_url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def prefect_env(home: Path, api_url: str) -> dict[str, str]:
+    """Environment for a process that talks to the Prefect API at `api_url`."""
+    env = dict(os.environ)
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=api_url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db",
+        JAX_PLATFORMS="cpu",
+    )
+    return env
