@@ -6,15 +6,19 @@ Settings are read here, once, and passed down; nothing is configured at import t
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
+from schemas.recipe import Recipe
 from schemas.record import RunSummary
-from stages import storage
-from stages.recipes import RecipeError, load_recipe
+from stages import lineage, runs, storage
+from stages.drift import DriftError
+from stages.recipes import RecipeError, load_recipe, parse_recipe
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
@@ -35,8 +39,12 @@ examples:
 
 Without PREFECT_API_URL, Prefect starts a temporary local server for the run (ephemeral
 mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
+Continuing a run with a changed recipe or stage code is refused with the differences
+(exit 2); start a new run with --name, or accept named changes with --allow-change, e.g.
+  far run recipes/smoke.yaml --allow-change sft.max_steps   (continues SFT from its checkpoint)
 Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline.
 """
+EXIT_PROBLEMS = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,12 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--session-budget", help="stop cleanly after this long, e.g. 9h, 90m (overrides recipe)"
     )
-    run.add_argument(
-        "--cache-dir",
-        default=os.environ.get("FAR_CACHE_DIR"),
-        help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
-    )
-    run.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    _add_session_options(run)
+    _add_run_commands(commands)
     export = commands.add_parser(
         "export", help="write a checkpoint as a Hugging Face model directory",
         description=(
@@ -83,6 +87,54 @@ def build_parser() -> argparse.ArgumentParser:
                         help="converted model weights cache (default ~/.cache/far)")  # fmt: skip
     export.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
     return parser
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-change", action="append", default=[], metavar="PATH",
+        help="accept a change from the run's recipe or code, by dotted path (sft.max_steps)\n"
+             "or prefix (sft); repeat for several",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cache-dir", default=os.environ.get("FAR_CACHE_DIR"),
+        help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
+    )  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+
+
+def _add_run_commands(commands: Any) -> None:
+    """status, resume, lineage and audit: they take a run URI ({storage_root}/{name})."""
+    status = commands.add_parser(
+        "status", help="show each stage's state and progress",
+        description="Each stage of RUN: complete, partial (latest checkpoint step of max_steps,\n"
+                    "sessions so far), not started, or superseded by an allowed change.",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )  # fmt: skip
+    status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    resume = commands.add_parser(
+        "resume", help="continue RUN with the recipe it was started with",
+        description="Same as re-running `far run` with the recipe stored in RUN/run.json.",
+    )  # fmt: skip
+    resume.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    resume.add_argument("--session-budget", help="stop cleanly after this long, e.g. 9h")
+    _add_session_options(resume)
+    lineage = commands.add_parser(
+        "lineage", help="print the ancestry of an artifact back to its data sources",
+        description="Which data, config, code, hardware and sessions produced URI (a stage\n"
+                    "output or stage directory), and the same for each of its inputs.",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )  # fmt: skip
+    lineage.add_argument("uri", help="an output URI as `far run` printed it, or a stage directory")
+    lineage.add_argument(
+        "--openlineage", metavar="FILE", help="also write the run's OpenLineage events (JSON lines)"
+    )
+    audit = commands.add_parser(
+        "audit", help="re-check every recorded file and fingerprint of RUN",
+        description="Re-hash every file each stage record lists and check each input against\n"
+                    "its upstream record. Exit 1 and list what is missing or altered.",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )  # fmt: skip
+    audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
 
 
 def configure_logging(verbose: bool) -> None:
@@ -124,15 +176,92 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
+    return run_recipe(recipe, args.recipe, args)
+
+
+def run_recipe(recipe: Recipe, recipe_source: str, args: argparse.Namespace) -> int:
+    """Run the flow for a validated recipe; print the summary; the exit code."""
     budget = recipe.session_budget
     deadline = time.time() + budget.total_seconds() if budget is not None else None
     from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
 
-    summary = format_align_reinforce(
-        recipe, storage.normalize(recipe.storage_root), deadline, args.cache_dir
-    )
+    try:
+        summary = format_align_reinforce(
+            recipe, storage.normalize(recipe.storage_root), deadline, args.cache_dir,
+            allow_changes=args.allow_change, recipe_source=recipe_source,
+        )  # fmt: skip
+    except DriftError as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
     print_summary(summary)
     return 0 if summary.complete else EXIT_INCOMPLETE
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    run_uri = storage.normalize(args.run_uri)
+    try:
+        manifest = runs.read_manifest(run_uri)
+        overrides = {"storage_root": run_uri.rsplit("/", 1)[0], "name": manifest.run,
+                     "session_budget": args.session_budget}  # fmt: skip
+        recipe = parse_recipe(manifest.recipe, f"{run_uri}/run.json", overrides)
+    except (FileNotFoundError, RecipeError) as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    return run_recipe(recipe, manifest.recipe_source, args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    run_uri = storage.normalize(args.run_uri)
+    try:
+        manifest = runs.read_manifest(run_uri)
+        states = runs.run_status(run_uri)
+    except FileNotFoundError as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    last = manifest.invocations[-1] if manifest.invocations else None
+    print(f"FAR run '{manifest.run}' at {run_uri} ({len(manifest.invocations)} session(s); "
+          f"last: {last.outcome or 'running or crashed' if last else 'none'})")  # fmt: skip
+    for s in states:
+        progress = ""
+        if s.max_steps is not None:
+            progress = f"step {s.step if s.step is not None else 0}/{s.max_steps}"
+        sessions = f"{s.sessions} session(s)" if s.sessions else ""
+        where = s.output_uri or s.directory or ""
+        print(f"  {s.stage:<10} {s.state:<12} {progress:<14} {sessions:<13} {where}")
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    try:
+        node = lineage.ancestry(args.uri)
+        run_uri = node.record.directory.rsplit("/", 1)[0]
+        manifest = runs.read_manifest(run_uri)
+    except FileNotFoundError as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(lineage.render(node, manifest))
+    if args.openlineage:
+        events = lineage.openlineage_events(run_uri)
+        lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
+        storage.write_text(args.openlineage, lines)
+        print(f"wrote {len(events)} OpenLineage events to {args.openlineage}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    run_uri = storage.normalize(args.run_uri)
+    try:
+        problems = lineage.audit(run_uri)
+    except FileNotFoundError as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    records = lineage.run_records(run_uri)
+    files = sum(len(r.files) for _, r in records)
+    for problem in problems:
+        print(problem)
+    verdict = f"{len(problems)} problem(s)" if problems else "everything matches"
+    print(f"audit of {run_uri}: {len(records)} records, {files} files: {verdict}")
+    return EXIT_PROBLEMS if problems else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -152,8 +281,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(args.verbose)
-    handlers = {"run": cmd_run, "export": cmd_export}
+    configure_logging(getattr(args, "verbose", False))
+    handlers = {"run": cmd_run, "export": cmd_export, "resume": cmd_resume,
+                "status": cmd_status, "lineage": cmd_lineage, "audit": cmd_audit}  # fmt: skip
     return handlers[args.command](args)
 
 

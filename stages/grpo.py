@@ -27,7 +27,14 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import models, rewards, storage
 from stages.data_prep import load_prompts
-from stages.runner import RunContext, SessionExpired, StageIdentity, StageOutcome, run_stage
+from stages.runner import (
+    RunContext,
+    SessionExpired,
+    StageIdentity,
+    StageOutcome,
+    run_stage,
+    with_uris,
+)
 from stages.sessions import StepClock, guarded
 from stages.sft import check_dataset
 from stages.tokenizers import build_tokenizer
@@ -210,6 +217,8 @@ def reinforce(
     rewards.validate_names(config.rewards)
     return run_stage(
         ctx,
-        identity(config, model, dataset.fingerprint, sft.fingerprint),
+        with_uris(identity(config, model, dataset.fingerprint, sft.fingerprint),
+                  dataset=dataset.uri, sft=sft.uri),
         lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
-    )
+        carry_over=(CHECKPOINT_DIR,),
+    )  # fmt: skip

@@ -13,6 +13,7 @@ commit and package versions are still recorded in every record for audit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,14 +29,24 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from schemas.record import CodeVersion, Hardware, StageRecord
-from stages import storage
+from schemas.record import (
+    ArtifactRef,
+    CodeVersion,
+    FileDigest,
+    Hardware,
+    SessionLog,
+    StageRecord,
+)
+from stages import drift, storage
 from stages.sessions import StopFlag
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 StageName = Literal["data_prep", "sft", "grpo", "evaluate"]
 RECORD_NAME = "stage.json"
+IDENTITY_NAME = "identity.json"  # written when a stage starts: what the directory is for
+SESSIONS_DIR = "sessions"  # one json per session that stopped or failed before the commit
+SOURCE_PREFIX = "source:"  # identity inputs that are external data, not upstream artifacts
 _RECORDED_PACKAGES = (
     "google-tunix",
     "jax",
@@ -66,6 +77,7 @@ class RunContext:
     flow_run_id: str | None = None
     cache_dir: str | None = None  # converted model weights; None: ~/.cache/far
     stop: StopFlag | None = None  # set on SIGTERM: training stages save and stop
+    allow_changes: tuple[str, ...] = ()  # drift the user accepted (dotted recipe paths)
 
     @property
     def model_cache(self) -> str:
@@ -94,7 +106,8 @@ class StageIdentity:
     stage: StageName
     version: int
     config: dict[str, Any]
-    inputs: dict[str, str]  # upstream name -> fingerprint
+    inputs: dict[str, str]  # upstream name -> fingerprint ("source:<label>" for data sources)
+    input_uris: dict[str, str] | None = None  # upstream name -> artifact URI (not hashed)
 
     @property
     def digest(self) -> str:
@@ -105,6 +118,11 @@ class StageIdentity:
             "inputs": self.inputs,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def with_uris(identity: StageIdentity, **uris: str) -> StageIdentity:
+    """The identity with its inputs' URIs attached (for lineage; URIs are not hashed)."""
+    return dataclasses.replace(identity, input_uris=uris)
 
 
 def stage_directory(ctx: RunContext, stage: str, digest: str) -> str:
@@ -153,10 +171,13 @@ def run_stage(
     ctx: RunContext,
     identity: StageIdentity,
     work: Callable[[str], tuple[T, dict[str, float], dict[str, list[float]]]],
+    carry_over: tuple[str, ...] = (),
 ) -> StageOutcome[T]:
     """Skip if committed, else run `work(directory)` and commit its output with a record.
 
     `work` returns the output, scalar metrics and per-step histories (training curves).
+    `carry_over` names subdirectories (checkpoints) a continuable allowed change brings over
+    from the run's previous directory of this stage (see stages/drift.py).
     """
     stage, digest = identity.stage, identity.digest
     directory = stage_directory(ctx, stage, digest)
@@ -170,31 +191,127 @@ def run_stage(
         raise SessionExpired(f"session deadline passed before stage {stage} could start")
     if ctx.stop is not None and ctx.stop.is_set():
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
+    _start_directory(ctx, identity, directory, carry_over)
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
-    output, metrics, history = work(directory)
-    seconds = time.perf_counter() - t0
+    try:
+        output, metrics, history = work(directory)
+    except BaseException as e:
+        outcome = "stopped" if isinstance(e, SessionExpired | KeyboardInterrupt) else "failed"
+        try:
+            _log_session(ctx, directory, started, t0, outcome, f"{type(e).__name__}: {e}")
+        except Exception as note_error:  # the original error matters more than the note
+            log.warning("stage %s: could not note the %s session: %s", stage, outcome, note_error)
+        raise
+    this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
-        stage=stage,
-        run=ctx.run,
-        status="complete",
-        stage_hash=digest,
-        directory=directory,
-        config=identity.config,
-        inputs=identity.inputs,
-        output=output,
-        code=code_version(identity.version),
-        hardware=hardware(),
-        started_at=started,
-        finished_at=datetime.now(UTC),
-        seconds=seconds,
-        metrics=metrics,
-        history=history,
-        flow_run_id=ctx.flow_run_id,
-    )
+        stage=stage, run=ctx.run, status="complete", stage_hash=digest, directory=directory,
+        config=identity.config, inputs=identity.inputs, output=output,
+        code=code_version(identity.version), hardware=hardware(), started_at=started,
+        finished_at=this_session.finished_at, seconds=this_session.seconds, metrics=metrics,
+        history=history, flow_run_id=ctx.flow_run_id, input_artifacts=input_refs(identity),
+        sessions=[*_earlier_sessions(directory), this_session],
+        files=directory_digests(directory),
+    )  # fmt: skip
     storage.write_json(record_uri, record.model_dump(mode="json"))
-    log.info("stage %s: complete in %.1f s -> %s", stage, seconds, record_uri)
-    return StageOutcome(output, record_uri, skipped=False, seconds=seconds)
+    log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
+    return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+def _start_directory(
+    ctx: RunContext, identity: StageIdentity, directory: str, carry_over: tuple[str, ...]
+) -> None:
+    """Refuse drift from the run's previous directory of this stage; mark this one's identity."""
+    identity_uri = storage.join(directory, IDENTITY_NAME)
+    if storage.exists(identity_uri):
+        return  # this very directory was started before: a resume, not a change
+    previous = previous_directory(ctx, identity.stage, directory)
+    if previous is not None:
+        changes = identity_changes(storage.read_json(storage.join(previous, IDENTITY_NAME)),
+                                   identity)  # fmt: skip
+        drift.check(f"stage {identity.stage}", changes, ctx.allow_changes)
+        if carry_over and drift.continuable(changes):
+            for sub in carry_over:
+                log.info("stage %s: continuing from %s/%s", identity.stage, previous, sub)
+                storage.copy_tree(storage.join(previous, sub), storage.join(directory, sub))
+    payload = {"stage": identity.stage, "version": identity.version, "config": identity.config,
+               "inputs": identity.inputs, "input_uris": identity.input_uris or {},
+               "created_at": datetime.now(UTC).isoformat()}  # fmt: skip
+    storage.write_json(identity_uri, payload)
+
+
+def previous_directory(ctx: RunContext, stage: str, exclude: str) -> str | None:
+    """The run's most recently started directory of `stage` other than `exclude`."""
+    started = []
+    for name in storage.list_dirs(ctx.run_uri):
+        candidate = storage.join(ctx.run_uri, name)
+        identity_uri = storage.join(candidate, IDENTITY_NAME)
+        if name.startswith(f"{stage}-") and candidate != exclude and storage.exists(identity_uri):
+            started.append((storage.read_json(identity_uri)["created_at"], candidate))
+    return max(started)[1] if started else None
+
+
+def identity_changes(old: dict[str, Any], new: StageIdentity) -> list[drift.Change]:
+    """Config and code changes, plus source-data changes; upstream fingerprints are not drift."""
+    changes = drift.diff(old["config"], new.config)
+    if old["version"] != new.version:
+        changes.append(drift.Change(f"code.{new.stage}_version", old["version"], new.version))
+    sources = lambda d: {k.removeprefix(SOURCE_PREFIX): v for k, v in d.items()  # noqa: E731
+                         if k.startswith(SOURCE_PREFIX)}  # fmt: skip
+    return changes + drift.diff(sources(old["inputs"]), sources(new.inputs), "data.source_content")
+
+
+def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
+    """The record's view of the inputs: URI, fingerprint and (for artifacts) their record."""
+    uris = identity.input_uris or {}
+    refs = {}
+    for name, fingerprint in identity.inputs.items():
+        uri = uris.get(name, name.removeprefix(SOURCE_PREFIX))
+        external = name.startswith(SOURCE_PREFIX)
+        record_uri = None if external else _record_of(uri)
+        refs[name] = ArtifactRef(uri=uri, fingerprint=fingerprint, record_uri=record_uri)
+    return refs
+
+
+def _record_of(artifact_uri: str) -> str | None:
+    """The stage record beside an artifact (the artifact is the stage dir or inside it)."""
+    candidate = artifact_uri
+    for _ in range(3):
+        record_uri = storage.join(candidate, RECORD_NAME)
+        if storage.exists(record_uri):
+            return record_uri
+        candidate = candidate.rsplit("/", 1)[0]
+    return None
+
+
+def directory_digests(directory: str) -> dict[str, FileDigest]:
+    found = storage.file_digests(directory, skip=(RECORD_NAME,))
+    return {rel: FileDigest(size=size, sha256=sha) for rel, (size, sha) in found.items()}
+
+
+def _session(
+    ctx: RunContext, started: datetime, t0: float, outcome: str, detail: str
+) -> SessionLog:
+    return SessionLog.model_validate({
+        "flow_run_id": ctx.flow_run_id, "started_at": started,
+        "finished_at": datetime.now(UTC), "seconds": time.perf_counter() - t0,
+        "outcome": outcome, "detail": detail[:500],
+    })  # fmt: skip
+
+
+def _log_session(
+    ctx: RunContext, directory: str, started: datetime, t0: float, outcome: str, detail: str
+) -> None:
+    """Leave a note of a session that ended without committing (read back into the record)."""
+    entry = _session(ctx, started, t0, outcome, detail)
+    name = f"{started.strftime('%Y%m%dT%H%M%S%f')}.json"
+    storage.write_json(storage.join(directory, SESSIONS_DIR, name), entry.model_dump(mode="json"))
+
+
+def _earlier_sessions(directory: str) -> list[SessionLog]:
+    folder = storage.join(directory, SESSIONS_DIR)
+    return [SessionLog.model_validate(storage.read_json(storage.join(folder, name)))
+            for name in sorted(storage.list_files(folder))]  # fmt: skip
 
 
 def code_version(stage_version: int) -> CodeVersion:

@@ -25,9 +25,16 @@ from tunix.sft import metrics_logger, peft_trainer
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages import models, optim, storage
-from stages.compilations import counting_compilations
+from stages.compilations import counting_compilations, release_scalar_listeners
 from stages.data_prep import load_sft_arrays
-from stages.runner import RunContext, SessionExpired, StageIdentity, StageOutcome, run_stage
+from stages.runner import (
+    RunContext,
+    SessionExpired,
+    StageIdentity,
+    StageOutcome,
+    run_stage,
+    with_uris,
+)
 from stages.sessions import StepClock, guarded
 from stages.tokenizers import build_tokenizer
 
@@ -138,6 +145,7 @@ def _train(
                      ctx.stop, config.save_margin_seconds, clock)  # fmt: skip
     with mesh, counting_compilations("_train_step") as compiles:
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
+    release_scalar_listeners(trainer.metrics_logger)
     finished = time.time()
     storage.publish_tree(local_ckpt, ckpt_uri)
     storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
@@ -208,6 +216,7 @@ def train(
     check_dataset(dataset, build_tokenizer(model, ctx.model_cache).name)
     return run_stage(
         ctx,
-        identity(config, model, dataset.fingerprint),
+        with_uris(identity(config, model, dataset.fingerprint), dataset=dataset.uri),
         lambda directory: _train(directory, dataset, config, model, mesh, ctx),
+        carry_over=(CHECKPOINT_DIR,),
     )

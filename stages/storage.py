@@ -103,6 +103,56 @@ def tree_fingerprint(uri: str) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
+def file_digests(uri: str, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, str]]:
+    """{relative path: (size, sha256)} for every file under `uri`, except names in `skip`.
+
+    Read in 8 MiB chunks: the audit record of a stage directory (checkpoints included).
+    """
+    fs, path = _split(uri)
+    out: dict[str, tuple[int, str]] = {}
+    for rel, size in sorted(list_files(uri).items()):
+        if rel.rsplit("/", 1)[-1] in skip:
+            continue
+        digest = hashlib.sha256()
+        with fs.open(f"{path.rstrip('/')}/{rel}", "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+        out[rel] = (size, digest.hexdigest())
+    return out
+
+
+def content_fingerprint(uri: str) -> str:
+    """A file's content identity: the object store's MD5 if it keeps one, else its sha256."""
+    fs, path = _split(uri)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError as e:  # HTTP filesystems also say this for a 5xx: kept as cause
+        raise FileNotFoundError(f"cannot read {uri}: no such file, or the server failed") from e
+    if info.get("md5Hash"):
+        return f"md5:{info['md5Hash']}"
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def list_dirs(uri: str) -> list[str]:
+    """Names of the directories directly under `uri` (empty if `uri` is absent)."""
+    fs, path = _split(uri)
+    if not fs.exists(path):
+        return []
+    entries = fs.ls(path, detail=True)
+    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                  if e["type"] == "directory")  # fmt: skip
+
+
+def copy_tree(src: str, dst: str) -> None:
+    """Copy every file under `src` to the same relative paths under `dst` (any protocols)."""
+    for rel in list_files(src):
+        write_bytes(join(dst, rel), read_bytes(join(src, rel)))
+
+
 def remove_tree(uri: str) -> None:
     fs, path = _split(uri)
     if fs.exists(path):
@@ -166,3 +216,41 @@ def fetch_tree(uri: str) -> str:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             fs.get_file(f"{path}/{rel}", target)
     return local
+
+
+# OS-level network failures that a retry can outlive. Plain ConnectionError is not here: FAR
+# raises it for "the hub is unreachable from this machine", which a retry will not fix.
+_TRANSIENT_OS_ERRORS = (
+    TimeoutError, ConnectionResetError, ConnectionAbortedError, ConnectionRefusedError,
+    BrokenPipeError,
+)  # fmt: skip
+_TRANSIENT_HTTP_CODES = {408, 429, 500, 502, 503, 504}
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for storage/network errors worth retrying: 5xx, 429, timeouts, dropped connections.
+
+    Looks through the chain of causes (`raise ... from e`) so a wrapped error still counts.
+    """
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, _TRANSIENT_OS_ERRORS) or _is_transient_library_error(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_transient_library_error(error: BaseException) -> bool:
+    """gcsfs/google HTTP errors by status code; aiohttp and requests connection failures."""
+    name = type(error).__name__
+    code = {"HttpError": "code", "ClientResponseError": "status"}.get(name)
+    if code is not None and isinstance(getattr(error, code, None), int):
+        return getattr(error, code) in _TRANSIENT_HTTP_CODES
+    module = type(error).__module__
+    transient_names = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError",
+                       "ServerTimeoutError", "ConnectionError", "ReadTimeout",
+                       "ChunkedEncodingError", "TransportError")  # fmt: skip
+    from_network_library = module.split(".")[0] in ("aiohttp", "requests", "google", "urllib3")
+    return from_network_library and name in transient_names

@@ -1,12 +1,19 @@
 """Run the SFT stage of a small recipe in its own process (tests kill it with SIGKILL).
 
-usage: python -m tests.integration._sft_child ROOT MAX_STEPS [DEADLINE_SECONDS]
+usage: python -m tests.integration._sft_child ROOT MAX_STEPS [DEADLINE_SECONDS] [--die-in-save STEP]
+
+--die-in-save STEP is fault injection: the process SIGKILLs itself after Orbax has written
+checkpoint STEP into its temporary directory and before the rename that commits it, the
+torn save a preemption during a checkpoint write leaves behind.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
+from typing import Any
 
 from stages import data_prep, sft
 from stages.runner import RunContext, SessionExpired
@@ -20,7 +27,25 @@ def child_recipe(root: str, max_steps: int) -> object:
                                   "save_margin_seconds": 0.5})  # fmt: skip
 
 
+def die_in_save(step: int) -> None:
+    from orbax.checkpoint._src.path import atomicity
+
+    original = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def finalize(self: Any) -> None:
+        if self._final_path.name == str(step):
+            print(f"KILLING MYSELF while saving step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        await original(self)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = finalize  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> int:
+    if "--die-in-save" in argv:
+        at = argv.index("--die-in-save")
+        die_in_save(int(argv[at + 1]))
+        argv = argv[:at] + argv[at + 2 :]
     root, max_steps = argv[0], int(argv[1])
     deadline = time.time() + float(argv[2]) if len(argv) > 2 else None
     recipe = child_recipe(root, max_steps)

@@ -89,7 +89,7 @@ def test_full_weights_sft_trains_and_restores(tmp_path: Path) -> None:
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
-def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: Path) -> None:
     straight = run_child(tmp_path / "straight", 60)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()  # type: ignore[union-attr]
     victim = run_child(tmp_path / "killed", 60)
@@ -102,11 +102,19 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not list(checkpoints.glob("sft-*/stage.json"))  # not committed
+    # the second session dies in the middle of writing checkpoint 30: a torn save
+    torn = run_child(tmp_path / "killed", 60, "--die-in-save", "30")
+    output = torn.communicate(timeout=300)[0]
+    assert torn.returncode == -signal.SIGKILL, output
+    assert "KILLING MYSELF while saving step 30" in output
+    saved = [p.name for p in checkpoints.glob("sft-*/checkpoints/*")]
+    assert "25" in saved and "30" not in saved
+    assert any(name.startswith("30.orbax-checkpoint-tmp") for name in saved), saved
     resumed = run_child(tmp_path / "killed", 60)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
     record = record_of(tmp_path / "killed")
-    assert record.metrics["resumed_from_step"] >= 10
+    assert record.metrics["resumed_from_step"] == 25  # the torn step 30 was not used
     assert record.metrics["train_step_compilations"] == 1  # one compile in the resumed run too
     expected = lora_leaves(record_of(tmp_path / "straight").output)  # type: ignore[arg-type]
     got = lora_leaves(record.output)  # type: ignore[arg-type]

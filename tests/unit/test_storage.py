@@ -79,3 +79,24 @@ def test_normalize(uri: str, expected: str) -> None:
 def test_orbax_writes_natively_to_local_and_gs() -> None:
     assert storage.orbax_directory("/tmp/x") == "/tmp/x"
     assert storage.orbax_directory("gs://b/x") == "gs://b/x"
+
+
+def test_digests_directories_copies_and_content_fingerprints(root: str) -> None:
+    import hashlib
+
+    storage.write_bytes(storage.join(root, "s/stage.json"), b"{}")
+    storage.write_bytes(storage.join(root, "s/ck/5/w"), b"abc")
+    storage.write_bytes(storage.join(root, "s/top.txt"), b"")
+    digests = storage.file_digests(storage.join(root, "s"), skip=("stage.json",))
+    assert digests == {"ck/5/w": (3, hashlib.sha256(b"abc").hexdigest()),
+                       "top.txt": (0, hashlib.sha256(b"").hexdigest())}  # fmt: skip
+    assert storage.list_dirs(storage.join(root, "s")) == ["ck"]
+    assert storage.list_dirs(storage.join(root, "absent")) == []
+    storage.copy_tree(storage.join(root, "s/ck"), storage.join(root, "t/ck"))
+    assert storage.read_bytes(storage.join(root, "t/ck/5/w")) == b"abc"
+    before = storage.content_fingerprint(storage.join(root, "s/ck/5/w"))
+    assert before == f"sha256:{hashlib.sha256(b'abc').hexdigest()}"
+    storage.write_bytes(storage.join(root, "s/ck/5/w"), b"abd")
+    assert storage.content_fingerprint(storage.join(root, "s/ck/5/w")) != before
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        storage.content_fingerprint(storage.join(root, "s/nope"))

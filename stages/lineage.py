@@ -1,0 +1,209 @@
+"""Lineage and audit, from the stage records alone: which data, config and code made an artifact.
+
+Every record names its inputs (URI, fingerprint, the upstream record), its config, code
+version, hardware, sessions and the Prefect flow-run ids, so `ancestry` walks from any
+artifact back to the data sources without an orchestrator database. `audit` re-hashes every
+file a record lists and checks that each input still matches its upstream output.
+`openlineage_events` renders the same records as OpenLineage RunEvents (JSON lines).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.record import RunManifest, StageRecord
+from stages import storage
+from stages.runner import RECORD_NAME, read_record
+from stages.runs import STAGES, read_manifest
+
+OPENLINEAGE_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
+PRODUCER = "https://github.com/far-project/far"
+
+
+@dataclass(frozen=True)
+class LineageNode:
+    """One stage record in an artifact's ancestry, with its upstream nodes."""
+
+    name: str  # how the downstream stage calls this input ("dataset", "sft", ...)
+    record_uri: str
+    record: StageRecord
+    parents: list[LineageNode] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # external source -> fingerprint
+
+
+def find_record(uri: str) -> tuple[str, StageRecord]:
+    """The record of the stage that produced `uri` (a stage dir, its output, or a file in it)."""
+    candidate = storage.normalize(uri)
+    for _ in range(4):
+        record = read_record(storage.join(candidate, RECORD_NAME))
+        if record is not None:
+            return storage.join(candidate, RECORD_NAME), record
+        candidate = candidate.rsplit("/", 1)[0]
+    raise FileNotFoundError(
+        f"no FAR stage record for {uri}: expected {RECORD_NAME} in it or up to three "
+        f"directories above (give an output URI as `far run` printed it)"
+    )
+
+
+def ancestry(uri: str, name: str = "artifact") -> LineageNode:
+    """The record that produced `uri` and, recursively, the records of its inputs."""
+    record_uri, record = find_record(uri)
+    node = LineageNode(name, record_uri, record)
+    for input_name, ref in sorted(record.input_artifacts.items()):
+        if ref.record_uri is None:
+            node.sources[ref.uri] = ref.fingerprint
+        else:
+            node.parents.append(ancestry(ref.record_uri, input_name))
+    return node
+
+
+def render(
+    node: LineageNode, manifest: RunManifest | None = None, indent: str = "",
+    seen: set[str] | None = None,
+) -> str:  # fmt: skip
+    """A readable tree: each stage, how it came to be, and where its inputs came from.
+
+    A record reached twice (the dataset feeds every stage) is described once.
+    """
+    seen = set() if seen is None else seen
+    r = node.record
+    if node.record_uri in seen:
+        return f"{indent}{node.name}: {r.stage} -> {r.output.uri} (described above)"
+    seen.add(node.record_uri)
+    sessions = ", ".join(s.outcome for s in r.sessions) or "complete"
+    skipped = _skipped_in(manifest, r.stage)
+    lines = [
+        f"{indent}{node.name}: {r.stage} -> {r.output.uri}",
+        f"{indent}  record {node.record_uri} (hash {r.stage_hash[:12]})",
+        f"{indent}  sessions: {sessions}; {r.seconds:.1f} s; flow runs "
+        + ", ".join(sorted({s.flow_run_id or "?" for s in r.sessions} or {r.flow_run_id or "?"})),
+        f"{indent}  code: far {r.code.far_version} commit {r.code.git_commit or '?'} "
+        f"stage v{r.code.stage_version}; tunix {r.code.packages.get('google-tunix', '?')}, "
+        f"jax {r.code.packages.get('jax', '?')}",
+        f"{indent}  hardware: {r.hardware.platform} {r.hardware.device_kind} "
+        f"x{r.hardware.device_count} ({r.hardware.process_count} process)",
+    ]
+    if skipped:
+        lines.append(f"{indent}  reused (skipped) in {skipped} later session(s)")
+    if r.metrics:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items())[:6])
+        lines.append(f"{indent}  metrics: {shown}")
+    for source, fingerprint in sorted(node.sources.items()):
+        lines.append(f"{indent}  source {source} ({fingerprint})")
+    for parent in node.parents:
+        lines.append(render(parent, manifest, indent + "    ", seen))
+    return "\n".join(lines)
+
+
+def _skipped_in(manifest: RunManifest | None, stage: str) -> int:
+    if manifest is None:
+        return 0
+    return sum(1 for inv in manifest.invocations if inv.stages.get(stage) == "skipped")
+
+
+def run_records(run_uri: str) -> list[tuple[str, StageRecord]]:
+    """Every committed stage record of a run, in pipeline order."""
+    found = []
+    for name in storage.list_dirs(run_uri):
+        record_uri = storage.join(run_uri, name, RECORD_NAME)
+        record = read_record(record_uri)
+        if record is not None:
+            found.append((record_uri, record))
+    return sorted(found, key=lambda item: (STAGES.index(item[1].stage), item[1].started_at))
+
+
+def audit(run_uri: str) -> list[str]:
+    """Problems found re-checking a run against its records; empty when everything matches."""
+    read_manifest(run_uri)
+    problems = []
+    outputs = {}
+    for record_uri, record in run_records(run_uri):
+        outputs[record_uri] = record.output.fingerprint
+        problems += _audit_files(record_uri, record)
+    for record_uri, record in run_records(run_uri):
+        for name, ref in record.input_artifacts.items():
+            if ref.record_uri is None:
+                continue
+            upstream = read_record(ref.record_uri)
+            if upstream is None:
+                problems.append(f"{record_uri}: input {name} record {ref.record_uri} is missing")
+            elif upstream.output.fingerprint != ref.fingerprint:
+                now = upstream.output.fingerprint[:12]
+                problems.append(f"{record_uri}: input {name} was {ref.fingerprint[:12]}, its "
+                                f"record now says {now}")  # fmt: skip
+    return problems
+
+
+def _audit_files(record_uri: str, record: StageRecord) -> list[str]:
+    found = storage.file_digests(record.directory, skip=(RECORD_NAME,))
+    problems = []
+    for rel, expected in sorted(record.files.items()):
+        if rel not in found:
+            problems.append(f"{record.directory}/{rel}: missing (recorded in {record_uri})")
+        elif found[rel] != (expected.size, expected.sha256):
+            problems.append(f"{record.directory}/{rel}: altered (size {found[rel][0]}, "
+                            f"recorded {expected.size}; sha256 differs)")  # fmt: skip
+    for rel in sorted(set(found) - set(record.files)):
+        problems.append(f"{record.directory}/{rel}: not in the record (added after commit)")
+    return problems
+
+
+def openlineage_events(run_uri: str) -> list[dict[str, Any]]:
+    """OpenLineage RunEvents for every session of every committed stage of a run."""
+    events = []
+    for _, record in run_records(run_uri):
+        for index, session in enumerate(record.sessions):
+            run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{record.directory}#{index}"))
+            end_type = {"complete": "COMPLETE", "stopped": "ABORT", "failed": "FAIL"}
+            common = {"run": _run_facets(run_id, record, session.flow_run_id),
+                      "job": {"namespace": f"far/{record.run}", "name": record.stage}}  # fmt: skip
+            events.append(_event("START", session.started_at.isoformat(), common, record, False))
+            events.append(_event(end_type[session.outcome], session.finished_at.isoformat(),
+                                 common, record, session.outcome == "complete"))  # fmt: skip
+    return events
+
+
+def _event(
+    kind: str, time: str, common: dict[str, Any], record: StageRecord, outputs: bool
+) -> dict[str, Any]:
+    inputs = [_dataset(ref.uri, ref.fingerprint, external=ref.record_uri is None)
+              for ref in record.input_artifacts.values()]  # fmt: skip
+    return {
+        "eventType": kind, "eventTime": time, "producer": PRODUCER,
+        "schemaURL": OPENLINEAGE_SCHEMA, **common, "inputs": inputs,
+        "outputs": [_dataset(record.output.uri, record.output.fingerprint)] if outputs else [],
+    }  # fmt: skip
+
+
+def _run_facets(run_id: str, record: StageRecord, flow_run_id: str | None) -> dict[str, Any]:
+    facet = {
+        "_producer": PRODUCER, "_schemaURL": f"{PRODUCER}/schemas/far-stage-facet.json",
+        "stage_hash": record.stage_hash, "config": record.config, "metrics": record.metrics,
+        "code": record.code.model_dump(mode="json"),
+        "hardware": record.hardware.model_dump(mode="json"), "prefect_flow_run_id": flow_run_id,
+    }  # fmt: skip
+    return {"runId": run_id, "facets": {"far_stage": facet}}
+
+
+def _dataset(uri: str, fingerprint: str, external: bool = False) -> dict[str, Any]:
+    """OpenLineage dataset naming: namespace 'gs://bucket' / 'file', name the path.
+
+    External sources are named by kind ('reasoning_gym:basic_arithmetic' -> namespace
+    'far-source/reasoning_gym'); file sources by their path or URI.
+    """
+    kind, _, rest = uri.partition(":")
+    if external and kind != "file":
+        namespace, name = f"far-source/{kind}", rest
+    elif external:
+        return _dataset(rest, fingerprint)
+    elif "://" in uri and not uri.startswith("file://"):
+        scheme, rest = uri.split("://", 1)
+        bucket, _, path = rest.partition("/")
+        namespace, name = f"{scheme}://{bucket}", "/" + path
+    else:
+        namespace, name = "file", storage.normalize(uri)
+    facet = {"_producer": PRODUCER, "_schemaURL": f"{PRODUCER}/schemas/far-fingerprint.json",
+             "fingerprint": fingerprint}  # fmt: skip
+    return {"namespace": namespace, "name": name, "facets": {"far_fingerprint": facet}}

@@ -1,0 +1,145 @@
+"""A run as a whole: its manifest (run.json) and its progress, read from storage alone.
+
+`open_session` is called once per session (a `far run`, `far resume` or a scheduled run): it
+refuses a recipe that drifted from the one the run started with (stages/drift.py) and appends
+the session to the manifest. `run_status` answers `far status` from the stage directories, so
+it works from any machine, with or without the Prefect server that ran them.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas.recipe import Recipe
+from schemas.record import Invocation, RunManifest
+from stages import drift, storage
+from stages.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
+
+MANIFEST_NAME = "run.json"
+STAGES = ("data_prep", "sft", "grpo", "evaluate")
+
+
+def manifest_uri(run_uri: str) -> str:
+    return storage.join(run_uri, MANIFEST_NAME)
+
+
+def read_manifest(run_uri: str) -> RunManifest:
+    uri = manifest_uri(run_uri)
+    if not storage.exists(uri):
+        raise FileNotFoundError(
+            f"no FAR run at {run_uri}: expected {MANIFEST_NAME} there (give the run's URI, "
+            f"{{storage_root}}/{{name}}, as `far run` printed it)"
+        )
+    return RunManifest.model_validate(storage.read_json(uri))
+
+
+def open_session(recipe: Recipe, ctx: RunContext, recipe_source: str) -> list[drift.Change]:
+    """Check the recipe against the run's manifest, then record this session in it.
+
+    Returns the accepted (allowed) changes; raises drift.DriftError for any other change.
+    """
+    new = recipe.model_dump(mode="json")
+    uri = manifest_uri(ctx.run_uri)
+    if storage.exists(uri):
+        manifest = read_manifest(ctx.run_uri)
+        changes = drift.check("the recipe", drift.recipe_changes(manifest.recipe, new),
+                              ctx.allow_changes)  # fmt: skip
+    else:
+        manifest = RunManifest(run=ctx.run, recipe=new, recipe_source=recipe_source,
+                               created_at=datetime.now(UTC))  # fmt: skip
+        changes = []
+    invocation = Invocation(
+        started_at=datetime.now(UTC), flow_run_id=ctx.flow_run_id, host=socket.gethostname(),
+        allowed_changes=list(ctx.allow_changes), changes=[str(c) for c in changes],
+    )  # fmt: skip
+    updated = manifest.model_copy(update={
+        "recipe": new, "recipe_source": recipe_source,
+        "invocations": [*manifest.invocations, invocation],
+    })  # fmt: skip
+    storage.write_json(uri, updated.model_dump(mode="json"))
+    return changes
+
+
+def close_session(run_uri: str, flow_run_id: str | None, stages: dict[str, str],
+                  outcome: str) -> None:  # fmt: skip
+    """Note how this session ended and which stages it ran or skipped (for lineage)."""
+    manifest = read_manifest(run_uri)
+    invocations = list(manifest.invocations)
+    for i in range(len(invocations) - 1, -1, -1):
+        if invocations[i].flow_run_id == flow_run_id and invocations[i].outcome is None:
+            invocations[i] = invocations[i].model_copy(update={"stages": stages,
+                                                               "outcome": outcome})  # fmt: skip
+            break
+    updated = manifest.model_copy(update={"invocations": invocations})
+    storage.write_json(manifest_uri(run_uri), updated.model_dump(mode="json"))
+
+
+@dataclass(frozen=True)
+class StageState:
+    """Where one stage of a run stands."""
+
+    stage: str
+    state: str  # complete | partial | not started | superseded
+    directory: str | None = None
+    step: int | None = None  # latest committed checkpoint step (training stages)
+    max_steps: int | None = None
+    sessions: int = 0  # sessions that worked on it (stopped, failed, or the completing one)
+    seconds: float | None = None
+    output_uri: str | None = None
+
+
+def run_status(run_uri: str) -> list[StageState]:
+    """Every stage's current directory and state, plus superseded (drifted) directories."""
+    read_manifest(run_uri)  # a clear error when run_uri is not a run
+    started: dict[str, list[tuple[str, str]]] = {stage: [] for stage in STAGES}
+    for name in storage.list_dirs(run_uri):
+        stage = name.rsplit("-", 1)[0]
+        identity_uri = storage.join(run_uri, name, IDENTITY_NAME)
+        if stage in started and storage.exists(identity_uri):
+            created = storage.read_json(identity_uri)["created_at"]
+            started[stage].append((created, storage.join(run_uri, name)))
+    states = []
+    for stage in STAGES:
+        directories = [d for _, d in sorted(started[stage])]
+        if not directories:
+            states.append(StageState(stage, "not started"))
+            continue
+        states += [StageState(stage, "superseded", d) for d in directories[:-1]]
+        states.append(_directory_state(stage, directories[-1]))
+    return states
+
+
+def _directory_state(stage: str, directory: str) -> StageState:
+    identity = storage.read_json(storage.join(directory, IDENTITY_NAME))
+    max_steps = _max_steps(identity["config"])
+    record = read_record(storage.join(directory, RECORD_NAME))
+    if record is not None:
+        step = getattr(record.output, "step", None)
+        return StageState(stage, "complete", directory, step, max_steps, len(record.sessions),
+                          record.seconds, record.output.uri)  # fmt: skip
+    sessions = len(storage.list_files(storage.join(directory, SESSIONS_DIR)))
+    return StageState(stage, "partial", directory, latest_checkpoint_step(directory), max_steps,
+                      sessions)  # fmt: skip
+
+
+def _max_steps(config: dict[str, Any]) -> int | None:
+    for section in ("sft", "grpo"):
+        if isinstance(config.get(section), dict) and "max_steps" in config[section]:
+            return int(config[section]["max_steps"])
+    return None
+
+
+def latest_checkpoint_step(directory: str) -> int | None:
+    """The newest committed Orbax step under checkpoints/ (or checkpoints/actor/ for GRPO).
+
+    Orbax writes a step into a temporary directory and renames it when complete, so only
+    all-digit names are committed steps; a torn save is never counted.
+    """
+    for sub in ("checkpoints/actor", "checkpoints"):
+        steps = [int(n) for n in storage.list_dirs(storage.join(directory, sub)) if n.isdigit()]
+        if steps:
+            return max(steps)
+    return None

@@ -1,0 +1,166 @@
+"""The drift guard's diff and allow rules, the run manifest, and transient-error classification."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from stages import drift, runs, storage
+from stages.runner import RunContext
+from tests.conftest import recipe_with
+
+DIFFS: list[tuple[Any, Any, list[str]]] = [
+    ({"a": 1}, {"a": 1}, []),
+    ({"a": 1}, {"a": 2}, ["a: 1 -> 2"]),
+    ({"s": {"x": 1, "y": 2}}, {"s": {"x": 1, "y": 3}}, ["s.y: 2 -> 3"]),
+    ({"s": {"x": 1}}, {"s": {"x": 1, "z": "n"}}, ['s.z: (absent) -> "n"']),
+    ({"s": {"x": 1}}, {"s": {}}, ["s.x: 1 -> (absent)"]),
+    ({"l": [1, 2]}, {"l": [1, 3]}, ["l: [1, 2] -> [1, 3]"]),  # lists compare whole
+    ({"a": None}, {"a": {"b": 1}}, ['a: null -> {"b": 1}']),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), DIFFS)
+def test_diff_names_every_changed_leaf(old: Any, new: Any, expected: list[str]) -> None:
+    assert [str(c) for c in drift.diff(old, new)] == expected
+
+
+ALLOWS: list[tuple[str, tuple[str, ...], bool]] = [
+    ("sft.max_steps", ("sft.max_steps",), True),
+    ("sft.max_steps", ("sft",), True),
+    ("sft.max_steps", ("sft.max",), False),  # a prefix is a whole path segment
+    ("sft.lora.rank", ("sft.lora",), True),
+    ("grpo.beta", ("sft",), False),
+    ("grpo.beta", (), False),
+]
+
+
+@pytest.mark.parametrize(("path", "allowed", "ok"), ALLOWS)
+def test_allowed_paths_and_prefixes(path: str, allowed: tuple[str, ...], ok: bool) -> None:
+    assert drift.is_allowed(drift.Change(path, 1, 2), allowed) is ok
+
+
+def test_refusal_lists_every_change_and_the_flags_that_allow_the_refused_ones() -> None:
+    changes = [drift.Change("sft.max_steps", 10, 20), drift.Change("grpo.beta", 0.04, 0.0)]
+    with pytest.raises(drift.DriftError) as caught:
+        drift.check("the recipe", changes, ["sft.max_steps"])
+    message = str(caught.value)
+    assert "sft.max_steps: 10 -> 20" in message and "grpo.beta: 0.04 -> 0.0" in message
+    assert "--allow-change grpo.beta" in message
+    assert "--allow-change sft.max_steps" not in message  # already allowed
+    assert drift.check("the recipe", changes, ["sft", "grpo"]) == changes
+
+
+def test_where_and_how_long_a_run_happens_is_not_drift() -> None:
+    base = recipe_with("/tmp/a").model_dump(mode="json")
+    moved = {**base, "storage_root": "gs://b/x", "name": "other", "session_budget": None,
+             "mesh": {"fsdp": 2, "tp": 1}}  # fmt: skip
+    assert drift.recipe_changes(base, moved) == []
+    changed = recipe_with("/tmp/a", sft={"learning_rate": 1e-4}).model_dump(mode="json")
+    assert [c.path for c in drift.recipe_changes(base, changed)] == ["sft.learning_rate"]
+
+
+@pytest.mark.parametrize(
+    ("paths", "ok"),
+    [(["sft.max_steps"], True), (["grpo.max_steps", "sft.checkpoint_every_steps"], True),
+     (["sft.max_steps", "sft.learning_rate"], False), ([], False)],
+)  # fmt: skip
+def test_only_continuation_settings_carry_checkpoints_over(paths: list[str], ok: bool) -> None:
+    assert drift.continuable([drift.Change(p, 1, 2) for p in paths]) is ok
+
+
+def test_manifest_records_sessions_and_refuses_a_changed_recipe() -> None:
+    root = f"memory://far-drift-{uuid.uuid4().hex[:8]}"
+    recipe = recipe_with(root)
+    ctx = RunContext(root=root, run=recipe.name, flow_run_id="one")
+    assert runs.open_session(recipe, ctx, "recipes/smoke.yaml") == []
+    runs.close_session(ctx.run_uri, "one", {"sft": "ran"}, "stopped: deadline")
+    same = runs.open_session(recipe, RunContext(root=root, run=recipe.name), "again")
+    assert same == []
+    changed = recipe_with(root, sft={"max_steps": 300})
+    with pytest.raises(drift.DriftError, match=r"sft\.max_steps: 150 -> 300"):
+        runs.open_session(changed, ctx, "edited.yaml")
+    allowed = RunContext(root=root, run=recipe.name, allow_changes=("sft.max_steps",))
+    assert [c.path for c in runs.open_session(changed, allowed, "edited.yaml")] == ["sft.max_steps"]
+    manifest = runs.read_manifest(ctx.run_uri)
+    assert manifest.recipe["sft"]["max_steps"] == 300  # the run now follows the allowed recipe
+    assert [i.outcome for i in manifest.invocations] == ["stopped: deadline", None, None]
+    assert manifest.invocations[-1].changes == ["sft.max_steps: 150 -> 300"]
+
+
+def test_status_of_a_path_that_is_not_a_run_says_what_it_expected() -> None:
+    with pytest.raises(FileNotFoundError, match=r"no FAR run at memory://nowhere.*run\.json"):
+        runs.run_status("memory://nowhere")
+
+
+def test_latest_checkpoint_step_ignores_uncommitted_orbax_tmp_dirs() -> None:
+    stage = f"memory://far-ckpt-{uuid.uuid4().hex[:8]}/sft-x"
+    for name in ("5", "10", "15.orbax-checkpoint-tmp-1234"):
+        storage.write_text(storage.join(stage, "checkpoints", name, "f"), "x")
+    assert runs.latest_checkpoint_step(stage) == 10
+    storage.write_text(storage.join(stage, "checkpoints", "actor", "3", "f"), "x")
+    assert runs.latest_checkpoint_step(stage) == 3  # GRPO's actor checkpoints come first
+
+
+def _chained(outer: BaseException, inner: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            raise outer from e
+    except BaseException as e:
+        return e
+
+
+def _http_error(code: int) -> BaseException:
+    from gcsfs.retry import HttpError
+
+    return HttpError({"code": code, "message": f"status {code}"})
+
+
+def _aiohttp_error(name: str) -> BaseException:
+    import aiohttp
+
+    if name == "disconnected":
+        return aiohttp.ServerDisconnectedError()
+    info = aiohttp.RequestInfo(url=__import__("yarl").URL("http://x"), method="GET", headers={})  # type: ignore[arg-type]
+    return aiohttp.ClientResponseError(info, (), status=503 if name == "503" else 404)
+
+
+TRANSIENT: list[tuple[str, Any, bool]] = [
+    ("timeout", lambda: TimeoutError("read timed out"), True),
+    ("connection reset", lambda: ConnectionResetError(104, "reset"), True),
+    ("refused", lambda: ConnectionRefusedError(111, "refused"), True),
+    ("hub offline (plain ConnectionError)", lambda: ConnectionError("hub unreachable"), False),
+    ("missing file", lambda: FileNotFoundError("gs://b/x"), False),
+    ("bad value", lambda: ValueError("bad recipe"), False),
+    ("wrapped timeout", lambda: _chained(ValueError("load failed"), TimeoutError()), True),
+    ("wrapped missing file", lambda: _chained(RuntimeError("x"), FileNotFoundError()), False),
+    ("gcs 503", lambda: _http_error(503), True),
+    ("gcs 429", lambda: _http_error(429), True),
+    ("gcs 404", lambda: _http_error(404), False),
+    ("gcs 403", lambda: _http_error(403), False),
+    ("aiohttp disconnect", lambda: _aiohttp_error("disconnected"), True),
+    ("http 503", lambda: _aiohttp_error("503"), True),
+    ("http 404", lambda: _aiohttp_error("404"), False),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "expected"), TRANSIENT, ids=[t[0] for t in TRANSIENT])
+def test_transient_errors_are_told_from_permanent_ones(
+    case: str, make: Any, expected: bool
+) -> None:
+    assert storage.is_transient(make()) is expected
+
+
+@pytest.mark.parametrize(("error", "retried"), [(TimeoutError(), True), (ValueError(), False)])
+def test_prefect_retry_condition_reads_the_exception_from_the_failed_state(
+    error: BaseException, retried: bool
+) -> None:
+    from prefect.states import Failed
+
+    from flows.far_flow import retry_if_transient
+
+    assert retry_if_transient(None, None, Failed(data=error)) is retried  # type: ignore[arg-type]
