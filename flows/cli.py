@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
+
 from schemas.recipe import Recipe
 from schemas.record import RunSummary
 from stages import lineage, runs, storage
@@ -193,8 +195,25 @@ def run_recipe(recipe: Recipe, recipe_source: str, args: argparse.Namespace) -> 
     except DriftError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
+    except httpx.TransportError as e:  # the Prefect API went away; the stages did not
+        return report_without_prefect(storage.join(storage.normalize(recipe.storage_root),
+                                                   recipe.name), e)  # fmt: skip
     print_summary(summary)
     return 0 if summary.complete else EXIT_INCOMPLETE
+
+
+def report_without_prefect(run_uri: str, error: Exception) -> int:
+    """The run's outcome read from storage, when Prefect could not report the flow's end."""
+    print(f"far: the Prefect API became unreachable ({error!r}); the stages kept running and "
+          f"their records are on storage:", file=sys.stderr)  # fmt: skip
+    states = runs.run_status(run_uri)
+    current = {s.stage: s.state for s in states if s.state != "superseded"}
+    for stage, state in current.items():
+        print(f"  {stage:<10} {state}")
+    complete = all(state == "complete" for state in current.values())
+    if not complete:
+        print("Run the same command again to continue from here.")
+    return 0 if complete else EXIT_INCOMPLETE
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 from prefect import flow, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -51,6 +52,20 @@ STAGE_TASK: dict[str, Any] = {
 }
 
 
+def publish_to_ui(stage: str, publish: Callable[[], object]) -> None:
+    """Create Prefect UI artifacts; an unreachable API is logged, not fatal.
+
+    The stage's record is already committed on storage when this runs, and tasks keep
+    running without the API (Prefect reports task states as events), so a Prefect server
+    that went away must not fail a stage that succeeded. Any other error propagates.
+    """
+    try:
+        publish()
+    except httpx.TransportError as e:
+        get_run_logger().warning("%s: Prefect API unreachable, UI artifacts not published: %r",
+                                 stage, e)  # fmt: skip
+
+
 def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
     """Log and publish one stage's outcome as a Prefect artifact; return its summary line."""
     logger = get_run_logger()
@@ -70,10 +85,13 @@ def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
         lines += ["", reports.markdown_table(output.scores)]
     if isinstance(output, DatasetArtifact):
         lines += ["", data_prep.card_markdown(output)]
-    create_markdown_artifact(
-        markdown="\n".join(lines),
-        key=f"far-{stage.replace('_', '-')}",
-        description=f"FAR {stage} output",
+    publish_to_ui(
+        stage,
+        lambda: create_markdown_artifact(
+            markdown="\n".join(lines),
+            key=f"far-{stage.replace('_', '-')}",
+            description=f"FAR {stage} output",
+        ),
     )
     return StageSummary(
         stage=stage,

@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,15 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     For tests that need the real server process: the UI in a browser, workers, deployments.
     Tests that only need an API use the faster in-process `prefect_server` harness.
     """
+    with prefect_server_process(tmp_path_factory.mktemp("prefect-home")) as (api_url, _):
+        yield api_url
+
+
+@contextmanager
+def prefect_server_process(home: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `prefect server start` process; yields (API URL, process). Stopped on exit."""
     import httpx
 
-    home = tmp_path_factory.mktemp("prefect-home")
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = prefect_env(home, api_url)
@@ -159,10 +166,11 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if time.time() > deadline:
                 raise TimeoutError(f"prefect server not healthy in 90 s; see {log.name}")
             time.sleep(0.5)
-        yield api_url
+        yield api_url, proc
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
         log.close()
 
 
