@@ -9,12 +9,12 @@ import argparse
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 
+from flows.runs import plan_run
 from schemas.record import RunSummary
 from stages import storage
-from stages.recipes import RecipeError, load_recipe
+from stages.recipes import RecipeError
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
@@ -114,23 +114,14 @@ def print_summary(summary: RunSummary) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    overrides = {
-        "storage_root": args.root,
-        "name": args.name,
-        "session_budget": args.session_budget,
-    }
     try:
-        recipe = load_recipe(args.recipe, overrides)
+        plan = plan_run(args.recipe, args.root, args.name, args.session_budget)
     except RecipeError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    budget = recipe.session_budget
-    deadline = time.time() + budget.total_seconds() if budget is not None else None
     from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
 
-    summary = format_align_reinforce(
-        recipe, storage.normalize(recipe.storage_root), deadline, args.cache_dir
-    )
+    summary = format_align_reinforce(plan.recipe, plan.root, plan.deadline, args.cache_dir)
     print_summary(summary)
     return 0 if summary.complete else EXIT_INCOMPLETE
 

@@ -101,6 +101,13 @@ def format_align_reinforce(
     between stages when the session is over: re-running the same command continues.
     `cache_dir` holds converted model weights (default ~/.cache/far).
     """
+    return run_recipe(recipe, root, deadline, cache_dir)
+
+
+def run_recipe(
+    recipe: Recipe, root: str, deadline: float | None, cache_dir: str | None
+) -> RunSummary:
+    """The four stages inside the calling flow run (this flow, or the scheduled deployment's)."""
     started = time.perf_counter()
     ctx = RunContext(
         root=root,
