@@ -1,9 +1,14 @@
-"""deploy/prefect.yaml end to end: a real `prefect server start`, both work pools created
-through the API (the GKE one with deploy/gke/base-job-template.json, so the server checks the
-far-gke deployment's job variables against it), `prefect deploy --all` from the yaml as the
-README says, a real `prefect worker start --type process` subprocess, one run of the far-tpu-vm
-deployment on the smoke recipe (CPU, through a job-variable override), COMPLETED with its
-stage records on storage.
+"""deploy/ end to end, as the real story goes: a run starts in a Kaggle session, the TPU VM
+deployment's schedule continues it, the next Kaggle session finds it complete.
+
+A real `prefect server start`, both work pools created through the API (the GKE one with
+deploy/gke/base-job-template.json, so the server checks the far-gke deployment's job
+variables against it), `prefect deploy --all` from deploy/prefect.yaml as the README says, a
+real `prefect worker start --type process` subprocess. Then on the smoke recipe, one storage
+root: deploy/kaggle/run_session.sh with a 60 s budget (exit 3 after data-prep), a far-tpu-vm
+run through the worker (CPU, through a job-variable override) that skips data-prep and ends
+COMPLETED with every record on storage, and run_session.sh again (exit 0, all skipped).
+The three share one run to stay in the CI time budget (each alone would run the smoke flow).
 
 Nothing runs on GKE here (no cluster, no TPU): only the far-gke registration is exercised.
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,6 +33,7 @@ from tests.conftest import REPO, prefect_env
 pytestmark = pytest.mark.slow
 PREFECT = str(REPO / ".venv" / "bin" / "prefect")
 DEPLOY = REPO / "deploy"
+KAGGLE = DEPLOY / "kaggle" / "run_session.sh"
 RUN_TIMEOUT_S = 300
 
 
@@ -76,7 +83,14 @@ def deployed(
         env=env, cwd=home, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        yield {"api": prefect_api, "root": root, "worker": worker, "log": home / "worker.log"}
+        yield {
+            "api": prefect_api,
+            "root": root,
+            "run_root": root / "far-runs",
+            "env": env,
+            "worker": worker,
+            "log": home / "worker.log",
+        }
     finally:
         os.killpg(worker.pid, 15)
         worker.wait(timeout=60)
@@ -105,29 +119,82 @@ def test_both_deployments_registered_from_the_yaml(deployed: dict[str, Any]) -> 
     ]
 
 
-def test_worker_runs_the_tpu_vm_deployment_to_completion(deployed: dict[str, Any]) -> None:
-    from prefect.client.schemas.objects import StateType
+@pytest.fixture(scope="module")
+def kaggle_first_session(deployed: dict[str, Any]) -> tuple[int, str]:
+    """deploy/kaggle/run_session.sh on the smoke recipe with a 60 s budget: data-prep finishes,
+    then SFT's first batch is refused (the recipe's 60 s save margin leaves no time for a
+    step), SFT stops and the runner exits 3. FAR_VENV is the project's venv (no install)."""
+    return _kaggle_session("60s", deployed)
+
+
+def _kaggle_session(budget: str, deployed: dict[str, Any]) -> tuple[int, str]:
+    env = dict(deployed["env"], FAR_VENV=str(REPO / ".venv"))
+    done = subprocess.run(
+        ["bash", str(KAGGLE), "recipes/smoke.yaml", str(deployed["run_root"]), budget],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def _records(deployed: dict[str, Any]) -> dict[str, StageRecord]:
+    """The committed stages of the smoke run (those with a stage.json), by stage."""
+    run_dir = deployed["run_root"] / "smoke"
+    found = [f for f in storage.list_files(str(run_dir))
+             if f.count("/") == 1 and f.endswith("/stage.json")]  # fmt: skip
+    return {f.split("-")[0]: StageRecord.model_validate(storage.read_json(str(run_dir / f)))
+            for f in found}  # fmt: skip
+
+
+def test_kaggle_session_stops_at_its_budget(
+    kaggle_first_session: tuple[int, str], deployed: dict[str, Any]
+) -> None:
+    code, out = kaggle_first_session
+    assert code == 3, out
+    assert "session budget reached; in the next session run this same command" in out
+    assert set(_records(deployed)) == {"data_prep"}, out
+
+
+@pytest.fixture(scope="module")
+def deployment_run(
+    kaggle_first_session: tuple[int, str], deployed: dict[str, Any]
+) -> tuple[Any, Any]:
+    """One far-tpu-vm run through the worker, on the run the Kaggle session left unfinished."""
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    root = deployed["root"] / "smoke-run"
     with temporary_settings({PREFECT_API_URL: deployed["api"]}):
         run = run_deployment(
             "far_scheduled/far-tpu-vm",
-            parameters={"recipe_uri": "recipes/smoke.yaml", "storage_root": str(root),
-                        "session_budget": "30m"},
+            parameters={"recipe_uri": "recipes/smoke.yaml",
+                        "storage_root": str(deployed["run_root"]), "session_budget": "30m"},
             job_variables={"env": {"JAX_PLATFORMS": "cpu"}},  # this machine has no TPU
             timeout=0,
         )  # fmt: skip
-        state = _wait_for_final_state(run.id, deployed)
+        return run, _wait_for_final_state(run.id, deployed)
+
+
+def test_worker_runs_the_deployment_and_continues_the_run(
+    deployment_run: tuple[Any, Any], deployed: dict[str, Any]
+) -> None:
+    from prefect.client.schemas.objects import StateType
+
+    run, state = deployment_run
     assert state.type == StateType.COMPLETED, f"{state.name}: {state.message}"
     assert state.name == "Completed"
-    for stage in ("data_prep", "sft", "grpo", "evaluate"):
-        [record_uri] = [f for f in storage.list_files(str(root / "smoke"))
-                        if f.startswith(f"{stage}-") and f.count("/") == 1
-                        and f.endswith("/stage.json")]  # fmt: skip
-        record = StageRecord.model_validate(storage.read_json(str(root / "smoke" / record_uri)))
-        assert record.flow_run_id == str(run.id)  # the deployment's flow run did the work
+    records = _records(deployed)
+    assert set(records) == {"data_prep", "sft", "grpo", "evaluate"}
+    assert records["data_prep"].flow_run_id != str(run.id)  # the Kaggle session's, reused
+    for stage in ("sft", "grpo", "evaluate"):
+        assert records[stage].flow_run_id == str(run.id), stage  # the deployment's run
+
+
+def test_next_kaggle_session_finds_the_run_complete(
+    deployment_run: tuple[Any, Any], deployed: dict[str, Any]
+) -> None:
+    code, out = _kaggle_session("8h45m", deployed)
+    assert code == 0, out
+    assert "run complete" in out
+    assert len(re.findall(r"skipped \(already complete\)", out)) == 4, out
 
 
 def _wait_for_final_state(flow_run_id: Any, deployed: dict[str, Any]) -> Any:
