@@ -36,9 +36,14 @@ def far_scheduled(
 ) -> State[RunSummary]:
     """Run (or continue) the FAR recipe at `recipe_uri`, as `far run` would.
 
-    `storage_root`, `session_budget` (e.g. "5h45m") and `name` override the recipe's values;
-    `cache_dir` (default $FAR_CACHE_DIR, else ~/.cache/far) holds converted model weights.
     Ends "Completed", or "Incomplete" (still COMPLETED-type) when the session budget ran out.
+
+    Args:
+        recipe_uri: recipe YAML, relative to the repository (recipes/...) or a gs:// URI
+        storage_root: where the run lives, e.g. gs://bucket/far (default: the recipe's)
+        session_budget: stop cleanly after this long, e.g. 5h45m (default: the recipe's)
+        name: the run's name under storage_root (default: the recipe's)
+        cache_dir: converted model weights (default: $FAR_CACHE_DIR, else ~/.cache/far)
     """
     given = {"recipe_uri": recipe_uri, "storage_root": storage_root,
              "session_budget": session_budget, "name": name, "cache_dir": cache_dir}  # fmt: skip

@@ -21,6 +21,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +38,27 @@ KAGGLE = DEPLOY / "kaggle" / "run_session.sh"
 RUN_TIMEOUT_S = 300
 
 
+@contextmanager
+def _api(api_url: str) -> Iterator[Any]:
+    """A Prefect client (and settings) for the server at `api_url`."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        yield client
+
+
 def _pools(api_url: str) -> None:
     """The two pools prefect.yaml targets, as `prefect work-pool create` would make them."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.workers.process import ProcessWorker
 
     gke = json.loads((DEPLOY / "gke" / "base-job-template.json").read_text())
-    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(
-            name="far-tpu-vm", type="process",
-            base_job_template=ProcessWorker.get_default_base_job_template()))  # fmt: skip
+    process = ProcessWorker.get_default_base_job_template()
+    with _api(api_url) as client:
+        client.create_work_pool(
+            WorkPoolCreate(name="far-tpu-vm", type="process", base_job_template=process)
+        )
         client.create_work_pool(
             WorkPoolCreate(name="far-gke", type="kubernetes", base_job_template=gke)
         )
@@ -74,6 +84,7 @@ def deployed(
     _pools(prefect_api)
     _run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"],
          env, home / "deploy.log")  # fmt: skip
+    _switch_off_schedules(prefect_api)
     # what tpu-vm/startup.sh gives the worker: where the repository is installed
     env.update(FAR_REPO_DIR=str(REPO), FAR_CACHE_DIR=str(home / "cache"),
                PREFECT_WORKER_QUERY_SECONDS="1")  # fmt: skip
@@ -97,21 +108,28 @@ def deployed(
         worker_log.close()
 
 
-def _client(api_url: str) -> Any:
-    from prefect.client.orchestration import get_client
-
-    return get_client(sync_client=True)
+def _switch_off_schedules(api_url: str) -> None:
+    """The crons stay registered, inactive: no scheduled TPU run may start during the test
+    (one due at the next 6-hour mark would take the deployment's single concurrency slot)."""
+    with _api(api_url) as client:
+        for name in ("far-tpu-vm", "far-gke"):
+            deployment = client.read_deployment_by_name(f"far_scheduled/{name}")
+            for schedule in deployment.schedules:
+                client.update_deployment_schedule(deployment.id, schedule.id, active=False)
 
 
 def test_both_deployments_registered_from_the_yaml(deployed: dict[str, Any]) -> None:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: deployed["api"]}), _client(deployed["api"]) as c:
+    with _api(deployed["api"]) as c:
         tpu_vm = c.read_deployment_by_name("far_scheduled/far-tpu-vm")
         gke = c.read_deployment_by_name("far_scheduled/far-gke")
     assert tpu_vm.work_pool_name == "far-tpu-vm" and gke.work_pool_name == "far-gke"
     assert tpu_vm.parameters["storage_root"] == str(deployed["root"])  # templated at deploy
     assert [s.schedule.cron for s in tpu_vm.schedules] == ["0 */6 * * *"]  # type: ignore[union-attr]
+    for deployment in (tpu_vm, gke):  # one run at a time; a run due during another is cancelled
+        assert deployment.global_concurrency_limit is not None
+        assert deployment.global_concurrency_limit.limit == 1
+        assert deployment.concurrency_options is not None
+        assert deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
     assert gke.job_variables is not None and gke.job_variables["tpu_topology"] == "2x4"
     assert gke.job_variables["image"] == "far-tpu:test"
     assert tpu_vm.pull_steps == [  # left for the worker's environment to fill in
@@ -160,9 +178,8 @@ def deployment_run(
 ) -> tuple[Any, Any]:
     """One far-tpu-vm run through the worker, on the run the Kaggle session left unfinished."""
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: deployed["api"]}):
+    with _api(deployed["api"]):
         run = run_deployment(
             "far_scheduled/far-tpu-vm",
             parameters={"recipe_uri": "recipes/smoke.yaml",
@@ -199,7 +216,7 @@ def test_next_kaggle_session_finds_the_run_complete(
 
 def _wait_for_final_state(flow_run_id: Any, deployed: dict[str, Any]) -> Any:
     deadline = time.time() + RUN_TIMEOUT_S
-    with _client(deployed["api"]) as client:
+    with _api(deployed["api"]) as client:
         while time.time() < deadline:
             state = client.read_flow_run(flow_run_id).state
             if state is not None and state.is_final():
