@@ -18,7 +18,7 @@ python="${FAR_PYTHON:-python3.11}"
 grep -v '^torch==' "$repo/requirements.lock" > "$venv/far-requirements.txt"
 "$venv/bin/pip" install --quiet --no-deps -r "$venv/far-requirements.txt"
 if [ -n "$extra" ]; then
-  "$venv/bin/pip" install --quiet -e "$repo[$extra]"  # with deps: adds only the extra's
+  "$venv/bin/pip" install --quiet -e "${repo}[${extra}]"  # with deps: adds only the extra's
 else
   "$venv/bin/pip" install --quiet --no-deps -e "$repo"
 fi

@@ -76,7 +76,10 @@ umask 077
 umask 022
 
 # The work pool, if nobody created it yet.
-set -a; . /etc/far/worker.env; set +a
+set -a
+# shellcheck source=/dev/null
+. /etc/far/worker.env
+set +a
 "$FAR_VENV/bin/prefect" work-pool inspect "$pool" > /dev/null 2>&1 \
   || "$FAR_VENV/bin/prefect" work-pool create "$pool" --type process
 
