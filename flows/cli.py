@@ -10,17 +10,16 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-from schemas.recipe import Recipe
+from flows.plan import RunPlan, plan_recipe, plan_run
 from schemas.record import RunSummary
 from stages import lineage, runs, storage
 from stages.drift import DriftError
-from stages.recipes import RecipeError, load_recipe, parse_recipe
+from stages.recipes import RecipeError, parse_recipe
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
@@ -168,36 +167,28 @@ def print_summary(summary: RunSummary) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    overrides = {
-        "storage_root": args.root,
-        "name": args.name,
-        "session_budget": args.session_budget,
-    }
     try:
-        recipe = load_recipe(args.recipe, overrides)
+        plan = plan_run(args.recipe, args.root, args.name, args.session_budget)
     except RecipeError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    return run_recipe(recipe, args.recipe, args)
+    return run_and_report(plan, args.recipe, args)
 
 
-def run_recipe(recipe: Recipe, recipe_source: str, args: argparse.Namespace) -> int:
-    """Run the flow for a validated recipe; print the summary; the exit code."""
-    budget = recipe.session_budget
-    deadline = time.time() + budget.total_seconds() if budget is not None else None
+def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) -> int:
+    """Run the flow for a planned run; print the summary; the exit code."""
     from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
 
     try:
         summary = format_align_reinforce(
-            recipe, storage.normalize(recipe.storage_root), deadline, args.cache_dir,
+            plan.recipe, plan.root, plan.deadline, args.cache_dir,
             allow_changes=args.allow_change, recipe_source=recipe_source,
         )  # fmt: skip
     except DriftError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
-        return report_without_prefect(storage.join(storage.normalize(recipe.storage_root),
-                                                   recipe.name), e)  # fmt: skip
+        return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
     print_summary(summary)
     return 0 if summary.complete else EXIT_INCOMPLETE
 
@@ -226,7 +217,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except (FileNotFoundError, RecipeError) as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    return run_recipe(recipe, manifest.recipe_source, args)
+    return run_and_report(plan_recipe(recipe), manifest.recipe_source, args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -152,6 +152,21 @@ def format_align_reinforce(
     `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
     the recipe/code changes (dotted paths) accepted when continuing an existing run.
     """
+    return run_recipe(recipe, root, deadline, cache_dir, allow_changes, recipe_source)
+
+
+def run_recipe(
+    recipe: Recipe,
+    root: str,
+    deadline: float | None,
+    cache_dir: str | None,
+    allow_changes: list[str] | None = None,
+    recipe_source: str = "",
+) -> RunSummary:
+    """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
+
+    The run's manifest is checked (drift guard) and this session recorded in it first.
+    """
     started = time.perf_counter()
     ctx = RunContext(
         root=root,

@@ -1,0 +1,80 @@
+"""The deployable FAR flow: JSON parameters in, the same four stages as `far run` out.
+
+A Prefect deployment (deploy/prefect.yaml) can only pass JSON parameters, so this flow takes
+a recipe URI (a path relative to the repository, or a gs:// URI) and the `far run` overrides,
+and plans the run with the same code as the CLI (flows/plan.py). It runs the stages inside
+its own flow run, so every stage record names this flow run.
+
+A run that stops at its session deadline (or on SIGTERM) is not a failure: the schedule's
+next run continues it. Such a run ends in a COMPLETED-type state named "Incomplete" whose
+message is the stop reason; its result is the RunSummary (`complete=False`). Schedules,
+retries and automations treat it as success; the UI and the API show the name. An invalid
+recipe or a stage error fails the flow run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prefect import flow
+from prefect.states import Completed, State
+
+from flows.far_flow import run_recipe
+from flows.plan import plan_run
+from schemas.record import RunSummary
+
+INCOMPLETE_STATE_NAME = "Incomplete"
+
+
+@flow(name="far_scheduled", log_prints=True)
+def far_scheduled(
+    recipe_uri: str,
+    storage_root: str | None = None,
+    session_budget: str | None = None,
+    name: str | None = None,
+    cache_dir: str | None = None,
+    allow_changes: list[str] | None = None,
+) -> State[RunSummary]:
+    """Run (or continue) the FAR recipe at `recipe_uri`, as `far run` would.
+
+    Ends "Completed", or "Incomplete" (still COMPLETED-type) when the session budget ran out.
+
+    Args:
+        recipe_uri: recipe YAML, relative to the repository (recipes/...) or a gs:// URI
+        storage_root: where the run lives, e.g. gs://bucket/far (default: the recipe's)
+        session_budget: stop cleanly after this long, e.g. 5h45m (default: the recipe's)
+        name: the run's name under storage_root (default: the recipe's)
+        cache_dir: converted model weights (default: $FAR_CACHE_DIR, else ~/.cache/far)
+        allow_changes: recipe/code changes accepted when continuing the run (e.g.
+            ["sft.max_steps"]); any other drift from the run's recipe fails the flow run
+    """
+    given = {"recipe_uri": recipe_uri, "storage_root": storage_root,
+             "session_budget": session_budget, "name": name, "cache_dir": cache_dir}  # fmt: skip
+    reject_unrendered_templates(given)
+    plan = plan_run(recipe_uri, storage_root, name, session_budget)
+    summary = run_recipe(
+        plan.recipe, plan.root, plan.deadline, cache_dir or os.environ.get("FAR_CACHE_DIR"),
+        allow_changes, recipe_source=recipe_uri,
+    )  # fmt: skip
+    return final_state(summary)
+
+
+def final_state(summary: RunSummary) -> State[RunSummary]:
+    """COMPLETED either way; named "Incomplete" (with the reason) when the run stopped early."""
+    if summary.complete:
+        return Completed(data=summary, message=f"FAR run '{summary.run}' complete")
+    reason = f"stopped: {summary.stopped_reason}; the next run continues from {summary.run_uri}"
+    return Completed(data=summary, name=INCOMPLETE_STATE_NAME, message=reason)
+
+
+def reject_unrendered_templates(parameters: dict[str, str | None]) -> None:
+    """A `{{ $VAR }}` left in a parameter means the variable was unset at `prefect deploy`.
+
+    Left alone, "{{ $FAR_STORAGE_ROOT }}" would be taken as a relative local path.
+    """
+    for key, value in parameters.items():
+        if value is not None and "{{" in value:
+            raise ValueError(
+                f"parameter {key} is an unrendered template {value!r}: set the environment "
+                "variable it names before `prefect deploy`, or pass the parameter to the run"
+            )

@@ -1,0 +1,182 @@
+"""deploy/: every deployment in prefect.yaml resolves to the flow, its parameters validate
+against the flow's parameter schema and its recipe loads; schedules parse; the GKE base job
+template has the TPU selector and resources and the shape Prefect's Kubernetes worker needs;
+the scripts parse; the Dockerfile copies files that exist.
+
+We cannot run GKE, a TPU VM or Kaggle here: the Kubernetes checks render the template with
+Prefect's own templating and hold it to the rules prefect-kubernetes' worker validates (it is
+not installed); tests/e2e runs the far-tpu-vm deployment for real on a process worker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.plan import plan_run
+from tests.conftest import REPO
+
+DEPLOY = REPO / "deploy"
+PREFECT_YAML = yaml.safe_load((DEPLOY / "prefect.yaml").read_text())
+DEPLOYMENTS = {d["name"]: d for d in PREFECT_YAML["deployments"]}
+GKE_TEMPLATE = json.loads((DEPLOY / "gke" / "base-job-template.json").read_text())
+TEST_ENV = {"FAR_STORAGE_ROOT": "gs://far-test-bucket/far", "FAR_IMAGE": "far-tpu:test"}
+
+
+def rendered(deployment: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The deployment as `prefect deploy` fills it in from the environment."""
+    from prefect.utilities.templating import apply_values
+
+    for key, value in TEST_ENV.items():
+        monkeypatch.setenv(key, value)
+    return apply_values(deployment, {}, remove_notset=False)
+
+
+def test_the_yaml_has_the_deployments_and_pull_step() -> None:
+    assert set(DEPLOYMENTS) >= {"far-tpu-vm", "far-gke"}
+    assert PREFECT_YAML["pull"] == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $FAR_REPO_DIR }}"}}
+    ]
+    for name in ("far-tpu-vm", "far-gke"):
+        assert DEPLOYMENTS[name]["work_pool"]["name"] == name
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_entrypoint_is_a_flow_and_parameters_validate(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect import Flow
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    deployment = rendered(DEPLOYMENTS[name], monkeypatch)
+    path, function = deployment["entrypoint"].split(":")
+    flow = load_flow_from_entrypoint(f"{REPO / path}:{function}")
+    assert isinstance(flow, Flow) and flow.name == "far_scheduled"
+    parameters = deployment["parameters"]
+    validate(parameters, parameter_schema(flow).model_dump(), raise_on_error=True)
+    assert parameters["storage_root"] == TEST_ENV["FAR_STORAGE_ROOT"]
+    plan = plan_run(str(REPO / parameters["recipe_uri"]), parameters["storage_root"],
+                    session_budget=parameters["session_budget"])  # fmt: skip
+    assert plan.root == TEST_ENV["FAR_STORAGE_ROOT"]
+    assert plan.recipe.session_budget is not None and plan.deadline is not None
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_schedules_parse_and_runs_do_not_overlap(name: str) -> None:
+    from prefect.client.schemas.schedules import CronSchedule
+
+    deployment = DEPLOYMENTS[name]
+    for spec in deployment["schedules"]:
+        schedule = CronSchedule(cron=spec["cron"], timezone=spec["timezone"])
+        assert schedule.cron == spec["cron"]
+    assert deployment["concurrency_limit"]["limit"] == 1  # two runs would share storage
+
+
+def test_unrendered_templates_are_refused_by_name() -> None:
+    from flows.deployment import reject_unrendered_templates
+
+    with pytest.raises(ValueError, match=r"storage_root is an unrendered template"):
+        reject_unrendered_templates({"recipe_uri": "r.yaml", "storage_root": "{{ $X }}"})
+    reject_unrendered_templates({"recipe_uri": "r.yaml", "storage_root": None})
+
+
+def test_process_job_variables_fit_the_process_worker() -> None:
+    from prefect.utilities.schema_tools import validate
+    from prefect.workers.process import ProcessWorker
+
+    schema = ProcessWorker.get_default_base_job_template()["variables"]
+    job_variables = DEPLOYMENTS["far-tpu-vm"]["work_pool"]["job_variables"]
+    validate(job_variables, schema, raise_on_error=True, ignore_required=True)
+    assert job_variables["env"]["JAX_PLATFORMS"] == "tpu"
+
+
+def _render_gke(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """job_configuration filled in as a worker does: defaults < deployment's job variables."""
+    from prefect.utilities.templating import apply_values
+
+    properties = GKE_TEMPLATE["variables"]["properties"]
+    values = {k: v["default"] for k, v in properties.items() if "default" in v}
+    values.update(rendered(DEPLOYMENTS["far-gke"], monkeypatch)["work_pool"]["job_variables"])
+    values.update(name="far-run", command="prefect flow-run execute", labels={})
+    return apply_values(GKE_TEMPLATE["job_configuration"], values)
+
+
+def test_gke_template_is_a_valid_base_job_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.server.schemas.actions import validate_base_job_template
+    from prefect.utilities.schema_tools import validate
+
+    validate_base_job_template(GKE_TEMPLATE)  # every placeholder is a declared variable
+    job_variables = rendered(DEPLOYMENTS["far-gke"], monkeypatch)["work_pool"]["job_variables"]
+    validate(job_variables, GKE_TEMPLATE["variables"], raise_on_error=True, ignore_required=True)
+    # the fields KubernetesWorkerJobConfiguration reads
+    assert set(GKE_TEMPLATE["job_configuration"]) >= {
+        "command", "env", "labels", "name", "namespace", "job_manifest"}  # fmt: skip
+
+
+def test_gke_job_lands_on_the_tpu_node_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _render_gke(monkeypatch)
+    manifest = config["job_manifest"]
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "2x4",
+    }
+    [container] = pod["containers"]
+    assert container["resources"]["limits"]["google.com/tpu"] == 8
+    assert container["resources"]["requests"]["google.com/tpu"] == 8
+    assert container["image"] == TEST_ENV["FAR_IMAGE"]
+    assert container["env"]["JAX_PLATFORMS"] == "tpu"
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in (
+        pod["tolerations"]
+    )
+    # what prefect-kubernetes' worker requires of a job manifest (_get_base_job_manifest)
+    assert (manifest["apiVersion"], manifest["kind"]) == ("batch/v1", "Job")
+    assert (pod["parallelism"], pod["completions"], pod["restartPolicy"]) == (1, 1, "Never")
+    assert container["name"] == "prefect-job"
+    assert config["namespace"] == manifest["metadata"]["namespace"] == "far"
+
+
+@pytest.mark.parametrize(
+    "script", ["install.sh", "tpu-vm/startup.sh", "kaggle/run_session.sh"]
+)  # fmt: skip
+def test_scripts_parse(script: str) -> None:
+    path = DEPLOY / script
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert path.read_text().startswith("#!/usr/bin/env bash\n")
+    assert path.stat().st_mode & 0o111, f"{script} is not executable"
+
+
+def test_dockerfile_copies_files_that_exist() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    sources = [
+        src
+        for line in re.findall(r"^COPY (.+)$", text, re.M)
+        for src in line.split()[:-1]  # the last word is the destination
+    ]
+    assert "requirements.lock" in sources and "deploy/install.sh" in sources
+    missing = [s for s in sources if not (REPO / s).exists()]
+    assert not missing, f"Dockerfile copies what the repository does not have: {missing}"
+    assert "install.sh /opt/far-venv tpu" in text  # the TPU extra
+
+
+def test_install_script_skips_only_torch_from_the_lock() -> None:
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    kept = [line for line in lock if not re.match(r"^torch==", line)]
+    assert len(lock) - len(kept) == 1  # torch (a +cpu build) and nothing else is left out
+    assert "grep -v '^torch==' " in (DEPLOY / "install.sh").read_text()
+
+
+def test_readme_names_every_file() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    for name in ["prefect.yaml", "tpu-vm/startup.sh", "gke/base-job-template.json",
+                 "kaggle/run_session.sh", "Dockerfile", "install.sh"]:  # fmt: skip
+        assert name in readme, name
