@@ -1,0 +1,62 @@
+"""SIGTERM (a TPU VM's preemption notice) to a real `far run`: it saves, stops cleanly with exit 3
+and the continue hint; `far status` shows the partial stage; `far resume` finishes the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stages import runs
+from tests.conftest import REPO, smoke_data
+
+pytestmark = pytest.mark.slow
+FAR = str(REPO / ".venv" / "bin" / "far")
+
+
+def far(*args: str, home: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PREFECT_HOME": str(home),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    env.pop("PREFECT_API_URL", None)  # ephemeral Prefect, as on a fresh machine
+    return subprocess.Popen([FAR, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_sigterm_saves_and_stops_then_far_resume_finishes(tmp_path: Path) -> None:
+    data = smoke_data()
+    data["sft"].update(max_steps=200, checkpoint_every_steps=10)
+    data["grpo"].update(max_steps=2, checkpoint_every_steps=1)
+    data["eval"]["models"] = ["sft"]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    root, home = tmp_path / "runs", tmp_path / "prefect"
+    run = far("run", str(recipe), "--root", str(root), home=home)
+    deadline = time.time() + 400
+    while not list(root.glob("smoke/sft-*/checkpoints/10")):
+        assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
+        assert time.time() < deadline, "SFT saved no checkpoint"
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    output = run.communicate(timeout=300)[0]
+    assert run.returncode == 3, output[-3000:]
+    assert "INCOMPLETE" in output and "received signal SIGTERM" in output
+    assert "Run the same command again to continue" in output
+    run_uri = str(root / "smoke")
+    sft_state = next(s for s in runs.run_status(run_uri) if s.stage == "sft")
+    assert sft_state.state == "partial" and sft_state.sessions == 1
+    assert sft_state.step is not None and 10 <= sft_state.step < 200  # saved where it stopped
+    status = subprocess.run([FAR, "status", run_uri], capture_output=True, text=True, check=True)
+    assert f"step {sft_state.step}/200" in status.stdout
+    resume = far("resume", run_uri, home=home)
+    output = resume.communicate(timeout=900)[0]
+    assert resume.returncode == 0, output[-3000:]
+    assert "data_prep  skipped (already complete)" in output
+    records = list(root.glob("smoke/sft-*/stage.json"))
+    assert len(records) == 1
+    done = next(s for s in runs.run_status(run_uri) if s.stage == "sft")
+    assert done.state == "complete" and done.sessions == 2  # the stopped one and the last one
