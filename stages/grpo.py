@@ -67,8 +67,10 @@ def prompt_batches(
 
 
 def _cluster_config(
-    config: GRPOConfig, prompt_len: int, ckpt_dir: str, log_dir: str, mesh: Any, eos: list[int]
-) -> rl_cluster_lib.ClusterConfig:
+    config: GRPOConfig, prompt_len: int, ckpt_dir: str, log_dir: str, meshes: tuple[Any, Any],
+    eos: list[int],
+) -> rl_cluster_lib.ClusterConfig:  # fmt: skip
+    """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
     updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.adamw(config.learning_rate),
@@ -93,12 +95,15 @@ def _cluster_config(
         top_p=config.top_p,
         top_k=config.top_k,
         eos_tokens=eos,
-        seed=None,  # SeededRollout sets a seed per step
+        seed=None if meshes[0] is meshes[1] else config.seed,  # SeededRollout: one per step
     )
-    roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
+    # SeededRollout samples with the actor's own model (RLCluster hands custom engines the
+    # actor); a rollout apart from the actor needs Tunix's engine, which copies the weights.
+    engine: Any = functools.partial(rollouts.SeededRollout, base_seed=config.seed)
+    role = rl_cluster_lib.Role
     return rl_cluster_lib.ClusterConfig(
-        role_to_mesh={role: mesh for role in roles},
-        rollout_engine=functools.partial(rollouts.SeededRollout, base_seed=config.seed),
+        role_to_mesh={role.ACTOR: meshes[0], role.REFERENCE: meshes[0], role.ROLLOUT: meshes[1]},
+        rollout_engine=engine if meshes[0] is meshes[1] else "vanilla",
         offload_to_cpu=False,
         training_config=training,
         rollout_config=rollout,
@@ -147,10 +152,15 @@ def take_over_fast_forward(learner: grpo_learner.GRPOLearner) -> None:
     learner._last_iter_step = 0
 
 
-def _build(
+def build_session(
     directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
-    spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext,
+    spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext, rollout_mesh: Any | None = None,
 ) -> Session:  # fmt: skip
+    """The cluster (restored from `directory`'s checkpoints if any) and learner of a session.
+
+    `rollout_mesh` puts the rollout model apart from the actor, with Tunix's own engine (a
+    copy of the weights synced every step, one sampling seed for all steps); the stage runs
+    everything on one mesh, the tests use it to show Tunix's stale-rollout resume defect."""
     tokenizer = build_tokenizer(spec, ctx.model_cache)
     mesh = models.build_mesh(mesh_spec)
     reference = models.build_base_model(spec, mesh, ctx.model_cache)
@@ -161,15 +171,15 @@ def _build(
     cluster = rl_cluster_lib.RLCluster(
         actor=actor, reference=reference, tokenizer=tokenizer,
         cluster_config=_cluster_config(config, dataset.prompt_len, local_ckpt, local_logs,
-                                       mesh, eos),
+                                       (mesh, rollout_mesh or mesh), eos),
     )  # fmt: skip
-    rollout = cluster.rollout
-    if not isinstance(rollout, rollouts.SeededRollout):
-        raise TypeError(f"expected the SeededRollout engine, RLCluster built {type(rollout)}")
-    rollout.follow(lambda: cluster.global_steps)
+    seeds: list[tuple[int, int]] = []
+    if isinstance(cluster.rollout, rollouts.SeededRollout):
+        cluster.rollout.follow(lambda: cluster.global_steps)
+        seeds = cluster.rollout.seeds_used
     observer = grpo_metrics.StepObserver(
         config.num_generations, config.samples_per_step, lambda: cluster.global_steps,
-        lambda step: next((s for t, s in reversed(rollout.seeds_used) if t == step), None),
+        lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
     )  # fmt: skip
     sandbox = rewards.SandboxStats()
     learner = _learner(cluster, config, sandbox, observer)
@@ -201,7 +211,7 @@ def _reinforce(
     directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
     spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
-    session = _build(directory, dataset, sft, config, spec, mesh_spec, ctx)
+    session = build_session(directory, dataset, sft, config, spec, mesh_spec, ctx)
     history = grpo_metrics.MetricsHistory()
     session.cluster.with_external_metrics_logger(history)
     # A restored actor resumes at its step: skip the prompt batches it already trained on
