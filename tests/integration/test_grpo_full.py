@@ -71,8 +71,10 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
     # the resumed session continued at the restored global step, with the same seeds
     assert record.history["global_step"][0] == start
-    seeds = seeds_by_step(tmp_path / "straight")
-    assert seeds == seeds_by_step(tmp_path / "killed")
+    # (samples of the killed session died with it; the resumed session's are kept)
+    seeds, resumed_seeds = seeds_by_step(tmp_path / "straight"), seeds_by_step(tmp_path / "killed")
+    assert sorted(resumed_seeds) == list(range(start, GRPO_STEPS))
+    assert resumed_seeds == {step: seeds[step] for step in resumed_seeds}
     # a new sampling seed every step (Tunix alone reuses one PRNG key for every step)
     assert len(set(seeds.values())) == GRPO_STEPS
 
