@@ -20,7 +20,6 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from tunix.rl import utils as rl_utils
 
 from stages import data_prep, grpo, sft
 from stages.runner import RunContext
@@ -31,6 +30,13 @@ def lora_max_difference(a: Any, b: Any) -> float:
     left, right = (jax.tree.leaves(nnx.state(m, nnx.LoRAParam)) for m in (a, b))
     return max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
                for x, y in zip(left, right, strict=True))  # fmt: skip
+
+
+def follows(actor: Any, rollout: Any) -> bool:
+    """Whether an update of the actor's adapters (in place, as the trainer does) reaches the
+    rollout model without a sync."""
+    nnx.update(actor, jax.tree.map(lambda x: x + 1.0, nnx.state(actor, nnx.LoRAParam)))
+    return lora_max_difference(actor, rollout.model()) == 0.0
 
 
 def main(root: str) -> int:
@@ -60,7 +66,7 @@ def main(root: str) -> int:
         report[name].update(
             global_step_after=cluster.global_steps,
             rollout_diff_after=lora_max_difference(actor, rollout.model()),
-            shares_weights_after=bool(rl_utils.is_sharing_weights(actor, rollout.model())),
+            rollout_follows_actor_after=follows(actor, rollout),
         )
     print("REPORT " + json.dumps(report), flush=True)
     return 0

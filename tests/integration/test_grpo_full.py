@@ -106,7 +106,7 @@ def test_resume_fixes_tunix_global_step_and_rollout_weights(tmp_path: Path) -> N
     assert apart["rollout_diff_before"] > 0 and apart["rollout_diff_after"] == 0
     # a rollout that shares the actor's variables still does after the resync (a sync would
     # replace them with copies that Tunix never updates again: stale rollouts all session)
-    assert shared["rollout_diff_after"] == 0 and shared["shares_weights_after"]
+    assert shared["rollout_diff_after"] == 0 and shared["rollout_follows_actor_after"]
 
 
 def test_metrics_land_per_step(tmp_path: Path) -> None:
