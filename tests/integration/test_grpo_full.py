@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from schemas.record import StageRecord
-from stages import data_prep, grpo, sft, storage
+from stages import data_prep, grpo, rewards, sft, storage
 from stages.runner import RunContext
 from tests.conftest import REPO, recipe_with
 from tests.integration._grpo_child import GRPO_STEPS
@@ -128,3 +129,30 @@ def test_metrics_land_per_step(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (stage_dir / "samples.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [0, 1, 2] and len(rows) == 3 * 4
     assert all(r["completion"] and r["prompt"].endswith("model\n") for r in rows)
+
+
+def letter_fraction(completions: Sequence[str], refs: object, stats: object) -> list[float]:
+    """Share of a completion's characters that are ASCII letters (dense; learnable)."""
+    return [sum(ch.isascii() and ch.isalpha() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def test_a_learnable_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test-only reward; full weights, since LoRA on this random tiny model moves its
+    # samples too little (measured: LoRA x5 + 0.3 left most sampled bytes unchanged).
+    reward = rewards.Reward("letter_fraction", letter_fraction, "test-only")
+    monkeypatch.setitem(rewards.REGISTRY, "letter_fraction", reward)
+    recipe = recipe_with(str(tmp_path), sft={"max_steps": 4, "lora": None},
+                         grpo={"max_steps": 20, "checkpoint_every_steps": 1000,
+                               "learning_rate": 3e-3, "beta": 0.0, "temperature": 1.0,
+                               "max_generation_tokens": 16,
+                               "rewards": {"letter_fraction": 1.0, "format_strict": 0.0,
+                                           "answer_match": 0.0}})  # fmt: skip
+    ctx = RunContext(str(tmp_path), "learn")
+    dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
+    policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
+    outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
+    curve = StageRecord.model_validate(storage.read_json(outcome.record_uri)).history[
+        "rewards/letter_fraction"
+    ]
+    # measured: 0.31 in the first five steps, 0.72 in the last five
+    assert np.mean(curve[-5:]) > np.mean(curve[:5]) + 0.15, curve
