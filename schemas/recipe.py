@@ -292,6 +292,8 @@ class GRPOConfig(Frozen):
     )
     checkpoint_every_steps: PositiveInt = 50
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
+    samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4  # completions kept in samples.jsonl
+    # Seeds the prompt order and, with the global step, each step's rollout sampling key.
     seed: int = 0
 
     @field_validator("rewards")

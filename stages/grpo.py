@@ -5,15 +5,24 @@ StageOutcome[CheckpointArtifact].
 
 The policy starts from the SFT CheckpointArtifact (restored from its URI); the LoRA-free base
 network is the frozen reference for the KL term. Rollouts use Tunix's vanilla engine on the
-same mesh. Actor checkpoints are written by Tunix under checkpoints/actor/.
+same mesh, sampling with a seed derived from the recipe seed and the global step
+(stages/rollouts.py). Actor checkpoints are written by Tunix under checkpoints/actor/, per-step
+metrics to tensorboard/ and the record's history, a few completions per step to samples.jsonl.
+
+`max_steps` and `checkpoint_every_steps` count GRPO steps (prompt batches); Tunix counts
+optimizer updates, num_iterations per step, so both are scaled for it. A resumed run skips
+exactly the prompt batches already trained on and samples with the same seeds, so stopping
+and resuming (or kill -9 and re-running) ends with the same adapters, bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,10 +31,11 @@ import orbax.checkpoint as ocp
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
+from tunix.sft import metrics_logger
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
-from stages import models, rewards, storage
+from stages import grpo_metrics, models, rewards, rollouts, storage
 from stages.data_prep import load_prompts
 from stages.runner import (
     RunContext,
@@ -40,8 +50,10 @@ from stages.sft import check_dataset
 from stages.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 1
+STAGE_VERSION = 2  # 2: per-step rollout seeds, exact resume position, TensorBoard, samples
 CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "tensorboard"
+SAMPLES_FILE = "samples.jsonl"
 ACTOR_SUBDIR = "actor"  # where Tunix's RLCluster puts the trained policy's checkpoints
 
 
@@ -62,17 +74,23 @@ def prompt_batches(
 
 
 def _cluster_config(
-    config: GRPOConfig, prompt_len: int, ckpt_dir: str, mesh: Any, eos: list[int]
-) -> rl_cluster_lib.ClusterConfig:
+    config: GRPOConfig, prompt_len: int, ckpt_dir: str, log_dir: str, meshes: tuple[Any, Any],
+    eos: list[int],
+) -> rl_cluster_lib.ClusterConfig:  # fmt: skip
+    """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
+    updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.adamw(config.learning_rate),
         eval_every_n_steps=10**9,
-        max_steps=config.max_steps,
+        max_steps=config.max_steps * updates,
         mini_batch_size=config.batch_size,
         train_micro_batch_size=config.train_micro_batch_size,
         checkpoint_root_directory=ckpt_dir,
         checkpointing_options=ocp.CheckpointManagerOptions(
-            save_interval_steps=config.checkpoint_every_steps, max_to_keep=2
+            save_interval_steps=config.checkpoint_every_steps * updates, max_to_keep=2
+        ),
+        metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+            log_dir=log_dir, flush_every_n_steps=1
         ),
         pbar_description="GRPO",
     )
@@ -84,12 +102,15 @@ def _cluster_config(
         top_p=config.top_p,
         top_k=config.top_k,
         eos_tokens=eos,
-        seed=config.seed,
+        seed=None if meshes[0] is meshes[1] else config.seed,  # SeededRollout: one per step
     )
-    roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
+    # SeededRollout samples with the actor's own model (RLCluster hands custom engines the
+    # actor); a rollout apart from the actor needs Tunix's engine, which copies the weights.
+    engine: Any = functools.partial(rollouts.SeededRollout, base_seed=config.seed)
+    role = rl_cluster_lib.Role
     return rl_cluster_lib.ClusterConfig(
-        role_to_mesh={role: mesh for role in roles},
-        rollout_engine="vanilla",
+        role_to_mesh={role.ACTOR: meshes[0], role.REFERENCE: meshes[0], role.ROLLOUT: meshes[1]},
+        rollout_engine=engine if meshes[0] is meshes[1] else "vanilla",
         offload_to_cpu=False,
         training_config=training,
         rollout_config=rollout,
@@ -97,101 +118,169 @@ def _cluster_config(
 
 
 def _learner(
-    cluster: rl_cluster_lib.RLCluster, config: GRPOConfig, sandbox: rewards.SandboxStats
-) -> grpo_learner.GRPOLearner:
+    cluster: rl_cluster_lib.RLCluster, config: GRPOConfig, sandbox: rewards.SandboxStats,
+    observer: grpo_metrics.StepObserver,
+) -> grpo_learner.GRPOLearner:  # fmt: skip
     algo = grpo_learner.GRPOConfig(
         num_generations=config.num_generations, num_iterations=config.num_iterations,
         beta=config.beta, epsilon=config.epsilon, loss_algo=config.loss_variant,
     )  # fmt: skip
     return grpo_learner.GRPOLearner(
         rl_cluster=cluster, algo_config=algo,
-        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
+        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox), metric_fns=[observer],
     )  # fmt: skip
 
 
-def resync_after_restore(cluster: rl_cluster_lib.RLCluster, step: int) -> None:
-    """Work around two Tunix 0.1.7 resume defects (FIELD-NOTES): the rollout and anchor
-    weights still hold the pre-restore policy until the first sync, and the global step
-    restarts at 0 when the last checkpoint was written by close() (empty custom metadata)."""
-    cluster.sync_weights()  # pushes the restored adapters; also bumps global_steps
+def resync_after_restore(
+    cluster: rl_cluster_lib.RLCluster, learner: grpo_learner.GRPOLearner, step: int
+) -> None:
+    """Work around two Tunix 0.1.7 resume defects (FIELD-NOTES).
+
+    With a rollout model apart from the actor (another mesh), the rollout and anchor weights
+    hold the pre-restore policy until the first sync: push the restored adapters now. When
+    the two share their variables (one mesh), a sync must NOT happen: it replaces the
+    sampler's variables with copies, so the rollout would sample from the restored policy
+    for the rest of the session (Tunix never syncs a shared model again).
+    The global step restarts at 0 when the last checkpoint was written by close() (empty
+    custom metadata): set it to the restored step.
+    """
+    if learner.should_sync_weights:
+        cluster.sync_weights()  # also bumps global_steps, set just below
     cluster.global_steps = step
+
+
+def take_over_fast_forward(learner: grpo_learner.GRPOLearner) -> None:
+    """Tunix 0.1.7's RLLearner.train() skips `actor_trainer.iter_steps` micro-batches of a
+    restored run's data before training. `_reinforce` already starts its prompt stream at the
+    first untrained batch (Tunix's count is also wrong when num_iterations > 1: it counts each
+    batch once per iteration), so Tunix's skip would drop batches a second time: the resumed
+    run then trained on other prompts than an uninterrupted run (measured: adapters off by
+    2.7e-4 after 6 steps; bitwise equal with this)."""
+    learner._last_iter_step = 0
+
+
+def build_session(
+    directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
+    spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext, rollout_mesh: Any | None = None,
+) -> Session:  # fmt: skip
+    """The cluster (restored from `directory`'s checkpoints if any) and learner of a session.
+
+    `rollout_mesh` puts the rollout model apart from the actor, with Tunix's own engine (a
+    copy of the weights synced every step, one sampling seed for all steps); the stage runs
+    everything on one mesh, the tests use it to show Tunix's stale-rollout resume defect."""
+    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    mesh = models.build_mesh(mesh_spec)
+    reference = models.build_base_model(spec, mesh, ctx.model_cache)
+    actor = models.restore_policy(sft, reference, mesh)
+    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
+    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
+    cluster = rl_cluster_lib.RLCluster(
+        actor=actor, reference=reference, tokenizer=tokenizer,
+        cluster_config=_cluster_config(config, dataset.prompt_len, local_ckpt, local_logs,
+                                       (mesh, rollout_mesh or mesh), eos),
+    )  # fmt: skip
+    seeds: list[tuple[int, int]] = []
+    if isinstance(cluster.rollout, rollouts.SeededRollout):
+        cluster.rollout.follow(lambda: cluster.global_steps)
+        seeds = cluster.rollout.seeds_used
+    observer = grpo_metrics.StepObserver(
+        config.num_generations, config.samples_per_step, lambda: cluster.global_steps,
+        lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
+    )  # fmt: skip
+    sandbox = rewards.SandboxStats()
+    learner = _learner(cluster, config, sandbox, observer)
+    return Session(cluster, learner, observer, sandbox, mesh, tokenizer.name,
+                   ckpt_uri, local_ckpt, log_uri, local_logs)  # fmt: skip
+
+
+@dataclass
+class Session:
+    """One GRPO session's Tunix objects and where its outputs go."""
+
+    cluster: rl_cluster_lib.RLCluster
+    learner: grpo_learner.GRPOLearner
+    observer: grpo_metrics.StepObserver
+    sandbox: rewards.SandboxStats
+    mesh: Any
+    tokenizer_name: str
+    ckpt_uri: str
+    local_ckpt: str
+    log_uri: str
+    local_logs: str
+
+    def steps_done(self, config: GRPOConfig) -> int:
+        """GRPO steps (prompt batches) trained, from the actor's optimizer-update count."""
+        return self.cluster.actor_trainer.train_steps // config.num_iterations
 
 
 def _reinforce(
     directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
     spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
-    tokenizer = build_tokenizer(spec, ctx.model_cache)
-    mesh = models.build_mesh(mesh_spec)
-    reference = models.build_base_model(spec, mesh, ctx.model_cache)
-    actor = models.restore_policy(sft, reference, mesh)
-    ckpt_uri = storage.join(directory, CHECKPOINT_DIR)
-    local_ckpt = storage.orbax_directory(ckpt_uri)
-    eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
-    cluster = rl_cluster_lib.RLCluster(
-        actor=actor, reference=reference, tokenizer=tokenizer,
-        cluster_config=_cluster_config(config, dataset.prompt_len, local_ckpt, mesh, eos),
-    )  # fmt: skip
-    sandbox, history = rewards.SandboxStats(), MetricsHistory()
-    learner = _learner(cluster, config, sandbox)
-    cluster.with_external_metrics_logger(history)
+    session = build_session(directory, dataset, sft, config, spec, mesh_spec, ctx)
+    history = grpo_metrics.MetricsHistory()
+    session.cluster.with_external_metrics_logger(history)
     # A restored actor resumes at its step: skip the prompt batches it already trained on
     # (one batch per step), so the run continues at the exact prompt position.
-    start_step = cluster.actor_trainer.train_steps
+    start_step = session.steps_done(config)
     if start_step:
-        resync_after_restore(cluster, start_step)
-    rows = load_prompts(dataset, "grpo_train")
-    batches = itertools.islice(prompt_batches(rows, config.batch_size, config.seed), start_step,
-                               None)  # fmt: skip
-    stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock())
-    with mesh:
-        learner.train(stream)  # ends with the cluster's close(): saves the last checkpoint
-    storage.publish_tree(local_ckpt, ckpt_uri)
-    done = cluster.actor_trainer.train_steps
+        resync_after_restore(session.cluster, session.learner, start_step)
+    take_over_fast_forward(session.learner)
+    if start_step < config.max_steps:  # Tunix would train one more step on a finished run
+        rows = load_prompts(dataset, "grpo_train")
+        batches = itertools.islice(prompt_batches(rows, config.batch_size, config.seed),
+                                   start_step, None)  # fmt: skip
+        stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds,
+                         StepClock())  # fmt: skip
+        with session.mesh:
+            session.learner.train(stream)  # ends with close(): saves the last checkpoint
+    storage.publish_tree(session.local_ckpt, session.ckpt_uri)
+    storage.publish_local_directory(session.local_logs, session.log_uri)
+    save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
+    done = session.steps_done(config)
     if done < config.max_steps:
         raise SessionExpired(f"GRPO stopped at step {done} of {config.max_steps} with a "
                              f"checkpoint saved; it resumes from there")  # fmt: skip
-    actor_uri = storage.join(ckpt_uri, ACTOR_SUBDIR)
+    return _results(session, config, spec, sft, history, start_step)
+
+
+def _results(
+    session: Session, config: GRPOConfig, spec: ModelSpec, sft: CheckpointArtifact,
+    history: grpo_metrics.MetricsHistory, start_step: int,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
+    actor_uri = storage.join(session.ckpt_uri, ACTOR_SUBDIR)
     artifact = CheckpointArtifact(
-        uri=actor_uri, step=config.max_steps, model=spec, tokenizer=tokenizer.name,
+        uri=actor_uri, step=config.max_steps, model=spec, tokenizer=session.tokenizer_name,
         lora=sft.lora, size_bytes=sum(storage.list_files(actor_uri).values()),
         fingerprint=storage.tree_fingerprint(actor_uri),
     )  # fmt: skip
     metrics = {
         **history.summary(),
         "resumed_from_step": float(start_step),
-        "sandbox_runs": float(sandbox.runs),
-        "sandbox_failures": float(sandbox.failures),
+        "sandbox_runs": float(session.sandbox.runs),
+        "sandbox_failures": float(session.sandbox.failures),
     }
-    return artifact, metrics, history.curves()
+    return artifact, metrics, history.curves(actor_kl(session.cluster))
 
 
-class MetricsHistory:
-    """Collects Tunix's per-step numeric RL metrics through its public external-logger hook."""
+def actor_kl(cluster: rl_cluster_lib.RLCluster) -> list[float]:
+    """KL to the reference per optimizer update of this session (Tunix logs it as actor/kl)."""
+    logger = cluster.actor_trainer.metrics_logger
+    if not logger.metric_exists("actor", "kl", "train"):
+        return []
+    return [float(x) for x in np.asarray(logger.get_metric_history("actor", "kl", "train"))]
 
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
 
-    def __call__(self, buffer: Any) -> None:
-        for name, (value, op) in buffer.metrics.items():
-            array = np.asarray(value)
-            if array.dtype.kind not in "biuf" or array.size == 0:
-                continue  # text samples (prompts, completions) are not metrics
-            scalar = op(array) if op is not None else array.mean()
-            self.values.setdefault(name, []).append(float(scalar))
-
-    def curves(self) -> dict[str, list[float]]:
-        """Per-step reward means and KL (the training curves the report plots)."""
-        wanted = [n for n in self.values if n.startswith("rewards/") or "kl" in n.lower()]
-        return {name: self.values[name] for name in sorted(wanted)}
-
-    def summary(self) -> dict[str, float]:
-        """First and last value of every reward metric, and the step count seen."""
-        out: dict[str, float] = {}
-        for name, history in sorted(self.values.items()):
-            if name.startswith("rewards/"):
-                out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
-        return out
+def save_samples(uri: str, samples: list[dict[str, Any]], start_step: int) -> None:
+    """Append this session's sample completions to the stage's samples.jsonl; rows of steps
+    at or after `start_step` from an earlier session were not checkpointed and are dropped."""
+    kept: list[str] = []
+    if storage.exists(uri):
+        kept = [line for line in storage.read_text(uri).splitlines()
+                if line and json.loads(line)["step"] < start_step]  # fmt: skip
+    kept += [json.dumps(sample, sort_keys=True) for sample in samples]
+    storage.write_text(uri, "".join(line + "\n" for line in kept))
 
 
 def identity(

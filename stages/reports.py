@@ -68,7 +68,8 @@ def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
     for i, stage in enumerate(stages, start=1):
         axes = figure.add_subplot(1, len(stages), i)
         for name, values in sorted(histories.get(stage, {}).items()):
-            if name != "learning_rate":
+            # rewards, rates, KL, loss; not step counters or token lengths (other scales)
+            if name not in ("learning_rate", "global_step") and not name.startswith("completions/"):
                 axes.plot(range(1, len(values) + 1), values, label=name)
         axes.set_title(stage)
         axes.set_xlabel("step")

@@ -52,8 +52,7 @@ def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> 
     assert record.metrics["resumed_from_step"] == saved
     assert outcome.output.step == 6
     assert any(f.startswith("6/") for f in storage.list_files(outcome.output.uri))
-    # Not asserted yet: equality with an uninterrupted run. Measured: adapters differ by up
-    # to 3.8e-4 after 6 steps (uninterrupted runs are bitwise repeatable); see issue 6 notes.
+    # equality with an uninterrupted run (bitwise): test_grpo_full.py's kill -9 test
 
 
 def test_gspo_token_loss_runs(tmp_path: Path) -> None:

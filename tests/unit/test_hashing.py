@@ -36,6 +36,8 @@ CHANGES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("sft", {"lora": {"rank": 4, "alpha": 8.0}}, {"sft"}),
     ("grpo", {"beta": 0.0}, {"grpo"}),
     ("grpo", {"rewards": {"format_strict": 2.0}}, {"grpo"}),
+    ("grpo", {"seed": 1}, {"grpo"}),  # prompt order and every step's rollout seed
+    ("grpo", {"samples_per_step": 8}, {"grpo"}),
     ("eval", {"max_generation_tokens": 16}, {"evaluate"}),
     ("model", {"init_seed": 7}, {"sft", "grpo", "evaluate"}),
     ("model", {"dtype": "bfloat16"}, {"sft", "grpo", "evaluate"}),

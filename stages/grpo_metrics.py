@@ -1,0 +1,97 @@
+"""What a GRPO run shows per step: reward curves, KL, lengths, format rate, sample completions.
+
+Tunix logs each reward's mean, the total, completion lengths (and the actor's KL) through its
+metrics logger, to TensorBoard when the training config names a log directory.
+`StepObserver` is a Tunix metric_fn that adds what Tunix does not compute, the fraction of
+groups whose rewards are all equal (they carry no GRPO signal) and the strict-format rate,
+and keeps a few completions per step. `MetricsHistory` collects the per-step numbers through
+the cluster's external-logger hook for the stage record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from stages import rewards
+
+ZERO_VARIANCE = "far/zero_variance_groups"
+FORMAT_RATE = "far/format_rate"
+LENGTHS = ("completions/mean_length", "completions/max_length")
+
+
+def zero_variance_fraction(scores: np.ndarray, num_generations: int) -> float:
+    """Fraction of prompt groups whose completions all got the same total reward."""
+    groups = np.asarray(scores, dtype=np.float64).reshape(-1, num_generations)
+    return float(np.mean(np.ptp(groups, axis=1) == 0.0))
+
+
+class StepObserver:
+    """Tunix metric_fn: group-variance and format metrics, plus sample completions per step."""
+
+    def __init__(
+        self, num_generations: int, samples_per_step: int, step_of: Callable[[], int],
+        seed_of: Callable[[int], int | None],
+    ) -> None:  # fmt: skip
+        self.num_generations = num_generations
+        self.samples_per_step = samples_per_step
+        self.step_of, self.seed_of = step_of, seed_of
+        self.samples: list[dict[str, Any]] = []
+
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], rewards: Any,
+        advantages: Any, **_: Any,
+    ) -> dict[str, tuple[float, Callable[..., Any]]]:  # fmt: skip
+        step, scores = self.step_of(), np.asarray(rewards, dtype=np.float64)
+        for i in range(min(self.samples_per_step, len(completions))):
+            self.samples.append({
+                "step": step, "rollout_seed": self.seed_of(step), "prompt": str(prompts[i]),
+                "completion": str(completions[i]), "reward": float(scores[i]),
+            })  # fmt: skip
+        strict = [rewards_format(c) for c in completions]
+        return {
+            ZERO_VARIANCE: (zero_variance_fraction(scores, self.num_generations), np.mean),
+            FORMAT_RATE: (float(np.mean(strict)), np.mean),
+        }
+
+
+def rewards_format(completion: str) -> float:
+    return rewards.format_strict(completion, rewards.Reference(""))
+
+
+class MetricsHistory:
+    """Collects Tunix's per-step numeric RL metrics through its public external-logger hook."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+        self.steps: list[int] = []
+
+    def __call__(self, buffer: Any) -> None:
+        if buffer.mode != "train":
+            return
+        self.steps.append(int(buffer.global_steps))
+        for name, (value, op) in buffer.metrics.items():
+            array = np.asarray(value)
+            if array.dtype.kind not in "biuf" or array.size == 0:
+                continue  # text samples (prompts, completions) are not metrics
+            scalar = op(array) if op is not None else array.mean()
+            self.values.setdefault(name, []).append(float(scalar))
+
+    def curves(self, kl: Sequence[float]) -> dict[str, list[float]]:
+        """Per-step reward means, total reward, zero-variance groups, format rate, lengths, KL."""
+        wanted = [n for n in self.values
+                  if n.startswith(("rewards/", "far/")) or n in LENGTHS]  # fmt: skip
+        curves = {name: self.values[name] for name in sorted(wanted)}
+        curves["global_step"] = [float(s) for s in self.steps]
+        curves["kl"] = [float(x) for x in kl]
+        return curves
+
+    def summary(self) -> dict[str, float]:
+        """First and last value of every reward metric, and the format rate."""
+        out: dict[str, float] = {}
+        for name, history in sorted(self.values.items()):
+            if name.startswith("rewards/") or name == FORMAT_RATE:
+                out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
+        return out
