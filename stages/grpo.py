@@ -36,6 +36,7 @@ from tunix.sft import metrics_logger
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import grpo_metrics, models, rewards, rollouts, storage
+from stages.compilations import release_scalar_listeners
 from stages.data_prep import load_prompts
 from stages.runner import (
     RunContext,
@@ -235,6 +236,9 @@ def _reinforce(
                          StepClock())  # fmt: skip
         with session.mesh:
             session.learner.train(stream)  # ends with close(): saves the last checkpoint
+    cluster = session.cluster
+    for logger in (cluster._rl_metrics_logger, cluster.actor_trainer.metrics_logger):
+        release_scalar_listeners(logger)  # else they keep writing into this stage's directory
     storage.publish_tree(session.local_ckpt, session.ckpt_uri)
     storage.publish_local_directory(session.local_logs, session.log_uri)
     save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
