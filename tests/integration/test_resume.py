@@ -80,8 +80,9 @@ def test_changed_stage_code_is_refused_naming_the_stage_version(
     finished: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, _ = finished
-    monkeypatch.setattr(grpo, "STAGE_VERSION", grpo.STAGE_VERSION + 1)  # a commit that bumps it
-    with pytest.raises(drift.DriftError, match=r"code\.grpo_version: 1 -> 2"):
+    now = grpo.STAGE_VERSION
+    monkeypatch.setattr(grpo, "STAGE_VERSION", now + 1)  # a commit that bumps it
+    with pytest.raises(drift.DriftError, match=rf"code\.grpo_version: {now} -> {now + 1}"):
         run_flow(small_recipe(root))
 
 
