@@ -51,8 +51,8 @@ class Runs:
         return self.api_url.removesuffix("/api")
 
 
-def _api(runs_api: str, path: str, body: dict[str, Any]) -> Any:
-    response = httpx.post(f"{runs_api}/{path}", json=body, timeout=30)
+def _api(api_url: str, path: str, body: dict[str, Any]) -> Any:
+    response = httpx.post(f"{api_url}/{path}", json=body, timeout=30)
     response.raise_for_status()
     return response.json()
 
@@ -62,12 +62,20 @@ def runs(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     root = tmp_path_factory.mktemp("ui-root")
     env = prefect_env(tmp_path_factory.mktemp("ui-client-home"), prefect_api)
     far = [str(Path(sys.executable).parent / "far"), "run", str(SMOKE), "--root", str(root)]
+    ids: list[str] = []
     for attempt in ("first", "second"):
+        before = _flow_run_states(prefect_api)
         done = subprocess.run(far, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{attempt} far run failed:\n{done.stdout}\n{done.stderr}"
-    flow_runs = _api(prefect_api, "flow_runs/filter", {"sort": "START_TIME_ASC"})
-    assert [r["state_type"] for r in flow_runs] == ["COMPLETED", "COMPLETED"], flow_runs
-    return Runs(prefect_api, flow_runs[0]["id"], flow_runs[1]["id"])
+        new = {k: v for k, v in _flow_run_states(prefect_api).items() if k not in before}
+        assert list(new.values()) == ["COMPLETED"], f"{attempt} run: new flow runs {new}"
+        ids += list(new)
+    return Runs(prefect_api, ids[0], ids[1])
+
+
+def _flow_run_states(api_url: str) -> dict[str, str]:
+    """Every flow run on the server (the server is shared by the session's tests)."""
+    return {r["id"]: r["state_type"] for r in _api(api_url, "flow_runs/filter", {})}
 
 
 def _task_runs(runs: Runs, flow_run_id: str) -> dict[str, dict[str, Any]]:
