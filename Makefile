@@ -1,14 +1,14 @@
 # FAR's two entry points. Both set up their own environment from the pinned lock file.
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
-#   make test   lint, type-check and run every test
+#   make test   lint, type-check and run every test (installs Debian chromium for the UI test)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint env clean-runs
+.PHONY: run test lint env browser clean-runs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,12 @@ lint: env
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy schemas stages
 
-test: lint
+# The Prefect UI test drives the system's chromium through playwright (no browser download).
+browser:
+	@if [ -x /usr/bin/chromium ]; then echo "chromium: /usr/bin/chromium"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi
+
+test: lint browser
 	JAX_PLATFORMS=cpu $(BIN)/pytest $(PYTEST_ARGS)
 
 clean-runs:

@@ -15,19 +15,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prefect import flow, get_run_logger, runtime, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
-from prefect.states import State
+from prefect.states import Completed, State
 
+from flows.ui_artifacts import publish_stage
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
-from stages import data_prep, evaluate, grpo, reports, runs, sft, storage
+from stages import data_prep, evaluate, grpo, runs, sft, storage
 from stages.runner import RunContext, SessionExpired, StageOutcome
 from stages.sessions import StopFlag, stop_on_sigterm
 
@@ -66,62 +66,51 @@ def publish_to_ui(stage: str, publish: Callable[[], object]) -> None:
                                  stage, e)  # fmt: skip
 
 
-def _report(stage: str, outcome: StageOutcome[Any]) -> StageSummary:
-    """Log and publish one stage's outcome as a Prefect artifact; return its summary line."""
-    logger = get_run_logger()
+T = TypeVar("T", bound=DatasetArtifact | CheckpointArtifact | EvalReport)
+
+
+def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, StageSummary]]:
+    """Log and publish a stage's outcome; its task run ends Completed, or "Skipped" if skipped.
+
+    A task that returns a State ends in that state, so a skipped stage shows as Skipped in the
+    UI's task list and run graph. Calling the task then returns the State: `.result()` is the
+    (output, summary) pair.
+    """
     output = outcome.output
     verb = "skipped (already complete on storage)" if outcome.skipped else "ran"
-    logger.info("%s %s -> %s", stage, verb, output.uri)
-    lines = [
-        f"### {stage}: {verb}",
-        "",
-        f"- output: `{output.uri}`",
-        f"- record: `{outcome.record_uri}`",
-        f"- fingerprint: `{output.fingerprint}`",
-    ]
-    if not outcome.skipped:
-        lines.append(f"- seconds: {outcome.seconds:.1f}")
-    if isinstance(output, EvalReport):
-        lines += ["", reports.markdown_table(output.scores)]
-    if isinstance(output, DatasetArtifact):
-        lines += ["", data_prep.card_markdown(output)]
-    publish_to_ui(
-        stage,
-        lambda: create_markdown_artifact(
-            markdown="\n".join(lines),
-            key=f"far-{stage.replace('_', '-')}",
-            description=f"FAR {stage} output",
-        ),
-    )
-    return StageSummary(
+    get_run_logger().info("%s %s -> %s", stage, verb, output.uri)
+    publish_to_ui(stage, lambda: publish_stage(run, stage, outcome))
+    summary = StageSummary(
         stage=stage,
         output_uri=output.uri,
         record_uri=outcome.record_uri,
         skipped=outcome.skipped,
         seconds=outcome.seconds,
     )
+    name, message = ("Skipped", f"{stage} {verb}") if outcome.skipped else ("Completed", None)
+    return Completed(data=(output, summary), name=name, message=message)
 
 
 @task(name="data_prep", **STAGE_TASK)
-def data_prep_task(recipe: Recipe, ctx: RunContext) -> tuple[DatasetArtifact, StageSummary]:
+def data_prep_task(recipe: Recipe, ctx: RunContext) -> State[tuple[DatasetArtifact, StageSummary]]:
     outcome = data_prep.prepare(recipe.data, recipe.model, ctx)
-    return outcome.output, _report("data_prep", outcome)
+    return _finish(recipe.name, "data_prep", outcome)
 
 
 @task(name="sft", **STAGE_TASK)
 def sft_task(
     recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
-) -> tuple[CheckpointArtifact, StageSummary]:
+) -> State[tuple[CheckpointArtifact, StageSummary]]:
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
-    return outcome.output, _report("sft", outcome)
+    return _finish(recipe.name, "sft", outcome)
 
 
 @task(name="grpo", **STAGE_TASK)
 def grpo_task(
     recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
-) -> tuple[CheckpointArtifact, StageSummary]:
+) -> State[tuple[CheckpointArtifact, StageSummary]]:
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-    return outcome.output, _report("grpo", outcome)
+    return _finish(recipe.name, "grpo", outcome)
 
 
 @task(name="evaluate", **STAGE_TASK)
@@ -130,10 +119,10 @@ def evaluate_task(
     dataset: DatasetArtifact,
     checkpoints: dict[str, CheckpointArtifact],
     ctx: RunContext,
-) -> tuple[EvalReport, StageSummary]:
+) -> State[tuple[EvalReport, StageSummary]]:
     wanted = {k: v for k, v in checkpoints.items() if k in recipe.eval.models}
     outcome = evaluate.evaluate(dataset, wanted, recipe.eval, recipe.model, recipe.mesh, ctx)
-    return outcome.output, _report("evaluate", outcome)
+    return _finish(recipe.name, "evaluate", outcome)
 
 
 @flow(name="format_align_reinforce", log_prints=True)
@@ -200,13 +189,14 @@ def _run_stages(
     recipe: Recipe, ctx: RunContext, done: list[StageSummary], started: float
 ) -> RunSummary:
     try:
-        dataset, line = data_prep_task(recipe, ctx)
+        dataset, line = data_prep_task(recipe, ctx).result()
         done.append(line)
-        policy, line = sft_task(recipe, dataset, ctx)
+        policy, line = sft_task(recipe, dataset, ctx).result()
         done.append(line)
-        reinforced, line = grpo_task(recipe, dataset, policy, ctx)
+        reinforced, line = grpo_task(recipe, dataset, policy, ctx).result()
         done.append(line)
-        _, line = evaluate_task(recipe, dataset, {"sft": policy, "grpo": reinforced}, ctx)
+        checkpoints = {"sft": policy, "grpo": reinforced}
+        _, line = evaluate_task(recipe, dataset, checkpoints, ctx).result()
         done.append(line)
     except SessionExpired as e:
         get_run_logger().warning("stopping: %s; run the same command again to continue", e)

@@ -147,6 +147,7 @@ def prefect_server_process(home: Path) -> Iterator[tuple[str, subprocess.Popen[b
     api_url = f"http://127.0.0.1:{port}/api"
     env = prefect_env(home, api_url)
     env.pop("PREFECT_API_URL")  # the server itself must not point at an API
+    env["PREFECT_UI_API_URL"] = api_url  # else the UI calls the default port (4200)
     log = open(home / "server.log", "w")  # noqa: SIM115  # closed at teardown
     proc = subprocess.Popen(
         [str(REPO / ".venv" / "bin" / "prefect"), "server", "start",

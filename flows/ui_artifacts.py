@@ -1,0 +1,118 @@
+"""What each stage shows in the Prefect UI: keyed artifacts built from its committed record.
+
+The stage record on storage is the source of truth (it is what decides skips), so the UI reads
+it too: a skipped stage shows the same metrics, data card, report and checkpoint links as the
+run that produced them, under the same keys. Keys are `far-<run>-<stage>-<what>` (Prefect
+keys allow lowercase letters, digits and dashes), so the Artifacts page keeps one versioned
+history per run and stage.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
+
+from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
+from schemas.record import StageRecord
+from stages import data_prep, storage
+from stages.runner import StageOutcome, read_record
+
+REPORT_MARKDOWN = "report.md"  # written by the evaluate stage beside report.json
+
+
+def artifact_key(run: str, stage: str, what: str) -> str:
+    """A valid Prefect artifact key: lowercase, runs of other characters become one dash."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"far-{run}-{stage}-{what}".lower()).strip("-")
+    if not slug:
+        raise ValueError(f"no artifact key can be made from run={run!r} stage={stage!r}")
+    return slug
+
+
+def browsable_link(uri: str) -> str:
+    """A link a browser can follow: gs:// opens the Cloud console, local paths are file://."""
+    if uri.startswith("gs://"):
+        return "https://console.cloud.google.com/storage/browser/" + uri.removeprefix("gs://")
+    if "://" in uri:
+        return uri
+    return "file://" + uri
+
+
+def metrics_rows(record: StageRecord, skipped: bool) -> list[dict[str, Any]]:
+    """The metrics table: status and seconds first, then every scalar metric, sorted by name."""
+    rows: list[dict[str, Any]] = [
+        {"metric": "status", "value": "skipped (complete on storage)" if skipped else "ran"},
+        {"metric": "seconds (when it ran)", "value": round(record.seconds, 2)},
+    ]
+    rows += [{"metric": k, "value": float(f"{v:.6g}")} for k, v in sorted(record.metrics.items())]
+    return rows
+
+
+def publish_stage(run: str, stage: str, outcome: StageOutcome[Any]) -> None:
+    """Create the stage's artifacts in the current task run (summary, metrics and its own)."""
+    record = read_record(outcome.record_uri)
+    if record is None:
+        raise FileNotFoundError(
+            f"stage {stage} returned record {outcome.record_uri}, but no record is there"
+        )
+    _publish_summary(run, stage, outcome)
+    create_table_artifact(
+        table=metrics_rows(record, outcome.skipped),
+        key=artifact_key(run, stage, "metrics"),
+        description=f"FAR {run} {stage}: metrics from {outcome.record_uri}",
+    )
+    output = outcome.output
+    if isinstance(output, DatasetArtifact):
+        create_markdown_artifact(
+            markdown=f"### {stage}: data card\n\n{data_prep.card_markdown(output)}",
+            key=artifact_key(run, stage, "data-card"),
+            description=f"FAR {run}: the data card",
+        )
+    elif isinstance(output, CheckpointArtifact):
+        create_link_artifact(
+            link=browsable_link(output.uri),
+            link_text=f"{stage} checkpoint, step {output.step}: {output.uri}",
+            key=artifact_key(run, stage, "checkpoint"),
+            description=f"FAR {run} {stage}: the Orbax checkpoint root",
+        )
+    elif isinstance(output, EvalReport):
+        _publish_report(run, stage, output)
+
+
+def _publish_summary(run: str, stage: str, outcome: StageOutcome[Any]) -> None:
+    output = outcome.output
+    verb = "skipped (already complete on storage)" if outcome.skipped else "ran"
+    lines = [
+        f"### {stage}: {verb}",
+        "",
+        f"- output: `{output.uri}`",
+        f"- record: `{outcome.record_uri}`",
+        f"- fingerprint: `{output.fingerprint}`",
+    ]
+    if not outcome.skipped:
+        lines.append(f"- seconds: {outcome.seconds:.1f}")
+    create_markdown_artifact(
+        markdown="\n".join(lines),
+        key=artifact_key(run, stage, "summary"),
+        description=f"FAR {run} {stage}: {verb}",
+    )
+
+
+def _publish_report(run: str, stage: str, report: EvalReport) -> None:
+    report_md = storage.join(report.uri.rsplit("/", 1)[0], REPORT_MARKDOWN)
+    try:
+        text = storage.read_text(report_md)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"evaluation report {report.uri} has no {REPORT_MARKDOWN} beside it ({report_md})"
+        ) from e
+    create_markdown_artifact(
+        markdown=f"### Evaluation report\n\n{text}\n\nreport: `{report.uri}`",
+        key=artifact_key(run, stage, "report"),
+        description=f"FAR {run}: base vs SFT vs GRPO",
+    )

@@ -1,0 +1,57 @@
+"""Prefect UI artifact helpers: valid keys, followable checkpoint links, the metrics table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.ui_artifacts import artifact_key, browsable_link, metrics_rows
+from schemas.record import StageRecord
+from stages import data_prep
+from stages.runner import RunContext, read_record
+from tests.conftest import recipe_with
+
+PREFECT_KEY = re.compile(r"^[a-z0-9-]+$")  # what Prefect accepts as an artifact key
+
+
+@pytest.mark.parametrize(
+    ("run", "stage", "what", "expected"),
+    [
+        ("smoke", "data_prep", "data-card", "far-smoke-data-prep-data-card"),
+        ("Gemma3-1B_v5e.8", "sft", "metrics", "far-gemma3-1b-v5e-8-sft-metrics"),
+        ("demo", "evaluate", "report", "far-demo-evaluate-report"),
+    ],
+)
+def test_artifact_keys_are_valid(run: str, stage: str, what: str, expected: str) -> None:
+    key = artifact_key(run, stage, what)
+    assert key == expected
+    assert PREFECT_KEY.match(key)
+
+
+def test_checkpoint_links() -> None:
+    assert browsable_link("gs://bucket/runs/smoke/sft-abc/checkpoints") == (
+        "https://console.cloud.google.com/storage/browser/bucket/runs/smoke/sft-abc/checkpoints"
+    )
+    assert browsable_link("/tmp/runs/smoke/sft-abc") == "file:///tmp/runs/smoke/sft-abc"
+    assert browsable_link("memory://runs/x") == "memory://runs/x"
+
+
+def _data_prep_record(root: str) -> StageRecord:
+    recipe = recipe_with(root)
+    outcome = data_prep.prepare(recipe.data, recipe.model, RunContext(root, "r"))
+    record = read_record(outcome.record_uri)
+    assert record is not None
+    return record
+
+
+def test_metrics_rows_show_status_then_every_recorded_metric(tmp_path: Path) -> None:
+    record = _data_prep_record(str(tmp_path))
+    rows = metrics_rows(record, skipped=True)
+    assert rows[0] == {"metric": "status", "value": "skipped (complete on storage)"}
+    assert rows[1]["metric"] == "seconds (when it ran)"
+    assert [r["metric"] for r in rows[2:]] == sorted(record.metrics)
+    for row in rows[2:]:
+        assert row["value"] == pytest.approx(record.metrics[row["metric"]], rel=1e-5)
+    assert metrics_rows(record, skipped=False)[0]["value"] == "ran"
