@@ -77,7 +77,8 @@ def test_full_weights_sft_trains_and_restores(tmp_path: Path) -> None:
     checkpoint = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
     assert checkpoint.lora is None
     lora_recipe = recipe_with(str(tmp_path), sft={"max_steps": 4, "checkpoint_every_steps": 2})
-    lora = sft.train(dataset, lora_recipe.sft, recipe.model, recipe.mesh, ctx).output
+    lora_run = RunContext(str(tmp_path), "r-lora")  # another SFT config: another run
+    lora = sft.train(dataset, lora_recipe.sft, recipe.model, recipe.mesh, lora_run).output
     # the same tiny model, same steps: LoRA r8 stores a fifth of the full checkpoint or less
     # (measured 0.86 MB vs 4.4 MB; on Gemma 3 270M the ratio is far smaller, see README)
     assert lora.size_bytes < 0.25 * checkpoint.size_bytes
