@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -89,13 +88,13 @@ def _artifacts(runs: Runs, flow_run_id: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Headless Debian chromium (never a downloaded browser) with a fresh profile."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian chromium")
-    profile = REPO / "test-outputs" / "ui" / "chromium-profile"
-    shutil.rmtree(profile, ignore_errors=True)
+    profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
@@ -105,7 +104,6 @@ def browser() -> Iterator[Any]:
             yield context
         finally:
             context.close()
-            shutil.rmtree(profile, ignore_errors=True)
 
 
 def _screenshot(page: Any, name: str) -> Path:
