@@ -25,7 +25,8 @@ run: env
 lint: env
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas stages
+	$(BIN)/mypy schemas stages pipeline
+	$(BIN)/lint-imports --no-cache
 
 # The Prefect UI test drives the system's chromium through playwright (no browser download).
 browser:

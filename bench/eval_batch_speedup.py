@@ -14,9 +14,10 @@ import json
 import os
 import time
 
-from stages import data_prep, evaluate, models
-from stages.recipes import load_recipe
-from stages.tokenizers import build_tokenizer
+from pipeline.recipes import load_recipe
+from stages import data_prep, evaluate
+from stages.modeling import models
+from stages.modeling.tokenizers import build_tokenizer
 
 
 def main() -> None:

@@ -15,14 +15,17 @@ from typing import Any
 
 import httpx
 
-from flows.plan import RunPlan, plan_recipe, plan_run
+from pipeline import lineage, manifest
+from pipeline.plan import RunPlan, plan_recipe, plan_run
+from pipeline.recipes import RecipeError, parse_recipe
 from schemas.record import RunSummary
-from stages import lineage, runs, storage
-from stages.drift import DriftError
-from stages.recipes import RecipeError, parse_recipe
+from stages.core import storage
+from stages.core.drift import DriftError
+from stages.modeling import tunix_version
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
+log = logging.getLogger("far")
 
 DESCRIPTION = """\
 FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason:
@@ -73,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_session_options(run)
     _add_run_commands(commands)
     export = commands.add_parser(
-        "export", help="write a checkpoint as a Hugging Face model directory",
+        "export",
+        help="write a checkpoint as a Hugging Face model directory",
         description=(
             "Merge a LoRA checkpoint into its base weights (or convert a full-weight one) and\n"
             "write a Hugging Face directory (model.safetensors, config.json, tokenizer) that\n"
@@ -81,60 +85,81 @@ def build_parser() -> argparse.ArgumentParser:
             "output URI as `far run` prints it."
         ),
         formatter_class=argparse.RawTextHelpFormatter,
-    )  # fmt: skip
+    )
     export.add_argument("checkpoint_uri", help="checkpoint URI (path, file://, gs://)")
     export.add_argument("out_dir", help="output directory (path or gs:// URI)")
-    export.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"),
-                        help="converted model weights cache (default ~/.cache/far)")  # fmt: skip
-    export.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    export.add_argument(
+        "--cache-dir",
+        default=os.environ.get("FAR_CACHE_DIR"),
+        help="converted model weights cache (default ~/.cache/far)",
+    )
+    _add_common_options(export)
     return parser
 
 
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--allow-change", action="append", default=[], metavar="PATH",
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="PATH",
         help="accept a change from the run's recipe or code, by dotted path (sft.max_steps)\n"
-             "or prefix (sft); repeat for several",
-    )  # fmt: skip
+        "or prefix (sft); repeat for several",
+    )
     parser.add_argument(
-        "--cache-dir", default=os.environ.get("FAR_CACHE_DIR"),
+        "--cache-dir",
+        default=os.environ.get("FAR_CACHE_DIR"),
         help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
-    )  # fmt: skip
+    )
+    _add_common_options(parser)
+
+
+def _add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    parser.add_argument(
+        "--allow-untested-tunix",
+        action="store_true",
+        help="run with a google-tunix version FAR's workarounds were not tested with\n"
+        "(logged as a warning; default: refuse with both versions named)",
+    )
 
 
 def _add_run_commands(commands: Any) -> None:
     """status, resume, lineage and audit: they take a run URI ({storage_root}/{name})."""
     status = commands.add_parser(
-        "status", help="show each stage's state and progress",
+        "status",
+        help="show each stage's state and progress",
         description="Each stage of RUN: complete, partial (latest checkpoint step of max_steps,\n"
-                    "sessions so far), not started, or superseded by an allowed change.",
+        "sessions so far), not started, or superseded by an allowed change.",
         formatter_class=argparse.RawTextHelpFormatter,
-    )  # fmt: skip
+    )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     resume = commands.add_parser(
-        "resume", help="continue RUN with the recipe it was started with",
+        "resume",
+        help="continue RUN with the recipe it was started with",
         description="Same as re-running `far run` with the recipe stored in RUN/run.json.",
-    )  # fmt: skip
+    )
     resume.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     resume.add_argument("--session-budget", help="stop cleanly after this long, e.g. 9h")
     _add_session_options(resume)
     lineage = commands.add_parser(
-        "lineage", help="print the ancestry of an artifact back to its data sources",
+        "lineage",
+        help="print the ancestry of an artifact back to its data sources",
         description="Which data, config, code, hardware and sessions produced URI (a stage\n"
-                    "output or stage directory), and the same for each of its inputs.",
+        "output or stage directory), and the same for each of its inputs.",
         formatter_class=argparse.RawTextHelpFormatter,
-    )  # fmt: skip
+    )
     lineage.add_argument("uri", help="an output URI as `far run` printed it, or a stage directory")
     lineage.add_argument(
         "--openlineage", metavar="FILE", help="also write the run's OpenLineage events (JSON lines)"
     )
     audit = commands.add_parser(
-        "audit", help="re-check every recorded file and fingerprint of RUN",
+        "audit",
+        help="re-check every recorded file and fingerprint of RUN",
         description="Re-hash every file each stage record lists and check each input against\n"
-                    "its upstream record. Exit 1 and list what is missing or altered.",
+        "its upstream record. Exit 1 and list what is missing or altered.",
         formatter_class=argparse.RawTextHelpFormatter,
-    )  # fmt: skip
+    )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
 
 
@@ -177,13 +202,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) -> int:
     """Run the flow for a planned run; print the summary; the exit code."""
-    from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
-
+    try:
+        from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
+    except tunix_version.UntestedTunixError as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
     try:
         summary = format_align_reinforce(
-            plan.recipe, plan.root, plan.deadline, args.cache_dir,
-            allow_changes=args.allow_change, recipe_source=recipe_source,
-        )  # fmt: skip
+            plan.recipe,
+            plan.root,
+            plan.deadline,
+            args.cache_dir,
+            allow_changes=args.allow_change,
+            recipe_source=recipe_source,
+        )
     except DriftError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -195,9 +227,12 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
 
 def report_without_prefect(run_uri: str, error: Exception) -> int:
     """The run's outcome read from storage, when Prefect could not report the flow's end."""
-    print(f"far: the Prefect API became unreachable ({error!r}); the stages kept running and "
-          f"their records are on storage:", file=sys.stderr)  # fmt: skip
-    states = runs.run_status(run_uri)
+    print(
+        f"far: the Prefect API became unreachable ({error!r}); the stages kept running and "
+        f"their records are on storage:",
+        file=sys.stderr,
+    )
+    states = manifest.run_status(run_uri)
     current = {s.stage: s.state for s in states if s.state != "superseded"}
     for stage, state in current.items():
         print(f"  {stage:<10} {state}")
@@ -210,27 +245,32 @@ def report_without_prefect(run_uri: str, error: Exception) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
     try:
-        manifest = runs.read_manifest(run_uri)
-        overrides = {"storage_root": run_uri.rsplit("/", 1)[0], "name": manifest.run,
-                     "session_budget": args.session_budget}  # fmt: skip
-        recipe = parse_recipe(manifest.recipe, f"{run_uri}/run.json", overrides)
+        run_manifest = manifest.read_manifest(run_uri)
+        overrides = {
+            "storage_root": run_uri.rsplit("/", 1)[0],
+            "name": run_manifest.run,
+            "session_budget": args.session_budget,
+        }
+        recipe = parse_recipe(run_manifest.recipe, f"{run_uri}/run.json", overrides)
     except (FileNotFoundError, RecipeError) as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    return run_and_report(plan_recipe(recipe), manifest.recipe_source, args)
+    return run_and_report(plan_recipe(recipe), run_manifest.recipe_source, args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
     try:
-        manifest = runs.read_manifest(run_uri)
-        states = runs.run_status(run_uri)
+        run_manifest = manifest.read_manifest(run_uri)
+        states = manifest.run_status(run_uri)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    last = manifest.invocations[-1] if manifest.invocations else None
-    print(f"FAR run '{manifest.run}' at {run_uri} ({len(manifest.invocations)} session(s); "
-          f"last: {last.outcome or 'running or crashed' if last else 'none'})")  # fmt: skip
+    last = run_manifest.invocations[-1] if run_manifest.invocations else None
+    print(
+        f"FAR run '{run_manifest.run}' at {run_uri} ({len(run_manifest.invocations)} session(s); "
+        f"last: {last.outcome or 'running or crashed' if last else 'none'})"
+    )
     for s in states:
         progress = ""
         if s.max_steps is not None:
@@ -245,11 +285,11 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     try:
         node = lineage.ancestry(args.uri)
         run_uri = node.record.directory.rsplit("/", 1)[0]
-        manifest = runs.read_manifest(run_uri)
+        run_manifest = manifest.read_manifest(run_uri)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    print(lineage.render(node, manifest))
+    print(lineage.render(node, run_manifest))
     if args.openlineage:
         events = lineage.openlineage_events(run_uri)
         lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
@@ -275,8 +315,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from stages.core.runner import RunContext
     from stages.export import export_checkpoint  # deferred: imports JAX and Tunix
-    from stages.runner import RunContext
 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     try:
@@ -292,8 +332,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(getattr(args, "verbose", False))
-    handlers = {"run": cmd_run, "export": cmd_export, "resume": cmd_resume,
-                "status": cmd_status, "lineage": cmd_lineage, "audit": cmd_audit}  # fmt: skip
+    if getattr(args, "allow_untested_tunix", False):
+        log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
+        os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
+    handlers = {
+        "run": cmd_run,
+        "export": cmd_export,
+        "resume": cmd_resume,
+        "status": cmd_status,
+        "lineage": cmd_lineage,
+        "audit": cmd_audit,
+    }
     return handlers[args.command](args)
 
 

@@ -20,7 +20,7 @@ from prefect import flow
 from prefect.states import Completed, State
 
 from flows.far_flow import run_recipe
-from flows.plan import plan_run
+from pipeline.plan import plan_run
 from schemas.record import RunSummary
 
 INCOMPLETE_STATE_NAME = "Incomplete"
@@ -48,14 +48,23 @@ def far_scheduled(
         allow_changes: recipe/code changes accepted when continuing the run (e.g.
             ["sft.max_steps"]); any other drift from the run's recipe fails the flow run
     """
-    given = {"recipe_uri": recipe_uri, "storage_root": storage_root,
-             "session_budget": session_budget, "name": name, "cache_dir": cache_dir}  # fmt: skip
+    given = {
+        "recipe_uri": recipe_uri,
+        "storage_root": storage_root,
+        "session_budget": session_budget,
+        "name": name,
+        "cache_dir": cache_dir,
+    }
     reject_unrendered_templates(given)
     plan = plan_run(recipe_uri, storage_root, name, session_budget)
     summary = run_recipe(
-        plan.recipe, plan.root, plan.deadline, cache_dir or os.environ.get("FAR_CACHE_DIR"),
-        allow_changes, recipe_source=recipe_uri,
-    )  # fmt: skip
+        plan.recipe,
+        plan.root,
+        plan.deadline,
+        cache_dir or os.environ.get("FAR_CACHE_DIR"),
+        allow_changes,
+        recipe_source=recipe_uri,
+    )
     return final_state(summary)
 
 

@@ -24,12 +24,14 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 
 from flows.ui_artifacts import publish_stage
+from pipeline import manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
-from stages import data_prep, evaluate, grpo, runs, sft, storage
-from stages.runner import RunContext, SessionExpired, StageOutcome
-from stages.sessions import StopFlag, stop_on_sigterm
+from stages import data_prep, evaluate, grpo, sft
+from stages.core import storage
+from stages.core.runner import RunContext, SessionExpired, StageOutcome
+from stages.core.sessions import StopFlag, stop_on_sigterm
 
 TRANSIENT_RETRIES = 2
 RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
@@ -62,8 +64,9 @@ def publish_to_ui(stage: str, publish: Callable[[], object]) -> None:
     try:
         publish()
     except httpx.TransportError as e:
-        get_run_logger().warning("%s: Prefect API unreachable, UI artifacts not published: %r",
-                                 stage, e)  # fmt: skip
+        get_run_logger().warning(
+            "%s: Prefect API unreachable, UI artifacts not published: %r", stage, e
+        )
 
 
 T = TypeVar("T", bound=DatasetArtifact | CheckpointArtifact | EvalReport)
@@ -166,7 +169,7 @@ def run_recipe(
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
     )
-    for change in runs.open_session(recipe, ctx, recipe_source):
+    for change in manifest.open_session(recipe, ctx, recipe_source):
         get_run_logger().warning("continuing with an allowed change: %s", change)
     done: list[StageSummary] = []
     with _sigterm_stops(ctx):
@@ -207,7 +210,7 @@ def _run_stages(
 def _close_session(ctx: RunContext, summary: RunSummary) -> None:
     stages = {s.stage: "skipped" if s.skipped else "ran" for s in summary.stages}
     outcome = "complete" if summary.complete else f"stopped: {summary.stopped_reason}"
-    runs.close_session(ctx.run_uri, ctx.flow_run_id, stages, outcome)
+    manifest.close_session(ctx.run_uri, ctx.flow_run_id, stages, outcome)
 
 
 def _summary(

@@ -20,8 +20,8 @@ from prefect.artifacts import (
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.record import StageRecord
-from stages import data_prep, storage
-from stages.runner import StageOutcome, read_record
+from stages.core import storage
+from stages.core.runner import StageOutcome, read_record
 
 REPORT_MARKDOWN = "report.md"  # written by the evaluate stage beside report.json
 
@@ -69,7 +69,7 @@ def publish_stage(run: str, stage: str, outcome: StageOutcome[Any]) -> None:
     output = outcome.output
     if isinstance(output, DatasetArtifact):
         create_markdown_artifact(
-            markdown=f"### {stage}: data card\n\n{data_prep.card_markdown(output)}",
+            markdown=f"### {stage}: data card\n\n{card_markdown(output)}",
             key=artifact_key(run, stage, "data-card"),
             description=f"FAR {run}: the data card",
         )
@@ -116,3 +116,27 @@ def _publish_report(run: str, stage: str, report: EvalReport) -> None:
         key=artifact_key(run, stage, "report"),
         description=f"FAR {run}: base vs SFT vs GRPO",
     )
+
+
+def card_markdown(artifact: DatasetArtifact) -> str:
+    """The data card as markdown (for Prefect artifacts and humans)."""
+    card = artifact.card
+    lines = [
+        "| split | examples | by source | by domain (achieved / target) |",
+        "|---|---:|---|---|",
+    ]
+    for split, size in artifact.split_sizes.items():
+        target = card.target_mix.get(split, {})
+        domains = ", ".join(
+            f"{d} {p:.2f}" + (f" / {target[d]:.2f}" if d in target else "")
+            for d, p in sorted(card.achieved_mix.get(split, {}).items())
+        )
+        sources = ", ".join(f"{s} {n}" for s, n in card.counts_by_source.get(split, {}).items())
+        lines.append(f"| {split} | {size} | {sources} | {domains} |")
+    lines += [
+        "",
+        f"SFT rows: {card.sft_rows} ({'packed' if card.packed else 'one example each'}),"
+        f" useful tokens {card.useful_token_fraction:.1%}; quarantined "
+        f"{artifact.quarantined}: {card.quarantined_by_reason or 'none'}",
+    ]
+    return "\n".join(lines) + "\n"

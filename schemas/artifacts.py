@@ -57,7 +57,6 @@ class CheckpointArtifact(Frozen):
     model: ModelSpec
     tokenizer: str
     lora: LoraSpec | None
-    params_item: str = "model_params"
     size_bytes: int
     fingerprint: Fingerprint
 

@@ -271,6 +271,27 @@ class SFTConfig(Frozen):
         return self
 
 
+# Named reward weightings a recipe can ask for with `rewards: {preset: NAME}`.
+REWARD_PRESETS: dict[str, dict[str, float]] = {
+    # The seeds' trajectory weighting: 60% reasoning (format + shaping), 40% correctness.
+    "trajectory_60_correctness_40": {
+        "format_strict": 0.3,
+        "reasoning_quality": 0.3,
+        "math_equivalent": 0.4,
+    },
+}
+
+
+def _expand_reward_preset(value: object) -> object:
+    """`{preset: NAME}` -> that preset's weights; any other value is left to validation."""
+    if not (isinstance(value, dict) and set(value) == {"preset"}):
+        return value
+    name = value["preset"]
+    if name not in REWARD_PRESETS:
+        raise ValueError(f"unknown reward preset {name!r}; presets: {sorted(REWARD_PRESETS)}")
+    return dict(REWARD_PRESETS[name])
+
+
 class GRPOConfig(Frozen):
     """Reinforcement with Tunix GRPOLearner: rollout, rewards (by registered name), loss."""
 
@@ -287,7 +308,8 @@ class GRPOConfig(Frozen):
     beta: Annotated[float, Field(ge=0)] = 0.04
     epsilon: PositiveFloat = 0.2
     learning_rate: PositiveFloat = 1e-4
-    rewards: dict[str, float] = Field(
+    # reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS
+    rewards: Annotated[dict[str, float], BeforeValidator(_expand_reward_preset)] = Field(
         default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
     )
     checkpoint_every_steps: PositiveInt = 50

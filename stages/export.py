@@ -21,8 +21,10 @@ from tunix.models.gemma3 import params as gemma3_params
 
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec, ModelSpec
-from stages import model_sources, models, storage
-from stages.runner import find_checkpoint_record
+from stages.core import storage
+from stages.core.runner import find_checkpoint_record
+from stages.modeling import hf_config as hf
+from stages.modeling import models, tunix_compat, weight_sources
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,13 @@ def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
     def arr(param: Any) -> np.ndarray:
         return np.asarray(param.get_value(), dtype=np.float32)
 
-    out = {"model.embed_tokens.weight": arr(network.embedder.input_embedding),
-           "model.norm.weight": arr(network.final_norm.scale)}  # fmt: skip
+    out = {
+        "model.embed_tokens.weight": arr(network.embedder.input_embedding),
+        "model.norm.weight": arr(network.final_norm.scale),
+    }
     for i, layer in enumerate(network.layers):
         p, attn = f"model.layers.{i}.", layer.attn
+        q_norm, k_norm = tunix_compat.gemma3_qk_norm_scales(attn)
         if hasattr(attn, "qkv_einsum"):  # num_heads == num_kv_heads: fused (3, N, D, H)
             qkv = arr(attn.qkv_einsum.w)
             q, kv = qkv[0], qkv[1:]
@@ -58,8 +63,8 @@ def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
             p + "self_attn.k_proj.weight": kv[0].transpose(1, 0, 2).reshape(d, k * h).T,
             p + "self_attn.v_proj.weight": kv[1].transpose(1, 0, 2).reshape(d, k * h).T,
             p + "self_attn.o_proj.weight": arr(attn.attn_vec_einsum.w).reshape(n * h, d).T,
-            p + "self_attn.q_norm.weight": arr(attn._query_norm.scale),
-            p + "self_attn.k_norm.weight": arr(attn._key_norm.scale),
+            p + "self_attn.q_norm.weight": arr(q_norm),
+            p + "self_attn.k_norm.weight": arr(k_norm),
             p + "mlp.gate_proj.weight": arr(layer.mlp.gate_proj.kernel).T,
             p + "mlp.up_proj.weight": arr(layer.mlp.up_proj.kernel).T,
             p + "mlp.down_proj.weight": arr(layer.mlp.down_proj.kernel).T,
@@ -67,37 +72,25 @@ def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
             p + "post_attention_layernorm.weight": arr(layer.post_attention_norm.scale),
             p + "pre_feedforward_layernorm.weight": arr(layer.pre_ffw_norm.scale),
             p + "post_feedforward_layernorm.weight": arr(layer.post_ffw_norm.scale),
-        }  # fmt: skip
+        }
     return {name: np.ascontiguousarray(t) for name, t in out.items()}
 
 
 def hf_config(config: Any) -> dict[str, Any]:
     """A transformers gemma3_text config for a Tunix Gemma3 ModelConfig."""
-    layers = config.num_layers
-    return {
-        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-        "hidden_size": config.embed_dim, "intermediate_size": config.hidden_dim,
-        "num_hidden_layers": layers, "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
-        "query_pre_attn_scalar": config.head_dim, "sliding_window": config.sliding_window_size,
-        "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
-                        for i in range(layers)],
-        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-        "rope_parameters": {
-            "full_attention": _rope(config.global_base_frequency, config.global_scale_factor),
-            "sliding_attention": _rope(config.local_base_frequency, config.local_scale_factor),
-        },
-        "hidden_activation": "gelu_pytorch_tanh", "vocab_size": config.num_embed,
-        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True,
-        "final_logit_softcapping": None, "attn_logit_softcapping": None,
-        "torch_dtype": "float32",
-    }  # fmt: skip
-
-
-def _rope(theta: float, factor: float) -> dict[str, Any]:
-    if factor == 1.0:
-        return {"rope_type": "default", "rope_theta": float(theta)}
-    return {"rope_type": "linear", "rope_theta": float(theta), "factor": float(factor)}
+    shape = hf.Gemma3TextShape(
+        hidden_size=config.embed_dim,
+        intermediate_size=config.hidden_dim,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        sliding_window=config.sliding_window_size,
+        vocab_size=config.num_embed,
+        full_rope=hf.rope(config.global_base_frequency, config.global_scale_factor),
+        sliding_rope=hf.rope(config.local_base_frequency, config.local_scale_factor),
+    )
+    return hf.gemma3_text_config(shape)
 
 
 def _write_hf_dir(network: Any, spec: ModelSpec, directory: str) -> None:
@@ -110,7 +103,7 @@ def _write_hf_dir(network: Any, spec: ModelSpec, directory: str) -> None:
 def _base_directory(spec: ModelSpec, base: Any, cache_dir: str, scratch: str) -> str:
     """An HF directory with the base weights: the model's source, or written from `base`."""
     if spec.source != "random":
-        return model_sources.resolve(spec, cache_dir)
+        return weight_sources.resolve(spec, cache_dir)
     directory = os.path.join(scratch, "base")
     os.makedirs(directory)
     _write_hf_dir(base, spec, directory)

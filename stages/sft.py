@@ -24,10 +24,9 @@ from tunix.sft import metrics_logger, peft_trainer
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
-from stages import models, optim, storage
-from stages.compilations import counting_compilations, release_scalar_listeners
-from stages.data_prep import load_sft_arrays
-from stages.runner import (
+from stages.core import storage
+from stages.core.datasets import check_dataset, load_sft_arrays
+from stages.core.runner import (
     RunContext,
     SessionExpired,
     StageIdentity,
@@ -35,27 +34,16 @@ from stages.runner import (
     run_stage,
     with_uris,
 )
-from stages.sessions import StepClock, guarded
-from stages.tokenizers import build_tokenizer
+from stages.core.sessions import StepClock, guarded
+from stages.modeling import models, optim
+from stages.modeling.compilations import counting_compilations
+from stages.modeling.tokenizers import build_tokenizer
+from stages.modeling.tunix_compat import release_scalar_listeners
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "tensorboard"
-
-
-def check_dataset(dataset: DatasetArtifact, tokenizer_name: str) -> None:
-    """Refuse data that is missing, uncommitted or tokenized for another model, before compute."""
-    record_uri = storage.join(dataset.uri, "stage.json")
-    if not storage.exists(record_uri):
-        raise FileNotFoundError(
-            f"dataset {dataset.uri} is not a committed data_prep output (no {record_uri})"
-        )
-    if dataset.tokenizer != tokenizer_name:
-        raise ValueError(
-            f"dataset {dataset.uri} was tokenized with {dataset.tokenizer!r}, "
-            f"the model uses {tokenizer_name!r}"
-        )
 
 
 def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.MapDataset:
@@ -121,17 +109,25 @@ def build_trainer(
         pbar_description="SFT",
     )
     optimizer = optim.adamw(
-        config.learning_rate, config.lr_schedule, config.warmup_steps, config.max_steps,
-        config.weight_decay, config.max_grad_norm,
-    )  # fmt: skip
+        config.learning_rate,
+        config.lr_schedule,
+        config.warmup_steps,
+        config.max_steps,
+        config.weight_decay,
+        config.max_grad_norm,
+    )
     trainer = peft_trainer.PeftTrainer(model, optimizer, training_config)
     return trainer.with_gen_model_input_fn(model_inputs)
 
 
 def _train(
-    directory: str, dataset: DatasetArtifact, config: SFTConfig, spec: ModelSpec,
-    mesh_spec: MeshSpec, ctx: RunContext,
-) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
+    directory: str,
+    dataset: DatasetArtifact,
+    config: SFTConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(spec, ctx.model_cache)
     mesh = models.build_mesh(mesh_spec)
     base = models.build_base_model(spec, mesh, ctx.model_cache)
@@ -141,8 +137,13 @@ def _train(
     trainer = build_trainer(model, config, local_ckpt, local_logs)
     start_step, clock = trainer.train_steps, StepClock()
     arrays = load_sft_arrays(dataset)
-    stream = guarded(iter(batches(arrays, config.batch_size, config.seed)), ctx.deadline,
-                     ctx.stop, config.save_margin_seconds, clock)  # fmt: skip
+    stream = guarded(
+        iter(batches(arrays, config.batch_size, config.seed)),
+        ctx.deadline,
+        ctx.stop,
+        config.save_margin_seconds,
+        clock,
+    )
     with mesh, counting_compilations("_train_step") as compiles:
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
     release_scalar_listeners(trainer.metrics_logger)
@@ -150,13 +151,19 @@ def _train(
     storage.publish_tree(local_ckpt, ckpt_uri)
     storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
     if trainer.train_steps < config.max_steps:
-        raise SessionExpired(f"SFT stopped at step {trainer.train_steps} of {config.max_steps} "
-                             f"with a checkpoint saved; it resumes from there")  # fmt: skip
+        raise SessionExpired(
+            f"SFT stopped at step {trainer.train_steps} of {config.max_steps} "
+            f"with a checkpoint saved; it resumes from there"
+        )
     artifact = CheckpointArtifact(
-        uri=ckpt_uri, step=config.max_steps, model=spec, tokenizer=tokenizer.name,
-        lora=config.lora, size_bytes=sum(storage.list_files(ckpt_uri).values()),
+        uri=ckpt_uri,
+        step=config.max_steps,
+        model=spec,
+        tokenizer=tokenizer.name,
+        lora=config.lora,
+        size_bytes=sum(storage.list_files(ckpt_uri).values()),
         fingerprint=storage.tree_fingerprint(ckpt_uri),
-    )  # fmt: skip
+    )
     metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)
     metrics["train_step_compilations"] = float(compiles.count)
     write_scalars(local_logs, trainer.train_steps, metrics)
@@ -164,8 +171,10 @@ def _train(
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
     logged = trainer.metrics_logger
-    history = {name: [float(x) for x in np.asarray(logged.get_metric_history("", name, "train"))]
-               for name in ("loss", "learning_rate")}  # fmt: skip
+    history = {
+        name: [float(x) for x in np.asarray(logged.get_metric_history("", name, "train"))]
+        for name in ("loss", "learning_rate")
+    }
     return artifact, metrics, history
 
 
@@ -182,9 +191,13 @@ def write_scalars(log_dir: str, step: int, metrics: dict[str, float]) -> None:
 
 
 def training_metrics(
-    trainer: peft_trainer.PeftTrainer, config: SFTConfig, arrays: dict[str, np.ndarray],
-    clock: StepClock, start_step: int, finished: float,
-) -> dict[str, float]:  # fmt: skip
+    trainer: peft_trainer.PeftTrainer,
+    config: SFTConfig,
+    arrays: dict[str, np.ndarray],
+    clock: StepClock,
+    start_step: int,
+    finished: float,
+) -> dict[str, float]:
     """Loss, learning rate, throughput and compilations of this session's training."""
     history = trainer.metrics_logger
     losses = np.asarray(history.get_metric_history("", "loss", "train"))
@@ -196,12 +209,15 @@ def training_metrics(
     seconds = finished - trained[1] if len(trained) > 1 else float("nan")
     tokens = (len(trained) - 1) * config.batch_size * useful * arrays["input_tokens"].shape[1]
     return {
-        "first_loss": float(losses[0]), "final_loss": float(losses[-1]),
-        "final_learning_rate": float(rates[-1]), "resumed_from_step": float(start_step),
+        "first_loss": float(losses[0]),
+        "final_loss": float(losses[-1]),
+        "final_learning_rate": float(rates[-1]),
+        "resumed_from_step": float(start_step),
         "steps_this_session": float(config.max_steps - start_step),
-        "tokens_per_second": tokens / seconds, "useful_token_fraction": useful,
+        "tokens_per_second": tokens / seconds,
+        "useful_token_fraction": useful,
         "rows_per_step": float(rows_per_step),
-    }  # fmt: skip
+    }
 
 
 def identity(config: SFTConfig, model: ModelSpec, dataset_fingerprint: str) -> StageIdentity:

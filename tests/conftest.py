@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline.recipes import parse_recipe
 from schemas.recipe import Recipe
-from stages.recipes import parse_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "smoke.yaml"
@@ -76,10 +76,24 @@ def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     log = open(data_dir / "server.log", "w")  # noqa: SIM115  # closed at teardown
     proc = subprocess.Popen(
-        [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-         "-backend", "memory", "-log-level", "warn", "-public-host", f"127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(binary),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "memory",
+            "-log-level",
+            "warn",
+            "-public-host",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     env = {
         "STORAGE_EMULATOR_HOST": endpoint,
@@ -150,10 +164,20 @@ def prefect_server_process(home: Path) -> Iterator[tuple[str, subprocess.Popen[b
     env["PREFECT_UI_API_URL"] = api_url  # else the UI calls the default port (4200)
     log = open(home / "server.log", "w")  # noqa: SIM115  # closed at teardown
     proc = subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "prefect"), "server", "start",
-         "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            str(REPO / ".venv" / "bin" / "prefect"),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 90
         while True:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from schemas.record import StageRecord
-from stages import storage
+from stages.core import storage
 from tests.conftest import REPO, prefect_env
 
 pytestmark = pytest.mark.slow
@@ -66,8 +66,9 @@ def _pools(api_url: str) -> None:
 
 def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
     with log.open("w") as out:
-        done = subprocess.run(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=180, check=False)  # fmt: skip
+        done = subprocess.run(
+            cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=180, check=False
+        )
     assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{log.read_text()}"
 
 
@@ -82,17 +83,25 @@ def deployed(
     env.update(FAR_STORAGE_ROOT=str(root), FAR_IMAGE="far-tpu:test", PYTHONPATH=str(REPO))
     env.pop("FAR_REPO_DIR", None)  # unset where one deploys: the worker's value is used
     _pools(prefect_api)
-    _run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"],
-         env, home / "deploy.log")  # fmt: skip
+    _run(
+        [PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"],
+        env,
+        home / "deploy.log",
+    )
     _switch_off_schedules(prefect_api)
     # what tpu-vm/startup.sh gives the worker: where the repository is installed
-    env.update(FAR_REPO_DIR=str(REPO), FAR_CACHE_DIR=str(home / "cache"),
-               PREFECT_WORKER_QUERY_SECONDS="1")  # fmt: skip
+    env.update(
+        FAR_REPO_DIR=str(REPO), FAR_CACHE_DIR=str(home / "cache"), PREFECT_WORKER_QUERY_SECONDS="1"
+    )
     worker_log = (home / "worker.log").open("w")
     worker = subprocess.Popen(
         [PREFECT, "worker", "start", "--pool", "far-tpu-vm", "--type", "process"],
-        env=env, cwd=home, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        cwd=home,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield {
             "api": prefect_api,
@@ -153,18 +162,28 @@ def _kaggle_session(budget: str, deployed: dict[str, Any]) -> tuple[int, str]:
     env = dict(deployed["env"], FAR_VENV=str(REPO / ".venv"))
     done = subprocess.run(
         ["bash", str(KAGGLE), "recipes/smoke.yaml", str(deployed["run_root"]), budget],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
 def _records(deployed: dict[str, Any]) -> dict[str, StageRecord]:
     """The committed stages of the smoke run (those with a stage.json), by stage."""
     run_dir = deployed["run_root"] / "smoke"
-    found = [f for f in storage.list_files(str(run_dir))
-             if f.count("/") == 1 and f.endswith("/stage.json")]  # fmt: skip
-    return {f.split("-")[0]: StageRecord.model_validate(storage.read_json(str(run_dir / f)))
-            for f in found}  # fmt: skip
+    found = [
+        f
+        for f in storage.list_files(str(run_dir))
+        if f.count("/") == 1 and f.endswith("/stage.json")
+    ]
+    return {
+        f.split("-")[0]: StageRecord.model_validate(storage.read_json(str(run_dir / f)))
+        for f in found
+    }
 
 
 def test_kaggle_session_stops_at_its_budget(
@@ -186,11 +205,14 @@ def deployment_run(
     with _api(deployed["api"]):
         run = run_deployment(
             "far_scheduled/far-tpu-vm",
-            parameters={"recipe_uri": "recipes/smoke.yaml",
-                        "storage_root": str(deployed["run_root"]), "session_budget": "30m"},
+            parameters={
+                "recipe_uri": "recipes/smoke.yaml",
+                "storage_root": str(deployed["run_root"]),
+                "session_budget": "30m",
+            },
             job_variables={"env": {"JAX_PLATFORMS": "cpu"}},  # this machine has no TPU
             timeout=0,
-        )  # fmt: skip
+        )
         return run, _wait_for_final_state(run.id, deployed)
 
 

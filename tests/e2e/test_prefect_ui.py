@@ -26,9 +26,15 @@ pytestmark = pytest.mark.slow
 STAGES = ["data_prep", "sft", "grpo", "evaluate"]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SHOTS = REPO / "test-outputs" / "ui"
 EXPECTED_KEYS = {
     "data_prep": {"summary", "metrics", "data-card"},
@@ -97,9 +103,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
-            headless=True, viewport={"width": 1600, "height": 1000},
-        )  # fmt: skip
+            str(profile),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_FLAGS,
+            headless=True,
+            viewport={"width": 1600, "height": 1000},
+        )
         try:
             yield context
         finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from stages import data_prep, grpo, sft
-from stages.runner import RunContext
+from stages.core.runner import RunContext
 from tests.conftest import recipe_with
 
 GRPO_STEPS = 6
@@ -16,10 +16,15 @@ GRPO_STEPS = 6
 
 def child_recipe(root: str) -> object:
     # format_approx gives partial credit, so some groups have reward variance from the start
-    return recipe_with(root, sft={"max_steps": 20},
-                       grpo={"max_steps": GRPO_STEPS, "checkpoint_every_steps": 1,
-                             "rewards": {"format_approx": 1.0, "format_strict": 1.0,
-                                         "answer_match": 1.0}})  # fmt: skip
+    return recipe_with(
+        root,
+        sft={"max_steps": 20},
+        grpo={
+            "max_steps": GRPO_STEPS,
+            "checkpoint_every_steps": 1,
+            "rewards": {"format_approx": 1.0, "format_strict": 1.0, "answer_match": 1.0},
+        },
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,7 @@
 Trains 3 GRPO steps with checkpoints every 2 (so Tunix's close() writes the step-3 checkpoint,
 with empty metadata), then restores that run twice: once with the rollout on a second device
 (a real copy of the weights) and once sharing the actor's mesh. Prints what it measured,
-before and after `grpo.resync_after_restore`.
+before and after `tunix_compat.resync_after_restore`.
 
 usage: XLA_FLAGS=--xla_force_host_platform_device_count=2 \
     python -m tests.integration._grpo_resume_child ROOT
@@ -22,14 +22,16 @@ import numpy as np
 from flax import nnx
 
 from stages import data_prep, grpo, sft
-from stages.runner import RunContext
+from stages.core.runner import RunContext
+from stages.modeling import tunix_compat
 from tests.conftest import recipe_with
 
 
 def lora_max_difference(a: Any, b: Any) -> float:
     left, right = (jax.tree.leaves(nnx.state(m, nnx.LoRAParam)) for m in (a, b))
-    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
-               for x, y in zip(left, right, strict=True))  # fmt: skip
+    return max(
+        float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(left, right, strict=True)
+    )
 
 
 def follows(actor: Any, rollout: Any) -> bool:
@@ -40,21 +42,33 @@ def follows(actor: Any, rollout: Any) -> bool:
 
 
 def main(root: str) -> int:
-    recipe = recipe_with(root, sft={"max_steps": 4},
-                         grpo={"max_steps": 3, "checkpoint_every_steps": 2})  # fmt: skip
+    recipe = recipe_with(
+        root, sft={"max_steps": 4}, grpo={"max_steps": 3, "checkpoint_every_steps": 2}
+    )
     ctx = RunContext(root, "d")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     stage_dir = Path(outcome.output.uri).parents[1]
-    second = jax.sharding.Mesh(np.asarray(jax.devices()[1:2]).reshape(1, 1), ("fsdp", "tp"),
-                               axis_types=(jax.sharding.AxisType.Auto,) * 2)  # fmt: skip
+    second = jax.sharding.Mesh(
+        np.asarray(jax.devices()[1:2]).reshape(1, 1),
+        ("fsdp", "tp"),
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+    )
     report: dict[str, Any] = {}
     for name, rollout_mesh in (("apart", second), ("shared", None)):
         copy = Path(root) / f"copy-{name}"
         shutil.copytree(stage_dir, copy)
-        session = grpo.build_session(str(copy), dataset, policy, recipe.grpo, recipe.model,
-                                     recipe.mesh, ctx, rollout_mesh=rollout_mesh)  # fmt: skip
+        session = grpo.build_session(
+            str(copy),
+            dataset,
+            policy,
+            recipe.grpo,
+            recipe.model,
+            recipe.mesh,
+            ctx,
+            rollout_mesh=rollout_mesh,
+        )
         cluster = session.cluster
         actor, rollout = cluster.actor_trainer.model, cluster.rollout
         report[name] = {
@@ -62,7 +76,7 @@ def main(root: str) -> int:
             "global_step_before": cluster.global_steps,
             "rollout_diff_before": lora_max_difference(actor, rollout.model()),
         }
-        grpo.resync_after_restore(cluster, session.learner, session.steps_done(recipe.grpo))
+        tunix_compat.resync_after_restore(cluster, session.learner, session.steps_done(recipe.grpo))
         report[name].update(
             global_step_after=cluster.global_steps,
             rollout_diff_after=lora_max_difference(actor, rollout.model()),

@@ -11,15 +11,19 @@ import sys
 
 import jax
 
-from stages import data_prep, models, sft
-from stages.runner import RunContext
+from stages import data_prep, sft
+from stages.core.runner import RunContext
+from stages.modeling import models
 from tests.conftest import recipe_with
 
 
 def main(root: str) -> int:
-    recipe = recipe_with(root, mesh={"fsdp": 2, "tp": 2},
-                         model={"architecture": {"num_kv_heads": 2}},
-                         sft={"max_steps": 3, "checkpoint_every_steps": 3})  # fmt: skip
+    recipe = recipe_with(
+        root,
+        mesh={"fsdp": 2, "tp": 2},
+        model={"architecture": {"num_kv_heads": 2}},
+        sft={"max_steps": 3, "checkpoint_every_steps": 3},
+    )
     ctx = RunContext(root=root, run="mesh")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)

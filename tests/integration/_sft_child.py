@@ -16,15 +16,16 @@ import time
 from typing import Any
 
 from stages import data_prep, sft
-from stages.runner import RunContext, SessionExpired
+from stages.core.runner import RunContext, SessionExpired
 from tests.conftest import recipe_with
 
 EXIT_SESSION_ENDED = 3
 
 
 def child_recipe(root: str, max_steps: int) -> object:
-    return recipe_with(root, sft={"max_steps": max_steps, "checkpoint_every_steps": 5,
-                                  "save_margin_seconds": 0.5})  # fmt: skip
+    return recipe_with(
+        root, sft={"max_steps": max_steps, "checkpoint_every_steps": 5, "save_margin_seconds": 0.5}
+    )
 
 
 def die_in_save(step: int) -> None:

@@ -13,8 +13,9 @@ import pytest
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import Recipe
-from stages import data_prep, evaluate, grpo, sft, storage
-from stages.runner import RunContext
+from stages import data_prep, evaluate, grpo, sft
+from stages.core import storage
+from stages.core.runner import RunContext
 from tests.conftest import recipe_with
 
 pytestmark = pytest.mark.slow
@@ -23,8 +24,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def trained() -> tuple[Recipe, RunContext, DatasetArtifact, CheckpointArtifact]:
     root = f"memory://far-bad-inputs-{uuid.uuid4().hex[:8]}"
-    recipe = recipe_with(root, sft={"max_steps": 4, "checkpoint_every_steps": 2},
-                         grpo={"max_steps": 1})  # fmt: skip
+    recipe = recipe_with(
+        root, sft={"max_steps": 4, "checkpoint_every_steps": 2}, grpo={"max_steps": 1}
+    )
     ctx = RunContext(root=root, run=recipe.name)
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     checkpoint = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
@@ -39,8 +41,9 @@ def _other_model(recipe: Recipe) -> Recipe:
 
 
 def _stage_dirs(ctx: RunContext, stage: str) -> list[str]:
-    return sorted({p.split("/", 1)[0] for p in storage.list_files(ctx.run_uri)
-                   if p.startswith(f"{stage}-")})  # fmt: skip
+    return sorted(
+        {p.split("/", 1)[0] for p in storage.list_files(ctx.run_uri) if p.startswith(f"{stage}-")}
+    )
 
 
 def test_dataset_uri_that_does_not_exist(trained) -> None:
@@ -48,8 +51,9 @@ def test_dataset_uri_that_does_not_exist(trained) -> None:
     missing = dataset.model_copy(update={"uri": f"{ctx.run_uri}/data_prep-000000000000"})
     started = time.perf_counter()
     with pytest.raises(FileNotFoundError, match=r"data_prep-000000000000.*not a committed"):
-        sft.train(missing, recipe.sft.model_copy(update={"seed": 9}), recipe.model,
-                  recipe.mesh, ctx)  # fmt: skip
+        sft.train(
+            missing, recipe.sft.model_copy(update={"seed": 9}), recipe.model, recipe.mesh, ctx
+        )
     assert time.perf_counter() - started < 2.0  # refused before building any model
     assert len(_stage_dirs(ctx, "sft")) == 1  # only the fixture's real SFT run
 
@@ -63,8 +67,14 @@ def test_checkpoint_of_another_model_config(trained) -> None:
     ):
         grpo.reinforce(dataset, checkpoint, other.grpo, other.model, other.mesh, ctx)
     with pytest.raises(ValueError, match="another model config"):
-        evaluate.evaluate(dataset, {"sft": checkpoint}, other.eval.model_copy(
-            update={"models": ["sft"]}), other.model, other.mesh, ctx)  # fmt: skip
+        evaluate.evaluate(
+            dataset,
+            {"sft": checkpoint},
+            other.eval.model_copy(update={"models": ["sft"]}),
+            other.model,
+            other.mesh,
+            ctx,
+        )
     assert time.perf_counter() - started < 2.0
     assert _stage_dirs(ctx, "grpo") == [] and _stage_dirs(ctx, "evaluate") == []
 

@@ -13,19 +13,25 @@ from flows.far_flow import format_align_reinforce
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec
 from schemas.record import RunSummary, StageRecord
-from stages import models, storage
+from stages.core import storage
 from stages.export import export_checkpoint
-from stages.tokenizers import build_tokenizer
+from stages.modeling import models
+from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import recipe_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 TINY_DEMO = {
     "data": {"sft": {"size": 16}, "grpo": {"size": 4}, "eval": {"size": 4}},
     "sft": {"max_steps": 3, "checkpoint_every_steps": 3, "learning_rate": 3e-3},
-    "grpo": {"max_steps": 1, "batch_size": 2, "num_generations": 2, "max_generation_tokens": 8,
-             "checkpoint_every_steps": 1},
+    "grpo": {
+        "max_steps": 1,
+        "batch_size": 2,
+        "num_generations": 2,
+        "max_generation_tokens": 8,
+        "checkpoint_every_steps": 1,
+    },
     "eval": {"max_generation_tokens": 8, "batch_size": 4},
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +75,12 @@ def test_export_loads_in_transformers_with_matching_logits(
     for prompt in ["Calculate 12 + 7.", "<start_of_turn>user\nHi<end_of_turn>\n", "The sky is"]:
         ids = [tokenizer.bos_id(), *tokenizer.encode(prompt)]
         n = len(ids)
-        args = (jnp.asarray([ids]), jnp.arange(n)[None], None,
-                jnp.tril(jnp.ones((1, n, n), dtype=bool)))  # fmt: skip
+        args = (
+            jnp.asarray([ids]),
+            jnp.arange(n)[None],
+            None,
+            jnp.tril(jnp.ones((1, n, n), dtype=bool)),
+        )
         with mesh:
             ours, _ = policy(*args)
             unmerged, _ = base(*args)

@@ -11,9 +11,11 @@ from PIL import Image
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
-from stages import data_prep, evaluate, models, sft, storage
-from stages.runner import RunContext, find_checkpoint_record
-from stages.tokenizers import ByteTokenizer
+from stages import data_prep, evaluate, sft
+from stages.core import storage
+from stages.core.runner import RunContext, find_checkpoint_record
+from stages.modeling import models
+from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
 
 pytestmark = pytest.mark.slow
@@ -38,8 +40,9 @@ def trained(
 def test_batched_greedy_equals_batch_size_one(trained) -> None:
     recipe, _, _, checkpoint = trained
     mesh = models.build_mesh(recipe.mesh)
-    network = models.restore_policy(checkpoint, models.build_base_model(recipe.model, mesh, ""),
-                                    mesh)  # fmt: skip
+    network = models.restore_policy(
+        checkpoint, models.build_base_model(recipe.model, mesh, ""), mesh
+    )
     chat = data_prep.chat_prompt
     prompts = [
         "Q",
@@ -52,9 +55,17 @@ def test_batched_greedy_equals_batch_size_one(trained) -> None:
     ]  # 2 to 115 tokens
     config = EvalConfig(max_generation_tokens=24, batch_size=4)
     with mesh:
-        one = [evaluate.generate(network, ByteTokenizer(), [p],
-                                 config.model_copy(update={"batch_size": 1}), 128, recipe.model)[0]
-               for p in prompts]  # fmt: skip
+        one = [
+            evaluate.generate(
+                network,
+                ByteTokenizer(),
+                [p],
+                config.model_copy(update={"batch_size": 1}),
+                128,
+                recipe.model,
+            )[0]
+            for p in prompts
+        ]
         batched = evaluate.generate(network, ByteTokenizer(), prompts, config, 128, recipe.model)
     assert batched == one
     assert len(set(one)) > 1 and any("<answer>" in c for c in one)  # real, varied outputs
@@ -62,10 +73,12 @@ def test_batched_greedy_equals_batch_size_one(trained) -> None:
 
 def test_report_files_scores_and_records(trained) -> None:
     recipe, ctx, dataset, checkpoint = trained
-    config = recipe.eval.model_copy(update={"models": ["base", "sft", checkpoint.uri],
-                                            "max_generation_tokens": 24})  # fmt: skip
-    outcome = evaluate.evaluate(dataset, {"sft": checkpoint}, config, recipe.model,
-                                recipe.mesh, ctx)  # fmt: skip
+    config = recipe.eval.model_copy(
+        update={"models": ["base", "sft", checkpoint.uri], "max_generation_tokens": 24}
+    )
+    outcome = evaluate.evaluate(
+        dataset, {"sft": checkpoint}, config, recipe.model, recipe.mesh, ctx
+    )
     report = outcome.output
     directory = report.uri.rsplit("/", 1)[0]
     assert EvalReport.model_validate(storage.read_json(report.uri)) == report
@@ -89,13 +102,19 @@ def test_report_files_scores_and_records(trained) -> None:
 
 def test_sampling_gives_pass_at_k(trained) -> None:
     recipe, ctx, dataset, checkpoint = trained
-    sampling = {"models": ["sft"], "temperature": 0.8, "samples": 3,
-                "max_generation_tokens": 24, "batch_size": 8}  # fmt: skip
+    sampling = {
+        "models": ["sft"],
+        "temperature": 0.8,
+        "samples": 3,
+        "max_generation_tokens": 24,
+        "batch_size": 8,
+    }
     config = recipe.eval.model_copy(update=sampling)
     # another eval config is another run: within one run the drift guard refuses it
     other_run = RunContext(ctx.root, "ev-sampling")
-    report = evaluate.evaluate(dataset, {"sft": checkpoint}, config, recipe.model, recipe.mesh,
-                               other_run).output  # fmt: skip
+    report = evaluate.evaluate(
+        dataset, {"sft": checkpoint}, config, recipe.model, recipe.mesh, other_run
+    ).output
     metrics = report.scores[0].metrics
     assert metrics["pass@3"] >= metrics["pass@1"]
     assert len(storage.read_text(report.samples_uri).splitlines()) == 3 * recipe.data.eval.size
@@ -114,8 +133,10 @@ def test_far_export_cli_on_the_tiny_checkpoint(trained, tmp_path: Path, capsys) 
 
 
 def test_checkpoints_also_on_a_timer(tmp_path: Path) -> None:
-    recipe = recipe_with(str(tmp_path), sft={"max_steps": 150, "checkpoint_every_steps": 1000,
-                                             "checkpoint_every_seconds": 1.0})  # fmt: skip
+    recipe = recipe_with(
+        str(tmp_path),
+        sft={"max_steps": 150, "checkpoint_every_steps": 1000, "checkpoint_every_seconds": 1.0},
+    )
     ctx = RunContext(str(tmp_path), "timer")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)

@@ -9,8 +9,9 @@ import pytest
 from flax import nnx
 
 from schemas.recipe import ModelSpec
-from stages import data_prep, evaluate, models, sft
-from stages.runner import RunContext
+from stages import data_prep, evaluate, sft
+from stages.core.runner import RunContext
+from stages.modeling import models
 from tests.conftest import recipe_with
 
 # preset -> (family, layers, width, parameters in billions: the published model sizes)
@@ -24,8 +25,15 @@ PRESETS = {
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_configs_and_sizes(preset: str) -> None:
     family, layers, width, billions = PRESETS[preset]
-    spec = ModelSpec.model_validate({"family": family, "source": "hub", "uri": "org/name",
-                                     "preset": preset, "tokenizer": "sentencepiece"})  # fmt: skip
+    spec = ModelSpec.model_validate(
+        {
+            "family": family,
+            "source": "hub",
+            "uri": "org/name",
+            "preset": preset,
+            "tokenizer": "sentencepiece",
+        }
+    )
     config = models.tunix_config(spec)
     assert (config.num_layers, config.embed_dim) == (layers, width)
     model_class, _ = models._FAMILIES[family]
@@ -36,13 +44,17 @@ def test_preset_configs_and_sizes(preset: str) -> None:
 
 @pytest.mark.slow
 def test_tiny_gemma2_trains_and_generates(tmp_path) -> None:
-    recipe = recipe_with(str(tmp_path), model={"family": "gemma2"},
-                         sft={"max_steps": 4, "checkpoint_every_steps": 2},
-                         eval={"models": ["base", "sft"], "max_generation_tokens": 8})  # fmt: skip
+    recipe = recipe_with(
+        str(tmp_path),
+        model={"family": "gemma2"},
+        sft={"max_steps": 4, "checkpoint_every_steps": 2},
+        eval={"models": ["base", "sft"], "max_generation_tokens": 8},
+    )
     ctx = RunContext(str(tmp_path), "g2")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     trained = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     assert trained.output.model.family == "gemma2"
-    report = evaluate.evaluate(dataset, {"sft": trained.output}, recipe.eval, recipe.model,
-                               recipe.mesh, ctx).output  # fmt: skip
+    report = evaluate.evaluate(
+        dataset, {"sft": trained.output}, recipe.eval, recipe.model, recipe.mesh, ctx
+    ).output
     assert [s.name for s in report.scores] == ["base", "sft"]

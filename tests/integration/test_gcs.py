@@ -10,7 +10,7 @@ import pytest
 
 from flows.far_flow import format_align_reinforce
 from schemas.record import StageRecord
-from stages import storage
+from stages.core import storage
 from tests.conftest import recipe_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.gcs, pytest.mark.usefixtures("prefect_server")]
@@ -47,11 +47,13 @@ def test_data_source_file_on_gcs(fake_gcs: str) -> None:
     import json
 
     from schemas.recipe import SourceSpec
-    from stages.data_sources import ADAPTERS, read_rows
+    from stages.data_prep.sources import ADAPTERS, read_rows
 
     uri = f"gs://{fake_gcs}/data/gsm8k-sample.jsonl"
-    rows = [{"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
-            for i in range(4)]  # fmt: skip
+    rows = [
+        {"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
+        for i in range(4)
+    ]
     storage.write_text(uri, "".join(json.dumps(r) + "\n" for r in rows))
     spec = SourceSpec(kind="file", name=uri, adapter="gsm8k")
     answers = [ADAPTERS["gsm8k"](r, "gcs").answer for r in read_rows(spec, 0)]  # type: ignore[arg-type]

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from schemas.record import StageRecord
-from stages import data_prep, grpo, rewards, sft, storage
-from stages.runner import RunContext
+from stages import data_prep, grpo, rewards, sft
+from stages.core import storage
+from stages.core.runner import RunContext
 from tests.conftest import REPO, recipe_with
 from tests.integration._grpo_child import GRPO_STEPS
 from tests.integration.test_sft_full import lora_leaves
@@ -30,8 +31,12 @@ def run_child(root: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration._grpo_child", str(root)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def grpo_record(root: Path) -> StageRecord:
@@ -82,12 +87,20 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
 
 
 def test_resume_fixes_tunix_global_step_and_rollout_weights(tmp_path: Path) -> None:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(REPO),
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "tests.integration._grpo_resume_child", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("REPORT "))
     apart, shared = (json.loads(line.removeprefix("REPORT "))[k] for k in ("apart", "shared"))
@@ -105,15 +118,23 @@ def assert_metrics_landed(outcome: object, steps: int, max_tokens: int) -> Stage
     """Per-step metrics in the record's history, TensorBoard files, samples.jsonl."""
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))  # type: ignore[attr-defined]
     history = record.history
-    for name in ("rewards/format_strict", "rewards/answer_match", "rewards/sum",
-                 "far/zero_variance_groups", "far/format_rate", "kl",
-                 "completions/mean_length", "completions/max_length"):  # fmt: skip
+    for name in (
+        "rewards/format_strict",
+        "rewards/answer_match",
+        "rewards/sum",
+        "far/zero_variance_groups",
+        "far/format_rate",
+        "kl",
+        "completions/mean_length",
+        "completions/max_length",
+    ):
         assert len(history[name]) == steps, (name, history[name])
     fractions = history["far/zero_variance_groups"] + history["far/format_rate"]
     assert all(0 <= x <= 1 for x in fractions)
     assert all(np.isfinite(x) and x >= 0 for x in history["kl"])
-    lengths = zip(history["completions/mean_length"], history["completions/max_length"],
-                  strict=True)  # fmt: skip
+    lengths = zip(
+        history["completions/mean_length"], history["completions/max_length"], strict=True
+    )
     assert all(0 < mean <= longest <= max_tokens for mean, longest in lengths)
     stage_dir = Path(outcome.output.uri).parents[1]  # type: ignore[attr-defined]
     assert list(stage_dir.glob("tensorboard/events.out.tfevents*"))
@@ -134,12 +155,19 @@ def test_a_learnable_reward_rises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     # samples too little (measured: LoRA x5 + 0.3 left most sampled bytes unchanged).
     reward = rewards.Reward("letter_fraction", letter_fraction, "test-only")
     monkeypatch.setitem(rewards.REGISTRY, "letter_fraction", reward)
-    recipe = recipe_with(str(tmp_path), sft={"max_steps": 4, "lora": None},
-                         grpo={"max_steps": 20, "checkpoint_every_steps": 1000,
-                               "learning_rate": 3e-3, "beta": 0.0, "temperature": 1.0,
-                               "max_generation_tokens": 16,
-                               "rewards": {"letter_fraction": 1.0, "format_strict": 0.0,
-                                           "answer_match": 0.0}})  # fmt: skip
+    recipe = recipe_with(
+        str(tmp_path),
+        sft={"max_steps": 4, "lora": None},
+        grpo={
+            "max_steps": 20,
+            "checkpoint_every_steps": 1000,
+            "learning_rate": 3e-3,
+            "beta": 0.0,
+            "temperature": 1.0,
+            "max_generation_tokens": 16,
+            "rewards": {"letter_fraction": 1.0, "format_strict": 0.0, "answer_match": 0.0},
+        },
+    )
     ctx = RunContext(str(tmp_path), "learn")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from schemas.record import StageRecord
-from stages import data_prep, grpo, sft, storage
-from stages.runner import RunContext, SessionExpired
-from stages.sessions import StopFlag
+from stages import data_prep, grpo, sft
+from stages.core import storage
+from stages.core.runner import RunContext, SessionExpired
+from stages.core.sessions import StopFlag
 from tests.conftest import recipe_with
 
 pytestmark = pytest.mark.slow
@@ -33,8 +34,9 @@ def _stop_when(path_glob: str, root: Path, flag: StopFlag) -> threading.Thread:
 
 
 def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> None:
-    recipe = recipe_with(str(tmp_path), sft={"max_steps": 20},
-                         grpo={"max_steps": 6, "checkpoint_every_steps": 1})  # fmt: skip
+    recipe = recipe_with(
+        str(tmp_path), sft={"max_steps": 20}, grpo={"max_steps": 6, "checkpoint_every_steps": 1}
+    )
     ctx = RunContext(str(tmp_path), "g")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
@@ -44,8 +46,9 @@ def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> 
     with pytest.raises(SessionExpired, match=r"GRPO stopped at step (\d+) of 6"):
         grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, stopping)
     watcher.join()
-    saved = max(int(p.name) for p in tmp_path.glob("g/grpo-*/checkpoints/actor/*")
-                if p.name.isdigit())  # fmt: skip
+    saved = max(
+        int(p.name) for p in tmp_path.glob("g/grpo-*/checkpoints/actor/*") if p.name.isdigit()
+    )
     assert 2 <= saved < 6
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
@@ -56,9 +59,11 @@ def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> 
 
 
 def test_gspo_token_loss_runs(tmp_path: Path) -> None:
-    recipe = recipe_with(str(tmp_path), sft={"max_steps": 4},
-                         grpo={"max_steps": 1, "loss_variant": "gspo-token",
-                               "num_iterations": 2})  # fmt: skip
+    recipe = recipe_with(
+        str(tmp_path),
+        sft={"max_steps": 4},
+        grpo={"max_steps": 1, "loss_variant": "gspo-token", "num_iterations": 2},
+    )
     ctx = RunContext(str(tmp_path), "gs")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output

@@ -17,12 +17,20 @@ pytestmark = pytest.mark.slow
 
 
 def test_sft_on_fsdp2_tp2_mesh(tmp_path: Path) -> None:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}  # fmt: skip
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(REPO),
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "tests.integration._mesh_child", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("REPORT "))
     report = json.loads(line.removeprefix("REPORT "))

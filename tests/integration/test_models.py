@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from tunix.rl import utils as rl_utils
 
-from stages import models
+from stages.modeling import models
 from tests.conftest import recipe_with
 
 

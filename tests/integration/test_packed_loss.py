@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stages import models
-from stages.packing import pack_rows
+from stages.data_prep.packing import pack_rows
+from stages.modeling import models
 from stages.sft import model_inputs
 from tests.conftest import recipe_with
 
@@ -15,8 +15,12 @@ from tests.conftest import recipe_with
 def per_segment_loss(network: object, arrays: dict[str, np.ndarray]) -> dict[tuple, float]:
     """Mean next-token loss over each segment's masked targets, keyed by its tokens."""
     inputs = model_inputs({k: jnp.asarray(v) for k, v in arrays.items()})
-    logits, _ = network(inputs["input_tokens"], inputs["positions"], None,  # type: ignore[operator]
-                        inputs["attention_mask"])  # fmt: skip
+    logits, _ = network(
+        inputs["input_tokens"],
+        inputs["positions"],
+        None,  # type: ignore[operator]
+        inputs["attention_mask"],
+    )
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     targets = arrays["input_tokens"][:, 1:]
     nll = -np.take_along_axis(np.asarray(logp), targets[..., None], axis=-1)[..., 0]

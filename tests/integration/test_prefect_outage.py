@@ -36,8 +36,12 @@ def test_server_killed_during_sft_the_run_still_completes_on_storage(tmp_path: P
         env["PREFECT_CLIENT_MAX_RETRIES"] = "1"  # fail fast once the API is gone
         run = subprocess.Popen(
             [str(REPO / ".venv" / "bin" / "far"), "run", str(recipe), "--root", str(root)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_for(lambda: list(root.glob("smoke/sft-*/identity.json")), run, "SFT to start")
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)

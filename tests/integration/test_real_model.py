@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from schemas.recipe import MeshSpec, ModelSpec
-from stages import model_sources, models, storage
-from stages.tokenizers import SentencePieceTokenizer, build_tokenizer
+from stages.core import storage
+from stages.modeling import models, weight_sources
+from stages.modeling.tokenizers import SentencePieceTokenizer, build_tokenizer
 
 pytestmark = pytest.mark.slow
 GGUF_SPEC = ModelSpec(source="gguf", preset="gemma3_270m", tokenizer="sentencepiece")
@@ -25,7 +26,7 @@ GGUF_SPEC = ModelSpec(source="gguf", preset="gemma3_270m", tokenizer="sentencepi
 
 @pytest.fixture(scope="session")
 def hf_dir(model_cache: str) -> str:
-    return model_sources.resolve(GGUF_SPEC, model_cache)
+    return weight_sources.resolve(GGUF_SPEC, model_cache)
 
 
 @pytest.fixture(scope="session")
@@ -40,26 +41,34 @@ def gemma(hf_dir: str, model_cache: str) -> tuple[object, object, SentencePieceT
 def logits(network: object, mesh: object, ids: list[int]) -> np.ndarray:
     n = len(ids)
     with mesh:  # type: ignore[attr-defined]
-        out, _ = network(jnp.asarray([ids]), jnp.arange(n)[None], None,  # type: ignore[operator]
-                         jnp.tril(jnp.ones((1, n, n), dtype=bool)))  # fmt: skip
+        out, _ = network(
+            jnp.asarray([ids]),
+            jnp.arange(n)[None],
+            None,  # type: ignore[operator]
+            jnp.tril(jnp.ones((1, n, n), dtype=bool)),
+        )
     return np.asarray(out[0])
 
 
 def test_conversion_is_cached_by_file_hash(hf_dir: str, model_cache: str) -> None:
     assert Path(hf_dir).name.startswith("gguf-")
-    assert set(model_sources.HF_FILES) <= set(os.listdir(hf_dir))
+    assert set(weight_sources.HF_FILES) <= set(os.listdir(hf_dir))
     stamp = os.path.getmtime(Path(hf_dir, "model.safetensors"))
     started = time.perf_counter()
-    assert model_sources.resolve(GGUF_SPEC, model_cache) == hf_dir
+    assert weight_sources.resolve(GGUF_SPEC, model_cache) == hf_dir
     assert time.perf_counter() - started < 1.0  # no second conversion
     assert os.path.getmtime(Path(hf_dir, "model.safetensors")) == stamp
 
 
 @pytest.mark.parametrize(
     ("text", "ids"),
-    [("<start_of_turn>", [105]), ("<end_of_turn>", [106]),
-     ("<start_of_turn>user\n", [105, 2364, 107]), ("The", [818])],
-)  # fmt: skip
+    [
+        ("<start_of_turn>", [105]),
+        ("<end_of_turn>", [106]),
+        ("<start_of_turn>user\n", [105, 2364, 107]),
+        ("The", [818]),
+    ],
+)
 def test_tokenizer_ids(gemma, text: str, ids: list[int]) -> None:
     _, _, tokenizer = gemma
     assert tokenizer.encode(text) == ids
@@ -68,9 +77,14 @@ def test_tokenizer_ids(gemma, text: str, ids: list[int]) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["plain words", "  two  spaces\tand tab\n", "numbers 12345 and 3.14", "ünïcödé ✓ 漢字 😀",
-     "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"],
-)  # fmt: skip
+    [
+        "plain words",
+        "  two  spaces\tand tab\n",
+        "numbers 12345 and 3.14",
+        "ünïcödé ✓ 漢字 😀",
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    ],
+)
 def test_tokenizer_round_trips(gemma, text: str) -> None:
     _, _, tokenizer = gemma
     assert tokenizer.decode(tokenizer.encode(text)) == text
@@ -78,33 +92,45 @@ def test_tokenizer_round_trips(gemma, text: str) -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "expected"),
-    [("The three primary colors are", "red"), ("1, 2, 3, 4, 5,", "6"),
-     ("Monday, Tuesday, Wednesday,", "Thursday")],
-)  # fmt: skip
+    [
+        ("The three primary colors are", "red"),
+        ("1, 2, 3, 4, 5,", "6"),
+        ("Monday, Tuesday, Wednesday,", "Thursday"),
+    ],
+)
 def test_known_greedy_continuations(gemma, prompt: str, expected: str) -> None:
     from tunix.generate import sampler as tunix_sampler
 
     network, mesh, tokenizer = gemma
     config = models.tunix_config(GGUF_SPEC)
-    sampler = tunix_sampler.Sampler(network, tokenizer, tunix_sampler.CacheConfig(
-        cache_size=64, num_layers=config.num_layers, num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim))  # fmt: skip
+    sampler = tunix_sampler.Sampler(
+        network,
+        tokenizer,
+        tunix_sampler.CacheConfig(
+            cache_size=64,
+            num_layers=config.num_layers,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+        ),
+    )
     with mesh:
         text = sampler([prompt], max_generation_steps=16, max_prompt_length=16).text[0]
     assert expected in text, text
 
 
-def test_safetensors_source_local_and_gcs(gemma, hf_dir: str, model_cache: str, fake_gcs: str,
-                                          tmp_path: Path) -> None:  # fmt: skip
+def test_safetensors_source_local_and_gcs(
+    gemma, hf_dir: str, model_cache: str, fake_gcs: str, tmp_path: Path
+) -> None:
     network, mesh, tokenizer = gemma
     ids = [2, *tokenizer.encode("The capital of France is")]
     reference = logits(network, mesh, ids)
-    local = ModelSpec(source="safetensors", uri=hf_dir, preset="gemma3_270m",
-                      tokenizer="sentencepiece")  # fmt: skip
+    local = ModelSpec(
+        source="safetensors", uri=hf_dir, preset="gemma3_270m", tokenizer="sentencepiece"
+    )
     local_net = models.build_base_model(local, mesh, model_cache)
     np.testing.assert_array_equal(logits(local_net, mesh, ids), reference)
     remote_uri = f"gs://{fake_gcs}/models/gemma3-270m"
-    for name in model_sources.HF_FILES:
+    for name in weight_sources.HF_FILES:
         storage.write_bytes(storage.join(remote_uri, name), Path(hf_dir, name).read_bytes())
     remote = local.model_copy(update={"uri": remote_uri})
     remote_net = models.build_base_model(remote, mesh, str(tmp_path / "cache"))
@@ -113,31 +139,33 @@ def test_safetensors_source_local_and_gcs(gemma, hf_dir: str, model_cache: str, 
 
 def test_hub_source_uses_the_hub_cache_and_fails_fast_offline(hf_dir: str, tmp_path: Path) -> None:
     """The hub loader's real code, on files laid out as huggingface_hub's cache keeps them."""
-    spec = ModelSpec(source="hub", uri="far-test/gemma-3-270m", preset="gemma3_270m",
-                     tokenizer="sentencepiece")  # fmt: skip
+    spec = ModelSpec(
+        source="hub", uri="far-test/gemma-3-270m", preset="gemma3_270m", tokenizer="sentencepiece"
+    )
     started = time.perf_counter()
     with pytest.raises(ConnectionError, match=r"(?s)far-test/gemma-3-270m.*source 'gguf'"):
-        model_sources.resolve(spec, str(tmp_path / "empty"))
+        weight_sources.resolve(spec, str(tmp_path / "empty"))
     assert time.perf_counter() - started < 30
     revision = "0" * 40
     repo = tmp_path / "cache" / "hub" / "models--far-test--gemma-3-270m"
     snapshot = repo / "snapshots" / revision
     snapshot.mkdir(parents=True)
-    for name in model_sources.HF_FILES:
+    for name in weight_sources.HF_FILES:
         os.symlink(Path(hf_dir, name), snapshot / name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
-    resolved = model_sources.resolve(spec, str(tmp_path / "cache"))
+    resolved = weight_sources.resolve(spec, str(tmp_path / "cache"))
     assert Path(resolved) == snapshot
 
 
 def test_missing_safetensors_file_is_named(tmp_path: Path, hf_dir: str) -> None:
     partial = tmp_path / "partial"
     shutil.copytree(hf_dir, partial, ignore=shutil.ignore_patterns("tokenizer.model"))
-    spec = ModelSpec(source="safetensors", uri=str(partial), preset="gemma3_270m",
-                     tokenizer="sentencepiece")  # fmt: skip
+    spec = ModelSpec(
+        source="safetensors", uri=str(partial), preset="gemma3_270m", tokenizer="sentencepiece"
+    )
     with pytest.raises(FileNotFoundError, match=r"tokenizer.model"):
-        model_sources.resolve(spec, str(tmp_path / "cache"))
+        weight_sources.resolve(spec, str(tmp_path / "cache"))
 
 
 def test_kaggle_handle_uses_kagglehub_cache_and_fails_fast_offline(
@@ -149,16 +177,17 @@ def test_kaggle_handle_uses_kagglehub_cache_and_fails_fast_offline(
 
     monkeypatch.setenv("KAGGLEHUB_CACHE", str(tmp_path / "kaggle"))
     handle = "google/gemma-3/transformers/gemma-3-270m/1"
-    spec = ModelSpec(source="hub", uri=f"kaggle:{handle}", preset="gemma3_270m",
-                     tokenizer="sentencepiece")  # fmt: skip
+    spec = ModelSpec(
+        source="hub", uri=f"kaggle:{handle}", preset="gemma3_270m", tokenizer="sentencepiece"
+    )
     started = time.perf_counter()
     with pytest.raises(ConnectionError, match=r"(?s)Kaggle model .*gemma-3-270m.*source 'gguf'"):
-        model_sources.resolve(spec, str(tmp_path / "unused"))
+        weight_sources.resolve(spec, str(tmp_path / "unused"))
     assert time.perf_counter() - started < 30
     cache, parsed = Cache(), parse_model_handle(handle)
     target = Path(cache.get_path(parsed))
     target.mkdir(parents=True)
-    for name in model_sources.HF_FILES:
+    for name in weight_sources.HF_FILES:
         os.symlink(Path(hf_dir, name), target / name)
     cache.mark_as_complete(parsed)
-    assert Path(model_sources.resolve(spec, str(tmp_path / "unused"))) == target
+    assert Path(weight_sources.resolve(spec, str(tmp_path / "unused"))) == target

@@ -24,11 +24,14 @@ from flax import nnx
 
 from flows import cli
 from flows.far_flow import format_align_reinforce
+from pipeline import lineage, manifest
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec, Recipe
 from schemas.record import StageRecord
-from stages import data_prep, drift, grpo, lineage, models, runs, sft, storage
-from stages.runner import RunContext, stage_directory
+from stages import data_prep, grpo, sft
+from stages.core import drift, storage
+from stages.core.runner import RunContext, stage_directory
+from stages.modeling import models
 from tests.conftest import recipe_with
 
 pytestmark = pytest.mark.slow
@@ -90,8 +93,11 @@ def test_changed_source_data_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "rows.jsonl"
     source.write_text(arithmetic_rows(40))
     spec = {"kind": "file", "name": str(source), "adapter": "gsm8k"}
-    data = {"eval": {"size": 4, "sources": [spec]}, "grpo": {"size": 4, "sources": [spec]},
-            "sft": {"size": 16, "sources": [spec]}}  # fmt: skip
+    data = {
+        "eval": {"size": 4, "sources": [spec]},
+        "grpo": {"size": 4, "sources": [spec]},
+        "sft": {"size": 16, "sources": [spec]},
+    }
     recipe = recipe_with(str(tmp_path), data=data)
     ctx = RunContext(str(tmp_path), "data")
     first = data_prep.prepare(recipe.data, recipe.model, ctx)
@@ -114,13 +120,13 @@ def test_raising_max_steps_continues_sft_from_its_checkpoint_then_status_lineage
     sft_line = next(s for s in summary.stages if s.stage == "sft")
     assert record(sft_line.output_uri).metrics["resumed_from_step"] == 20  # not from scratch
     run_uri = storage.join(root, "smoke")
-    states = {(s.stage, s.state) for s in runs.run_status(run_uri)}
+    states = {(s.stage, s.state) for s in manifest.run_status(run_uri)}
     assert ("sft", "superseded") in states and ("sft", "complete") in states
     assert cli.main(["status", run_uri]) == 0
     shown = capsys.readouterr().out
     assert "step 30/30" in shown and "superseded" in shown
-    manifest = runs.read_manifest(run_uri)
-    assert "sft.max_steps: 20 -> 30" in manifest.invocations[-1].changes
+    run_manifest = manifest.read_manifest(run_uri)
+    assert "sft.max_steps: 20 -> 30" in run_manifest.invocations[-1].changes
     check_lineage(summary, run_uri, tmp_path, capsys)
     check_audit(run_uri, summary, capsys)
 
@@ -143,8 +149,9 @@ def check_lineage(
     completes = [e for e in events if e["eventType"] == "COMPLETE"]
     assert {e["job"]["name"] for e in completes} == {"data_prep", "sft", "grpo", "evaluate"}
     config = lambda e: e["run"]["facets"]["far_stage"]["config"]  # noqa: E731
-    sft_event = next(e for e in completes if e["job"]["name"] == "sft"
-                     and config(e)["sft"]["max_steps"] == 30)  # fmt: skip
+    sft_event = next(
+        e for e in completes if e["job"]["name"] == "sft" and config(e)["sft"]["max_steps"] == 30
+    )
     assert sft_event["outputs"][0]["name"].endswith("checkpoints")
     assert sft_event["inputs"][0]["namespace"] == "file"
 
@@ -171,9 +178,13 @@ def check_audit(run_uri: str, summary: Any, capsys: pytest.CaptureFixture[str]) 
 
 
 def arithmetic_rows(n: int, offset: int = 0) -> str:
-    rows = [{"question": f"What is {i} + {i + offset + 1}?",
-             "answer": f"{i} + {i + offset + 1} = {2 * i + offset + 1}\n#### {2 * i + offset + 1}"}
-            for i in range(n)]  # fmt: skip
+    rows = [
+        {
+            "question": f"What is {i} + {i + offset + 1}?",
+            "answer": f"{i} + {i + offset + 1} = {2 * i + offset + 1}\n#### {2 * i + offset + 1}",
+        }
+        for i in range(n)
+    ]
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
@@ -229,14 +240,17 @@ def test_transient_error_retried_permanent_error_kept_then_resumed_after_the_fix
     prefect_server: None, flaky_files: FlakyFiles, tmp_path: Path
 ) -> None:
     spec = {"kind": "file", "name": flaky_files.url("rows.jsonl"), "adapter": "gsm8k"}
-    data = {"eval": {"size": 4, "sources": [spec]}, "grpo": {"size": 4, "sources": [spec]},
-            "sft": {"size": 16, "sources": [spec]}}  # fmt: skip
+    data = {
+        "eval": {"size": 4, "sources": [spec]},
+        "grpo": {"size": 4, "sources": [spec]},
+        "sft": {"size": 16, "sources": [spec]},
+    }
     teacher = recipe_with(str(tmp_path), name="teacher", data=data, sft=SMALL["sft"])
     teacher_ctx = RunContext(str(tmp_path), "teacher")
     dataset = data_prep.prepare(teacher.data, teacher.model, teacher_ctx).output
-    teacher_sft = stage_directory(teacher_ctx, "sft",
-                                  sft.identity(teacher.sft, teacher.model, dataset.fingerprint)
-                                  .digest)  # fmt: skip
+    teacher_sft = stage_directory(
+        teacher_ctx, "sft", sft.identity(teacher.sft, teacher.model, dataset.fingerprint).digest
+    )
     missing = storage.join(teacher_sft, "checkpoints")  # not trained yet: a permanent error
     recipe = small_recipe(str(tmp_path), data=data, eval={"models": ["sft", missing]})
     flaky_files.failures = 2  # HEAD and GET of the first attempt's first read
@@ -250,9 +264,13 @@ def test_transient_error_retried_permanent_error_kept_then_resumed_after_the_fix
     assert task_runs["data_prep"].state.is_completed()
     assert task_runs["evaluate"].run_count == 1  # permanent: not retried
     assert task_runs["evaluate"].state.is_failed()
-    done = {s.stage: s.state for s in runs.run_status(storage.join(str(tmp_path), "smoke"))}
-    assert done == {"data_prep": "complete", "sft": "complete", "grpo": "complete",
-                    "evaluate": "not started"}  # fmt: skip
+    done = {s.stage: s.state for s in manifest.run_status(storage.join(str(tmp_path), "smoke"))}
+    assert done == {
+        "data_prep": "complete",
+        "sft": "complete",
+        "grpo": "complete",
+        "evaluate": "not started",
+    }
     sft.train(dataset, teacher.sft, teacher.model, teacher.mesh, teacher_ctx)  # the fix
     summary = run_flow(recipe)
     assert summary.complete
@@ -273,8 +291,10 @@ def task_runs_of(flow_run_id: Any) -> dict[str, Any]:
 def test_three_short_sessions_reach_the_same_result_as_one(
     prefect_server: None, tmp_path: Path
 ) -> None:
-    changes = {"sft": {"max_steps": 60, "checkpoint_every_steps": 5, "save_margin_seconds": 0.5},
-               "eval": {"models": ["sft"]}}  # fmt: skip
+    changes = {
+        "sft": {"max_steps": 60, "checkpoint_every_steps": 5, "save_margin_seconds": 0.5},
+        "eval": {"models": ["sft"]},
+    }
     one = run_flow(small_recipe(str(tmp_path / "one"), **changes))
     assert one.complete
     recipe = small_recipe(str(tmp_path / "many"), **changes)
@@ -292,7 +312,7 @@ def test_three_short_sessions_reach_the_same_result_as_one(
     sft_record = record(next(s.output_uri for s in summary.stages if s.stage == "sft"))
     assert [s.outcome for s in sft_record.sessions] == ["stopped", "stopped", "complete"]
     assert sft_record.metrics["resumed_from_step"] > 0
-    assert sessions >= 3 and len(runs.read_manifest(run_uri).invocations) == sessions
+    assert sessions >= 3 and len(manifest.read_manifest(run_uri).invocations) == sessions
     for stage in ("sft", "grpo"):
         expected = next(s.output_uri for s in one.stages if s.stage == stage)
         got = next(s.output_uri for s in summary.stages if s.stage == stage)
@@ -300,8 +320,11 @@ def test_three_short_sessions_reach_the_same_result_as_one(
 
 
 def stopped_sft_sessions(run_uri: str) -> int:
-    states = [s for s in runs.run_status(run_uri) if s.stage == "sft"] if storage.exists(
-        runs.manifest_uri(run_uri)) else []  # fmt: skip
+    states = (
+        [s for s in manifest.run_status(run_uri) if s.stage == "sft"]
+        if storage.exists(manifest.manifest_uri(run_uri))
+        else []
+    )
     return states[-1].sessions if states else 0
 
 

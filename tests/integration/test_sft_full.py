@@ -19,9 +19,11 @@ from flax import nnx
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec
 from schemas.record import StageRecord
-from stages import data_prep, models, sft, storage
-from stages.runner import RunContext, SessionExpired
-from stages.sessions import StopFlag
+from stages import data_prep, sft
+from stages.core import storage
+from stages.core.runner import RunContext, SessionExpired
+from stages.core.sessions import StopFlag
+from stages.modeling import models
 from tests.conftest import REPO, recipe_with
 from tests.integration._sft_child import EXIT_SESSION_ENDED
 
@@ -32,8 +34,12 @@ def run_child(root: Path, max_steps: int, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration._sft_child", str(root), str(max_steps), *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def record_of(root: Path) -> StageRecord:
@@ -70,8 +76,9 @@ def test_sft_learns_and_records_its_metrics(tmp_path: Path) -> None:
 
 
 def test_full_weights_sft_trains_and_restores(tmp_path: Path) -> None:
-    recipe = recipe_with(str(tmp_path), sft={"max_steps": 4, "lora": None,
-                                             "checkpoint_every_steps": 2})  # fmt: skip
+    recipe = recipe_with(
+        str(tmp_path), sft={"max_steps": 4, "lora": None, "checkpoint_every_steps": 2}
+    )
     ctx = RunContext(str(tmp_path), "r")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     checkpoint = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
@@ -127,8 +134,11 @@ def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path
     output = first.communicate(timeout=300)[0]
     assert first.returncode == EXIT_SESSION_ENDED, output
     assert "SESSION ENDED" in output
-    saved = sorted(int(p.name) for p in (tmp_path / "sessions").glob("child/sft-*/checkpoints/*")
-                   if p.name.isdigit())  # fmt: skip
+    saved = sorted(
+        int(p.name)
+        for p in (tmp_path / "sessions").glob("child/sft-*/checkpoints/*")
+        if p.name.isdigit()
+    )
     assert saved and 0 < saved[-1] < 1000
     second = run_child(tmp_path / "sessions", 1000)
     assert second.wait(timeout=600) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages import runs
+from pipeline import manifest
 from tests.conftest import REPO, smoke_data
 
 pytestmark = pytest.mark.slow
@@ -20,11 +20,16 @@ FAR = str(REPO / ".venv" / "bin" / "far")
 
 
 def far(*args: str, home: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PREFECT_HOME": str(home),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     env.pop("PREFECT_API_URL", None)  # ephemeral Prefect, as on a fresh machine
-    return subprocess.Popen([FAR, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [FAR, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def test_sigterm_saves_and_stops_then_far_resume_finishes(tmp_path: Path) -> None:
@@ -47,7 +52,7 @@ def test_sigterm_saves_and_stops_then_far_resume_finishes(tmp_path: Path) -> Non
     assert "INCOMPLETE" in output and "received signal SIGTERM" in output
     assert "Run the same command again to continue" in output
     run_uri = str(root / "smoke")
-    sft_state = next(s for s in runs.run_status(run_uri) if s.stage == "sft")
+    sft_state = next(s for s in manifest.run_status(run_uri) if s.stage == "sft")
     assert sft_state.state == "partial" and sft_state.sessions == 1
     assert sft_state.step is not None and 10 <= sft_state.step < 200  # saved where it stopped
     status = subprocess.run([FAR, "status", run_uri], capture_output=True, text=True, check=True)
@@ -58,5 +63,5 @@ def test_sigterm_saves_and_stops_then_far_resume_finishes(tmp_path: Path) -> Non
     assert "data_prep  skipped (already complete)" in output
     records = list(root.glob("smoke/sft-*/stage.json"))
     assert len(records) == 1
-    done = next(s for s in runs.run_status(run_uri) if s.stage == "sft")
+    done = next(s for s in manifest.run_status(run_uri) if s.stage == "sft")
     assert done.state == "complete" and done.sessions == 2  # the stopped one and the last one

@@ -7,7 +7,7 @@ import pytest
 
 from flows.far_flow import format_align_reinforce
 from schemas.record import RunSummary, StageRecord
-from stages import storage
+from stages.core import storage
 from tests.conftest import recipe_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
@@ -50,8 +50,9 @@ def test_checkpoints_are_real_orbax_lora_checkpoints(
     smoke_runs: tuple[RunSummary, RunSummary],
 ) -> None:
     first, _ = smoke_runs
-    by_stage = {s.stage: StageRecord.model_validate(storage.read_json(s.record_uri))
-                for s in first.stages}  # fmt: skip
+    by_stage = {
+        s.stage: StageRecord.model_validate(storage.read_json(s.record_uri)) for s in first.stages
+    }
     for stage in ("sft", "grpo"):
         artifact = by_stage[stage].output
         assert artifact.kind == "checkpoint"
@@ -79,7 +80,7 @@ def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]
     from flax import nnx
 
     from schemas.recipe import MeshSpec
-    from stages import models
+    from stages.modeling import models
 
     first, _ = smoke_runs
     sft_ckpt, grpo_ckpt = (

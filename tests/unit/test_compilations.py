@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from stages.compilations import counting_compilations
+from stages.modeling.compilations import counting_compilations
 
 
 def test_counts_compilations_of_the_named_function() -> None:

@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flows.ui_artifacts import card_markdown
 from schemas.recipe import DataPrepConfig, SplitSpec
-from stages import data_prep, storage
-from stages.data_sources import DIRECT_REASONING, Example
-from stages.runner import RunContext
-from stages.tokenizers import ByteTokenizer
+from stages import data_prep
+from stages.core import datasets, storage
+from stages.core.runner import RunContext
+from stages.data_prep.sources import DIRECT_REASONING, Example
+from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
 
 TOK = ByteTokenizer()
@@ -145,14 +147,14 @@ def test_prepared_dataset_files_record_and_card(tmp_path: Path, packing: bool) -
     assert card.packed is packing
     assert card.counts_by_domain["sft_train"] == {"math": recipe.data.sft.size}
     assert sum(card.sft_length_histogram.values()) == recipe.data.sft.size
-    arrays = data_prep.load_sft_arrays(artifact)
+    arrays = datasets.load_sft_arrays(artifact)
     assert arrays["input_tokens"].shape == (card.sft_rows, recipe.data.max_seq_len)
     assert int((arrays["segment_ids"] > 0).sum()) == sum(
         len(data_prep.sft_sequence(e, TOK)[0]) for e in _sft_examples(recipe.data)
     )
     if packing:  # short arithmetic examples pack several to a row
         assert card.useful_token_fraction >= 0.9 and card.sft_rows < recipe.data.sft.size
-    rows = data_prep.load_prompts(artifact, "grpo_train")
+    rows = datasets.load_prompts(artifact, "grpo_train")
     assert len(rows) == recipe.data.grpo.size and all(r["answer"] for r in rows)
     again = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
     assert again.skipped and again.output == artifact
@@ -185,6 +187,6 @@ def test_unknown_generator_is_a_clear_error(tmp_path: Path) -> None:
 def test_card_markdown_names_splits_sources_and_quarantine(tmp_path: Path) -> None:
     recipe = recipe_with(str(tmp_path), data={"sft": {"mix": {"math": 1.0}}})
     artifact = data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r")).output
-    text = data_prep.card_markdown(artifact)
+    text = card_markdown(artifact)
     assert "| sft_train | 128 | reasoning_gym/basic_arithmetic 128 | math 1.00 / 1.00 |" in text
     assert "useful tokens" in text and "quarantined" in text

@@ -13,8 +13,8 @@ import pytest
 
 from schemas.recipe import DataPrepConfig, SourceSpec
 from stages import data_prep
-from stages.data_sources import ADAPTERS, BadRow, Example, read_rows, source_label
-from stages.tokenizers import ByteTokenizer
+from stages.data_prep.sources import ADAPTERS, BadRow, Example, read_rows, source_label
+from stages.modeling.tokenizers import ByteTokenizer
 
 TOK = ByteTokenizer()
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.plan import plan_run
+from pipeline.plan import plan_run
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
@@ -62,8 +62,11 @@ def test_entrypoint_is_a_flow_and_parameters_validate(
     parameters = deployment["parameters"]
     validate(parameters, parameter_schema(flow).model_dump(), raise_on_error=True)
     assert parameters["storage_root"] == TEST_ENV["FAR_STORAGE_ROOT"]
-    plan = plan_run(str(REPO / parameters["recipe_uri"]), parameters["storage_root"],
-                    session_budget=parameters["session_budget"])  # fmt: skip
+    plan = plan_run(
+        str(REPO / parameters["recipe_uri"]),
+        parameters["storage_root"],
+        session_budget=parameters["session_budget"],
+    )
     assert plan.root == TEST_ENV["FAR_STORAGE_ROOT"]
     assert plan.recipe.session_budget is not None and plan.deadline is not None
 
@@ -117,7 +120,13 @@ def test_gke_template_is_a_valid_base_job_template(monkeypatch: pytest.MonkeyPat
     validate(job_variables, GKE_TEMPLATE["variables"], raise_on_error=True, ignore_required=True)
     # the fields KubernetesWorkerJobConfiguration reads
     assert set(GKE_TEMPLATE["job_configuration"]) >= {
-        "command", "env", "labels", "name", "namespace", "job_manifest"}  # fmt: skip
+        "command",
+        "env",
+        "labels",
+        "name",
+        "namespace",
+        "job_manifest",
+    }
 
 
 def test_gke_job_lands_on_the_tpu_node_pool(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,9 +152,7 @@ def test_gke_job_lands_on_the_tpu_node_pool(monkeypatch: pytest.MonkeyPatch) -> 
     assert config["namespace"] == manifest["metadata"]["namespace"] == "far"
 
 
-@pytest.mark.parametrize(
-    "script", ["install.sh", "tpu-vm/startup.sh", "kaggle/run_session.sh"]
-)  # fmt: skip
+@pytest.mark.parametrize("script", ["install.sh", "tpu-vm/startup.sh", "kaggle/run_session.sh"])
 def test_scripts_parse(script: str) -> None:
     path = DEPLOY / script
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
@@ -177,6 +184,12 @@ def test_install_script_skips_only_torch_from_the_lock() -> None:
 
 def test_readme_names_every_file() -> None:
     readme = (DEPLOY / "README.md").read_text()
-    for name in ["prefect.yaml", "tpu-vm/startup.sh", "gke/base-job-template.json",
-                 "kaggle/run_session.sh", "Dockerfile", "install.sh"]:  # fmt: skip
+    for name in [
+        "prefect.yaml",
+        "tpu-vm/startup.sh",
+        "gke/base-job-template.json",
+        "kaggle/run_session.sh",
+        "Dockerfile",
+        "install.sh",
+    ]:
         assert name in readme, name

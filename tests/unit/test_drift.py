@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from stages import drift, runs, storage
-from stages.runner import RunContext
+from pipeline import manifest
+from stages.core import drift, storage
+from stages.core.runner import RunContext
 from tests.conftest import recipe_with
 
 DIFFS: list[tuple[Any, Any, list[str]]] = [
@@ -55,8 +56,13 @@ def test_refusal_lists_every_change_and_the_flags_that_allow_the_refused_ones() 
 
 def test_where_and_how_long_a_run_happens_is_not_drift() -> None:
     base = recipe_with("/tmp/a").model_dump(mode="json")
-    moved = {**base, "storage_root": "gs://b/x", "name": "other", "session_budget": None,
-             "mesh": {"fsdp": 2, "tp": 1}}  # fmt: skip
+    moved = {
+        **base,
+        "storage_root": "gs://b/x",
+        "name": "other",
+        "session_budget": None,
+        "mesh": {"fsdp": 2, "tp": 1},
+    }
     assert drift.recipe_changes(base, moved) == []
     changed = recipe_with("/tmp/a", sft={"learning_rate": 1e-4}).model_dump(mode="json")
     assert [c.path for c in drift.recipe_changes(base, changed)] == ["sft.learning_rate"]
@@ -64,9 +70,13 @@ def test_where_and_how_long_a_run_happens_is_not_drift() -> None:
 
 @pytest.mark.parametrize(
     ("paths", "ok"),
-    [(["sft.max_steps"], True), (["grpo.max_steps", "sft.checkpoint_every_steps"], True),
-     (["sft.max_steps", "sft.learning_rate"], False), ([], False)],
-)  # fmt: skip
+    [
+        (["sft.max_steps"], True),
+        (["grpo.max_steps", "sft.checkpoint_every_steps"], True),
+        (["sft.max_steps", "sft.learning_rate"], False),
+        ([], False),
+    ],
+)
 def test_only_continuation_settings_carry_checkpoints_over(paths: list[str], ok: bool) -> None:
     assert drift.continuable([drift.Change(p, 1, 2) for p in paths]) is ok
 
@@ -75,33 +85,35 @@ def test_manifest_records_sessions_and_refuses_a_changed_recipe() -> None:
     root = f"memory://far-drift-{uuid.uuid4().hex[:8]}"
     recipe = recipe_with(root)
     ctx = RunContext(root=root, run=recipe.name, flow_run_id="one")
-    assert runs.open_session(recipe, ctx, "recipes/smoke.yaml") == []
-    runs.close_session(ctx.run_uri, "one", {"sft": "ran"}, "stopped: deadline")
-    same = runs.open_session(recipe, RunContext(root=root, run=recipe.name), "again")
+    assert manifest.open_session(recipe, ctx, "recipes/smoke.yaml") == []
+    manifest.close_session(ctx.run_uri, "one", {"sft": "ran"}, "stopped: deadline")
+    same = manifest.open_session(recipe, RunContext(root=root, run=recipe.name), "again")
     assert same == []
     changed = recipe_with(root, sft={"max_steps": 300})
     with pytest.raises(drift.DriftError, match=r"sft\.max_steps: 150 -> 300"):
-        runs.open_session(changed, ctx, "edited.yaml")
+        manifest.open_session(changed, ctx, "edited.yaml")
     allowed = RunContext(root=root, run=recipe.name, allow_changes=("sft.max_steps",))
-    assert [c.path for c in runs.open_session(changed, allowed, "edited.yaml")] == ["sft.max_steps"]
-    manifest = runs.read_manifest(ctx.run_uri)
-    assert manifest.recipe["sft"]["max_steps"] == 300  # the run now follows the allowed recipe
-    assert [i.outcome for i in manifest.invocations] == ["stopped: deadline", None, None]
-    assert manifest.invocations[-1].changes == ["sft.max_steps: 150 -> 300"]
+    assert [c.path for c in manifest.open_session(changed, allowed, "edited.yaml")] == [
+        "sft.max_steps"
+    ]
+    run_manifest = manifest.read_manifest(ctx.run_uri)
+    assert run_manifest.recipe["sft"]["max_steps"] == 300  # the run now follows the allowed recipe
+    assert [i.outcome for i in run_manifest.invocations] == ["stopped: deadline", None, None]
+    assert run_manifest.invocations[-1].changes == ["sft.max_steps: 150 -> 300"]
 
 
 def test_status_of_a_path_that_is_not_a_run_says_what_it_expected() -> None:
     with pytest.raises(FileNotFoundError, match=r"no FAR run at memory://nowhere.*run\.json"):
-        runs.run_status("memory://nowhere")
+        manifest.run_status("memory://nowhere")
 
 
 def test_latest_checkpoint_step_ignores_uncommitted_orbax_tmp_dirs() -> None:
     stage = f"memory://far-ckpt-{uuid.uuid4().hex[:8]}/sft-x"
     for name in ("5", "10", "15.orbax-checkpoint-tmp-1234"):
         storage.write_text(storage.join(stage, "checkpoints", name, "f"), "x")
-    assert runs.latest_checkpoint_step(stage) == 10
+    assert manifest.latest_checkpoint_step(stage) == 10
     storage.write_text(storage.join(stage, "checkpoints", "actor", "3", "f"), "x")
-    assert runs.latest_checkpoint_step(stage) == 3  # GRPO's actor checkpoints come first
+    assert manifest.latest_checkpoint_step(stage) == 3  # GRPO's actor checkpoints come first
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:

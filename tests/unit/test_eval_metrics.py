@@ -14,11 +14,13 @@ BAD_CODE = "<reasoning>r</reasoning><answer>def double(x):\n    return x</answer
 
 @pytest.mark.parametrize(
     ("completions", "k", "expected"),
-    [(["<answer>6</answer>", "<answer>6</answer>", "<answer>5</answer>"], 3, 1.0),
-     (["<answer>5</answer>", "<answer>5</answer>", "<answer>6</answer>"], 3, 0.0),
-     (["no answer", "no answer", "<answer>6.0</answer>"], 3, 1.0),
-     (["no answer"], 1, 0.0)],
-)  # fmt: skip
+    [
+        (["<answer>6</answer>", "<answer>6</answer>", "<answer>5</answer>"], 3, 1.0),
+        (["<answer>5</answer>", "<answer>5</answer>", "<answer>6</answer>"], 3, 0.0),
+        (["no answer", "no answer", "<answer>6.0</answer>"], 3, 1.0),
+        (["no answer"], 1, 0.0),
+    ],
+)
 def test_majority_vote(completions: list[str], k: int, expected: float) -> None:
     assert evaluate.majority_accuracy([MATH], completions, k) == expected
 
@@ -26,9 +28,11 @@ def test_majority_vote(completions: list[str], k: int, expected: float) -> None:
 def test_scores_per_domain_pass_at_k_and_samples() -> None:
     rows = [MATH, CODE]
     completions = [  # prompt-major, 2 samples each
-        "<reasoning>3 * 2 = 6</reasoning><answer>6</answer>", "<answer>7</answer>",
-        GOOD_CODE, BAD_CODE,
-    ]  # fmt: skip
+        "<reasoning>3 * 2 = 6</reasoning><answer>6</answer>",
+        "<answer>7</answer>",
+        GOOD_CODE,
+        BAD_CODE,
+    ]
     scores, samples = evaluate.score("m1", None, rows, completions, samples=2)
     assert scores.num_prompts == 2 and len(samples) == 4
     assert scores.accuracy == 0.5  # 1 of 2 math samples, 1 of 2 code samples

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import grpo, grpo_metrics, rollouts
+from stages import grpo
+from stages.grpo import metrics, rollouts
 
 
 def test_step_seeds_differ_per_step_and_call_and_repeat_exactly() -> None:
@@ -20,17 +21,18 @@ def test_step_seeds_differ_per_step_and_call_and_repeat_exactly() -> None:
 
 def test_zero_variance_fraction_counts_groups_with_equal_rewards() -> None:
     scores = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])
-    assert grpo_metrics.zero_variance_fraction(scores, 4) == 2 / 3
+    assert metrics.zero_variance_fraction(scores, 4) == 2 / 3
 
 
 def test_observer_keeps_samples_and_reports_format_rate() -> None:
-    observer = grpo_metrics.StepObserver(2, 1, lambda: 5, lambda step: 99)
+    observer = metrics.StepObserver(2, 1, lambda: 5, lambda step: 99)
     good = "<reasoning>a</reasoning><answer>1</answer>"
     out = observer(["p", "p"], [good, "junk"], np.array([1.0, 0.0]), np.zeros(2))
-    assert out[grpo_metrics.FORMAT_RATE][0] == 0.5
-    assert out[grpo_metrics.ZERO_VARIANCE][0] == 0.0
-    assert observer.samples == [{"step": 5, "rollout_seed": 99, "prompt": "p",
-                                 "completion": good, "reward": 1.0}]  # fmt: skip
+    assert out[metrics.FORMAT_RATE][0] == 0.5
+    assert out[metrics.ZERO_VARIANCE][0] == 0.0
+    assert observer.samples == [
+        {"step": 5, "rollout_seed": 99, "prompt": "p", "completion": good, "reward": 1.0}
+    ]
 
 
 def test_save_samples_drops_rows_a_resumed_session_redoes(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from schemas.recipe import Recipe
 from stages import data_prep, evaluate, grpo, sft
-from stages.runner import RunContext, StageIdentity, stage_directory
+from stages.core.runner import RunContext, StageIdentity, stage_directory
 from tests.conftest import recipe_with
 
 FP_DATA, FP_SFT, FP_GRPO = "a" * 64, "b" * 64, "c" * 64
@@ -19,9 +19,10 @@ def digests(recipe: Recipe, fp_data: str = FP_DATA, fp_sft: str = FP_SFT) -> dic
         "data_prep": data_prep.identity(recipe.data, recipe.model),
         "sft": sft.identity(recipe.sft, recipe.model, fp_data),
         "grpo": grpo.identity(recipe.grpo, recipe.model, fp_data, fp_sft),
-        "evaluate": evaluate.identity(recipe.eval, recipe.model, fp_data,
-                                      {"sft": fp_sft, "grpo": FP_GRPO}),
-    }  # fmt: skip
+        "evaluate": evaluate.identity(
+            recipe.eval, recipe.model, fp_data, {"sft": fp_sft, "grpo": FP_GRPO}
+        ),
+    }
     return {name: identity.digest for name, identity in ids.items()}
 
 

@@ -7,13 +7,20 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from pipeline.recipes import load_recipe
 from schemas.recipe import ModelSpec
-from stages.model_sources import hf_name
-from stages.recipes import load_recipe
+from stages.modeling.weight_sources import hf_name
 from tests.conftest import REPO
 
-TINY = {"num_layers": 2, "num_embed": 512, "embed_dim": 64, "hidden_dim": 128,
-        "num_heads": 2, "head_dim": 32, "num_kv_heads": 1}  # fmt: skip
+TINY = {
+    "num_layers": 2,
+    "num_embed": 512,
+    "embed_dim": 64,
+    "hidden_dim": 128,
+    "num_heads": 2,
+    "head_dim": 32,
+    "num_kv_heads": 1,
+}
 
 BAD_SPECS: list[tuple[dict[str, Any], str]] = [
     ({"source": "random"}, "exactly one of preset and architecture"),
@@ -23,12 +30,22 @@ BAD_SPECS: list[tuple[dict[str, Any], str]] = [
     ({"source": "safetensors", "preset": "gemma3_1b", "tokenizer": "sentencepiece"}, "needs a uri"),
     ({"source": "hub", "preset": "gemma3_1b", "tokenizer": "sentencepiece"}, "needs a uri"),
     ({"source": "random", "architecture": TINY, "uri": "x"}, "takes no uri"),
-    ({"family": "gemma2", "source": "gguf", "preset": "gemma2_2b",
-      "tokenizer": "sentencepiece"}, "supports family 'gemma3' only"),
-    ({"family": "gemma3", "source": "hub", "uri": "google/gemma-2-2b-it", "preset": "gemma2_2b",
-      "tokenizer": "sentencepiece"}, "is not a 'gemma3' model"),
+    (
+        {"family": "gemma2", "source": "gguf", "preset": "gemma2_2b", "tokenizer": "sentencepiece"},
+        "supports family 'gemma3' only",
+    ),
+    (
+        {
+            "family": "gemma3",
+            "source": "hub",
+            "uri": "google/gemma-2-2b-it",
+            "preset": "gemma2_2b",
+            "tokenizer": "sentencepiece",
+        },
+        "is not a 'gemma3' model",
+    ),
     ({"source": "random", "architecture": {**TINY, "num_embed": 100}}, "num_embed must be >= 272"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("fields", "message"), BAD_SPECS)
@@ -39,23 +56,26 @@ def test_inconsistent_specs_are_rejected(fields: dict[str, Any], message: str) -
 
 def test_good_specs() -> None:
     ModelSpec(source="gguf", preset="gemma3_270m", tokenizer="sentencepiece")
-    ModelSpec(source="hub", uri="google/gemma-3-1b-it", preset="gemma3_1b",
-              tokenizer="sentencepiece")  # fmt: skip
+    ModelSpec(
+        source="hub", uri="google/gemma-3-1b-it", preset="gemma3_1b", tokenizer="sentencepiece"
+    )
     ModelSpec.model_validate({"family": "gemma2", "architecture": TINY})
 
 
 @pytest.mark.parametrize(
     ("gguf", "hf"),
-    [("token_embd.weight", "model.embed_tokens.weight"),
-     ("output_norm.weight", "model.norm.weight"),
-     ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
-     ("blk.17.attn_output.weight", "model.layers.17.self_attn.o_proj.weight"),
-     ("blk.3.attn_k_norm.weight", "model.layers.3.self_attn.k_norm.weight"),
-     ("blk.3.ffn_norm.weight", "model.layers.3.pre_feedforward_layernorm.weight"),
-     ("blk.3.post_ffw_norm.weight", "model.layers.3.post_feedforward_layernorm.weight"),
-     ("blk.3.post_attention_norm.weight", "model.layers.3.post_attention_layernorm.weight"),
-     ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight")],
-)  # fmt: skip
+    [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+        ("blk.17.attn_output.weight", "model.layers.17.self_attn.o_proj.weight"),
+        ("blk.3.attn_k_norm.weight", "model.layers.3.self_attn.k_norm.weight"),
+        ("blk.3.ffn_norm.weight", "model.layers.3.pre_feedforward_layernorm.weight"),
+        ("blk.3.post_ffw_norm.weight", "model.layers.3.post_feedforward_layernorm.weight"),
+        ("blk.3.post_attention_norm.weight", "model.layers.3.post_attention_layernorm.weight"),
+        ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight"),
+    ],
+)
 def test_gguf_names(gguf: str, hf: str) -> None:
     assert hf_name(gguf) == hf
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from stages.packing import pack_rows, useful_fraction
+from stages.data_prep.packing import pack_rows, useful_fraction
 from stages.sft import segment_attention_mask
 
 SEQS = [([1, 2, 3, 4], [0, 0, 1, 1]), ([5, 6], [0, 1]), ([7, 8, 9], [0, 1, 1]), ([10], [1])]
@@ -30,8 +30,9 @@ def test_packed_rows_keep_every_token_mask_and_restart_positions() -> None:
             where = np.flatnonzero(segments == s)
             assert (np.diff(where) == 1).all()  # contiguous
             assert arrays["positions"][r, where].tolist() == list(range(len(where)))
-            recovered.append((arrays["input_tokens"][r, where].tolist(),
-                              arrays["input_mask"][r, where].tolist()))  # fmt: skip
+            recovered.append(
+                (arrays["input_tokens"][r, where].tolist(), arrays["input_mask"][r, where].tolist())
+            )
         assert (arrays["input_tokens"][r][segments == 0] == 0).all()
         assert (arrays["input_mask"][r][segments == 0] == 0).all()
     assert sorted(recovered) == sorted(SEQS)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from schemas.recipe import REWARD_PRESETS, GRPOConfig
 from stages import rewards
 from stages.rewards import Reference, SandboxStats
 
@@ -31,19 +33,28 @@ def test_format_strict(completion: str, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("completion", "expected"),
-    [("<reasoning>x</reasoning><answer>7</answer>", 1.0), ("<reasoning>x</reasoning>", 0.5),
-     ("<reasoning>x", 0.25), ("<answer>1</answer><answer>2</answer>", 0.0), ("plain", 0.0)],
-)  # fmt: skip
+    [
+        ("<reasoning>x</reasoning><answer>7</answer>", 1.0),
+        ("<reasoning>x</reasoning>", 0.5),
+        ("<reasoning>x", 0.25),
+        ("<answer>1</answer><answer>2</answer>", 0.0),
+        ("plain", 0.0),
+    ],
+)
 def test_format_approx(completion: str, expected: float) -> None:
     assert rewards.format_approx(completion, R7) == expected
 
 
 @pytest.mark.parametrize(
     ("completion", "extracted"),
-    [("<answer> 42 </answer>", "42"), ("so #### 1,200\n", "1,200"),
-     ("the area is $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}"), ("no answer here", None),
-     ("<answer>a</answer> #### b", "a")],
-)  # fmt: skip
+    [
+        ("<answer> 42 </answer>", "42"),
+        ("so #### 1,200\n", "1,200"),
+        ("the area is $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}"),
+        ("no answer here", None),
+        ("<answer>a</answer> #### b", "a"),
+    ],
+)
 def test_extract_answer(completion: str, extracted: str | None) -> None:
     assert rewards.extract_answer(completion) == extracted
 
@@ -72,11 +83,14 @@ def test_answer_match(completion: str, answer: str, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("completion", "expected"),
-    [("<reasoning>3 + 4 = 7. So 7.\nDone.</reasoning><answer>7</answer>", 1.0),
-     ("<reasoning>3 + 4 = 7 apples</reasoning><answer>7</answer>", round(1 / 3, 6)),
-     ("<reasoning>7</reasoning><answer>7</answer>", 0.0),
-     ("<reasoning></reasoning><answer>7</answer>", 0.0), ("<answer>7</answer>", 0.0)],
-)  # fmt: skip
+    [
+        ("<reasoning>3 + 4 = 7. So 7.\nDone.</reasoning><answer>7</answer>", 1.0),
+        ("<reasoning>3 + 4 = 7 apples</reasoning><answer>7</answer>", round(1 / 3, 6)),
+        ("<reasoning>7</reasoning><answer>7</answer>", 0.0),
+        ("<reasoning></reasoning><answer>7</answer>", 0.0),
+        ("<answer>7</answer>", 0.0),
+    ],
+)
 def test_reasoning_quality(completion: str, expected: float) -> None:
     assert rewards.reasoning_quality(completion, R7) == pytest.approx(expected)
 
@@ -134,14 +148,27 @@ def test_unknown_reward_lists_valid_ones() -> None:
 def test_tunix_batch_functions_weight_and_align() -> None:
     fns = rewards.tunix_reward_fns({"format_strict": 0.5, "answer_match": 2.0})
     completions = ["<reasoning>r</reasoning><answer>7</answer>", "<answer>8</answer>"]
-    kwargs = {"prompts": ["p", "p"], "completions": completions,
-              "answer": np.asarray(["7", "7"]), "tests": np.asarray(["[]"] * 2)}  # fmt: skip
+    kwargs = {
+        "prompts": ["p", "p"],
+        "completions": completions,
+        "answer": np.asarray(["7", "7"]),
+        "tests": np.asarray(["[]"] * 2),
+    }
     assert [fn.__name__ for fn in fns] == ["format_strict", "answer_match"]
     assert fns[0](**kwargs) == [0.5, 0.0]
     assert fns[1](**kwargs) == [2.0, 0.0]
 
 
 def test_presets_name_registered_rewards() -> None:
-    for weights in rewards.PRESETS.values():
+    for weights in REWARD_PRESETS.values():
         rewards.validate_names(weights)
         assert sum(weights.values()) == pytest.approx(1.0)
+
+
+def test_a_recipe_asks_for_a_preset_by_name() -> None:
+    config = GRPOConfig(
+        max_steps=1, batch_size=1, rewards={"preset": "trajectory_60_correctness_40"}
+    )
+    assert config.rewards == REWARD_PRESETS["trajectory_60_correctness_40"]
+    with pytest.raises(ValidationError, match="unknown reward preset 'nope'; presets: "):
+        GRPOConfig(max_steps=1, batch_size=1, rewards={"preset": "nope"})

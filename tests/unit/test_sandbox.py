@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.sandbox import Limits, run_python
+from stages.rewards.sandbox import Limits, run_python
 
 FAST = Limits(cpu_seconds=2, wall_seconds=5, memory_bytes=256 << 20, file_bytes=64 << 10)
 
@@ -51,8 +51,10 @@ def test_writes_outside_the_workdir_are_refused(tmp_path: Path) -> None:
 def test_deleting_files_outside_is_refused(tmp_path: Path) -> None:
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me")
-    for snippet in (f"import os\nos.remove({str(victim)!r})",
-                    f"import shutil\nshutil.rmtree({str(tmp_path)!r})"):  # fmt: skip
+    for snippet in (
+        f"import os\nos.remove({str(victim)!r})",
+        f"import shutil\nshutil.rmtree({str(tmp_path)!r})",
+    ):
         assert not run_python(snippet, FAST).ok
     assert victim.read_text() == "keep me"
 
@@ -72,8 +74,10 @@ def test_sockets_are_refused() -> None:
 
 def test_os_system_and_subprocess_are_refused(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    for snippet in (f"import os\nos.system('touch {marker}')",
-                    f"import subprocess\nsubprocess.run(['touch', {str(marker)!r}])"):  # fmt: skip
+    for snippet in (
+        f"import os\nos.system('touch {marker}')",
+        f"import subprocess\nsubprocess.run(['touch', {str(marker)!r}])",
+    ):
         assert not run_python(snippet, FAST).ok
     assert not marker.exists()
 

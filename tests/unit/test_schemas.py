@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from flows.cli import EXIT_INVALID, main
+from pipeline.recipes import RecipeError, load_recipe, parse_recipe
 from schemas.artifacts import DatasetArtifact
 from schemas.recipe import Recipe
-from stages.recipes import RecipeError, load_recipe, parse_recipe
 from tests.conftest import SMOKE, smoke_data
 
 
@@ -117,8 +117,16 @@ def test_cli_help_explains(capsys) -> None:
 
 def test_artifact_rejects_bad_fingerprint() -> None:
     with pytest.raises(ValueError, match="fingerprint"):
-        DatasetArtifact(uri="x", tokenizer="t", seq_len=1, prompt_len=1, split_sizes={},
-                        counts_by_source={}, quarantined=0, fingerprint="abc")  # fmt: skip
+        DatasetArtifact(
+            uri="x",
+            tokenizer="t",
+            seq_len=1,
+            prompt_len=1,
+            split_sizes={},
+            counts_by_source={},
+            quarantined=0,
+            fingerprint="abc",
+        )
 
 
 def test_recipe_roundtrips_through_json() -> None:

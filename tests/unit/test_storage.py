@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 
 import pytest
 
-from stages import storage
+from stages.core import storage
 
 
 @pytest.fixture(params=["local", "file", "memory"])
@@ -61,7 +62,7 @@ def test_publish_and_fetch_tree_through_memory(tmp_path) -> None:
         f.write(b"weights")
     storage.publish_tree(local, uri)
     assert storage.read_bytes(storage.join(uri, "3/model_params/data")) == b"weights"
-    storage.remove_tree(local)
+    shutil.rmtree(local)
     fetched = storage.fetch_tree(uri)
     with open(os.path.join(fetched, "3/model_params/data"), "rb") as f:
         assert f.read() == b"weights"
@@ -69,9 +70,13 @@ def test_publish_and_fetch_tree_through_memory(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("uri", "expected"),
-    [("runs/x", os.path.abspath("runs/x")), ("file:///tmp/r", "/tmp/r"),
-     ("gs://b/p/", "gs://b/p"), ("memory://m", "memory://m")],
-)  # fmt: skip
+    [
+        ("runs/x", os.path.abspath("runs/x")),
+        ("file:///tmp/r", "/tmp/r"),
+        ("gs://b/p/", "gs://b/p"),
+        ("memory://m", "memory://m"),
+    ],
+)
 def test_normalize(uri: str, expected: str) -> None:
     assert storage.normalize(uri) == expected
 
@@ -88,8 +93,10 @@ def test_digests_directories_copies_and_content_fingerprints(root: str) -> None:
     storage.write_bytes(storage.join(root, "s/ck/5/w"), b"abc")
     storage.write_bytes(storage.join(root, "s/top.txt"), b"")
     digests = storage.file_digests(storage.join(root, "s"), skip=("stage.json",))
-    assert digests == {"ck/5/w": (3, hashlib.sha256(b"abc").hexdigest()),
-                       "top.txt": (0, hashlib.sha256(b"").hexdigest())}  # fmt: skip
+    assert digests == {
+        "ck/5/w": (3, hashlib.sha256(b"abc").hexdigest()),
+        "top.txt": (0, hashlib.sha256(b"").hexdigest()),
+    }
     assert storage.list_dirs(storage.join(root, "s")) == ["ck"]
     assert storage.list_dirs(storage.join(root, "absent")) == []
     storage.copy_tree(storage.join(root, "s/ck"), storage.join(root, "t/ck"))

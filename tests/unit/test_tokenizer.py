@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from stages.tokenizers import SPECIAL_TOKENS, ByteTokenizer
+from stages.modeling.tokenizers import SPECIAL_TOKENS, ByteTokenizer
 
 
 @pytest.mark.parametrize(
     "text",
-    ["", "plain ascii", "unicode: é ✓ 😀", "<start_of_turn>user\nhi<end_of_turn>\n",
-     "<reasoning>1 + 1 = 2</reasoning><answer>2</answer>", "<not_special> <answer"],
-)  # fmt: skip
+    [
+        "",
+        "plain ascii",
+        "unicode: é ✓ 😀",
+        "<start_of_turn>user\nhi<end_of_turn>\n",
+        "<reasoning>1 + 1 = 2</reasoning><answer>2</answer>",
+        "<not_special> <answer",
+    ],
+)
 def test_roundtrip(text: str) -> None:
     tok = ByteTokenizer()
     assert tok.decode(tok.encode(text)) == text

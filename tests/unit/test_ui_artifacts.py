@@ -10,7 +10,7 @@ import pytest
 from flows.ui_artifacts import artifact_key, browsable_link, metrics_rows
 from schemas.record import StageRecord
 from stages import data_prep
-from stages.runner import RunContext, read_record
+from stages.core.runner import RunContext, read_record
 from tests.conftest import recipe_with
 
 PREFECT_KEY = re.compile(r"^[a-z0-9-]+$")  # what Prefect accepts as an artifact key

@@ -26,7 +26,8 @@ from tunix.utils import mesh as tunix_mesh
 
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
-from stages import model_sources, storage
+from stages.core import drift, storage
+from stages.modeling import weight_sources
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -93,7 +94,7 @@ def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
         return dummy_model_creator.create_dummy_model(
             model_class, config, mesh=mesh, dtype=dtype, random_seed=spec.init_seed
         )
-    directory = model_sources.resolve(spec, cache_dir)
+    directory = weight_sources.resolve(spec, cache_dir)
     with mesh:
         return from_safetensors(directory, config, mesh=mesh, dtype=dtype)
 
@@ -126,10 +127,10 @@ def param_bytes(network: nnx.Module) -> int:
 def check_compatible(artifact: CheckpointArtifact, spec: ModelSpec, tokenizer: str) -> None:
     """Refuse a checkpoint built for another model or tokenizer, before any compute."""
     if artifact.model != spec:
-        diff = _diff(artifact.model.model_dump(), spec.model_dump())
+        changes = drift.diff(artifact.model.model_dump(mode="json"), spec.model_dump(mode="json"))
         raise ValueError(
             f"checkpoint {artifact.uri} was built for another model config; "
-            f"differences (checkpoint -> recipe): {diff}"
+            f"differences (checkpoint -> recipe): {'; '.join(map(str, changes))}"
         )
     if artifact.tokenizer != tokenizer:
         raise ValueError(
@@ -142,17 +143,6 @@ def check_compatible(artifact: CheckpointArtifact, spec: ModelSpec, tokenizer: s
             f"checkpoint {artifact.uri} has no committed step {artifact.step} (looked for "
             f"{step_dir})"
         )
-
-
-def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out.update(_diff(va, vb, f"{prefix}{key}."))
-        elif va != vb:
-            out[f"{prefix}{key}"] = f"{va!r} -> {vb!r}"
-    return out
 
 
 def restore_policy(artifact: CheckpointArtifact, base: nnx.Module, mesh: Mesh) -> nnx.Module:

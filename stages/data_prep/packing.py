@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-FIELDS = ("input_tokens", "input_mask", "segment_ids", "positions")
-
 
 def pack_rows(
     sequences: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int, packing: bool
@@ -21,8 +19,10 @@ def pack_rows(
     """[N, seq_len] arrays from (tokens, loss mask) pairs, each pair at most seq_len long."""
     for tokens, mask in sequences:
         if len(tokens) != len(mask) or len(tokens) > seq_len:
-            raise ValueError(f"sequence of {len(tokens)} tokens (mask {len(mask)}) does not "
-                             f"fit seq_len {seq_len}")  # fmt: skip
+            raise ValueError(
+                f"sequence of {len(tokens)} tokens (mask {len(mask)}) does not "
+                f"fit seq_len {seq_len}"
+            )
     rows = _bins(sequences, seq_len) if packing else [[i] for i in range(len(sequences))]
     out = {
         "input_tokens": np.full((len(rows), seq_len), pad_id, dtype=np.int32),

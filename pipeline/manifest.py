@@ -15,8 +15,8 @@ from typing import Any
 
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
-from stages import drift, storage
-from stages.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
+from stages.core import drift, storage
+from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
 
 MANIFEST_NAME = "run.json"
 STAGES = ("data_prep", "sft", "grpo", "evaluate")
@@ -45,33 +45,43 @@ def open_session(recipe: Recipe, ctx: RunContext, recipe_source: str) -> list[dr
     uri = manifest_uri(ctx.run_uri)
     if storage.exists(uri):
         manifest = read_manifest(ctx.run_uri)
-        changes = drift.check("the recipe", drift.recipe_changes(manifest.recipe, new),
-                              ctx.allow_changes)  # fmt: skip
+        changes = drift.check(
+            "the recipe", drift.recipe_changes(manifest.recipe, new), ctx.allow_changes
+        )
     else:
-        manifest = RunManifest(run=ctx.run, recipe=new, recipe_source=recipe_source,
-                               created_at=datetime.now(UTC))  # fmt: skip
+        manifest = RunManifest(
+            run=ctx.run, recipe=new, recipe_source=recipe_source, created_at=datetime.now(UTC)
+        )
         changes = []
     invocation = Invocation(
-        started_at=datetime.now(UTC), flow_run_id=ctx.flow_run_id, host=socket.gethostname(),
-        allowed_changes=list(ctx.allow_changes), changes=[str(c) for c in changes],
-    )  # fmt: skip
-    updated = manifest.model_copy(update={
-        "recipe": new, "recipe_source": recipe_source,
-        "invocations": [*manifest.invocations, invocation],
-    })  # fmt: skip
+        started_at=datetime.now(UTC),
+        flow_run_id=ctx.flow_run_id,
+        host=socket.gethostname(),
+        allowed_changes=list(ctx.allow_changes),
+        changes=[str(c) for c in changes],
+    )
+    updated = manifest.model_copy(
+        update={
+            "recipe": new,
+            "recipe_source": recipe_source,
+            "invocations": [*manifest.invocations, invocation],
+        }
+    )
     storage.write_json(uri, updated.model_dump(mode="json"))
     return changes
 
 
-def close_session(run_uri: str, flow_run_id: str | None, stages: dict[str, str],
-                  outcome: str) -> None:  # fmt: skip
+def close_session(
+    run_uri: str, flow_run_id: str | None, stages: dict[str, str], outcome: str
+) -> None:
     """Note how this session ended and which stages it ran or skipped (for lineage)."""
     manifest = read_manifest(run_uri)
     invocations = list(manifest.invocations)
     for i in range(len(invocations) - 1, -1, -1):
         if invocations[i].flow_run_id == flow_run_id and invocations[i].outcome is None:
-            invocations[i] = invocations[i].model_copy(update={"stages": stages,
-                                                               "outcome": outcome})  # fmt: skip
+            invocations[i] = invocations[i].model_copy(
+                update={"stages": stages, "outcome": outcome}
+            )
             break
     updated = manifest.model_copy(update={"invocations": invocations})
     storage.write_json(manifest_uri(run_uri), updated.model_dump(mode="json"))
@@ -118,11 +128,20 @@ def _directory_state(stage: str, directory: str) -> StageState:
     record = read_record(storage.join(directory, RECORD_NAME))
     if record is not None:
         step = getattr(record.output, "step", None)
-        return StageState(stage, "complete", directory, step, max_steps, len(record.sessions),
-                          record.seconds, record.output.uri)  # fmt: skip
+        return StageState(
+            stage,
+            "complete",
+            directory,
+            step,
+            max_steps,
+            len(record.sessions),
+            record.seconds,
+            record.output.uri,
+        )
     sessions = len(storage.list_files(storage.join(directory, SESSIONS_DIR)))
-    return StageState(stage, "partial", directory, latest_checkpoint_step(directory), max_steps,
-                      sessions)  # fmt: skip
+    return StageState(
+        stage, "partial", directory, latest_checkpoint_step(directory), max_steps, sessions
+    )
 
 
 def _max_steps(config: dict[str, Any]) -> int | None:

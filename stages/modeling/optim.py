@@ -16,17 +16,23 @@ def learning_rate_schedule(
         return optax.constant_schedule(peak)
     if schedule == "warmup_cosine":
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0 if warmup_steps else peak, peak_value=peak,
-            warmup_steps=warmup_steps, decay_steps=max(total_steps, warmup_steps + 1),
+            init_value=0.0 if warmup_steps else peak,
+            peak_value=peak,
+            warmup_steps=warmup_steps,
+            decay_steps=max(total_steps, warmup_steps + 1),
             end_value=peak * FINAL_LR_FRACTION,
-        )  # fmt: skip
+        )
     raise ValueError(f"unknown schedule {schedule!r}; expected 'constant' or 'warmup_cosine'")
 
 
 def adamw(
-    peak_lr: float, schedule: str = "constant", warmup_steps: int = 0, total_steps: int = 1,
-    weight_decay: float = 0.0, max_grad_norm: float | None = None,
-) -> optax.GradientTransformation:  # fmt: skip
+    peak_lr: float,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    total_steps: int = 1,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> optax.GradientTransformation:
     """Clipping sits inside inject_hyperparams so the outer state carries `learning_rate`,
     where Tunix's trainer looks for it when logging."""
 

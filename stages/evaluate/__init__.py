@@ -24,9 +24,9 @@ from tunix.generate import sampler as tunix_sampler
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
-from stages import models, reports, rewards
-from stages.data_prep import load_prompts
-from stages.runner import (
+from stages import rewards
+from stages.core.datasets import check_dataset, load_prompts
+from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
@@ -34,32 +34,47 @@ from stages.runner import (
     run_stage,
     with_uris,
 )
-from stages.sft import check_dataset
-from stages.tokenizers import Tokenizer, build_tokenizer
+from stages.evaluate import reports
+from stages.modeling import models
+from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 2
 
 
 def generate(
-    network: Any, tokenizer: Tokenizer, prompts: Sequence[str], config: EvalConfig,
-    prompt_len: int, spec: ModelSpec,
-) -> list[str]:  # fmt: skip
+    network: Any,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    config: EvalConfig,
+    prompt_len: int,
+    spec: ModelSpec,
+) -> list[str]:
     """Completions batch by batch at one compiled shape; greedy unless config.temperature."""
     arch = models.tunix_config(spec)
-    sampler = tunix_sampler.Sampler(network, tokenizer, tunix_sampler.CacheConfig(
-        cache_size=prompt_len + config.max_generation_tokens + 8, num_layers=arch.num_layers,
-        num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim))  # fmt: skip
+    sampler = tunix_sampler.Sampler(
+        network,
+        tokenizer,
+        tunix_sampler.CacheConfig(
+            cache_size=prompt_len + config.max_generation_tokens + 8,
+            num_layers=arch.num_layers,
+            num_kv_heads=arch.num_kv_heads,
+            head_dim=arch.head_dim,
+        ),
+    )
     sampling = {"temperature": config.temperature, "top_p": 1.0} if config.temperature else {}
     out: list[str] = []
     for number, start in enumerate(range(0, len(prompts), config.batch_size)):
         batch = list(prompts[start : start + config.batch_size])
         padded = batch + [batch[-1]] * (config.batch_size - len(batch))
         result = sampler(
-            padded, max_generation_steps=config.max_generation_tokens,
-            max_prompt_length=prompt_len, seed=config.seed + number,
-            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()], **sampling,
-        )  # fmt: skip
+            padded,
+            max_generation_steps=config.max_generation_tokens,
+            max_prompt_length=prompt_len,
+            seed=config.seed + number,
+            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
+            **sampling,
+        )
         out.extend(result.text[: len(batch)])
     return out
 
@@ -68,54 +83,77 @@ def correctness(
     rows: Sequence[dict[str, Any]], completions: Sequence[str], stats: rewards.SandboxStats
 ) -> tuple[list[float], list[float]]:
     """(exact, correct) per completion: code needs every test to pass."""
-    refs = rewards.references([r["answer"] for r in rows],
-                              [json.dumps(r.get("tests", [])) for r in rows])  # fmt: skip
+    refs = rewards.references(
+        [r["answer"] for r in rows], [json.dumps(r.get("tests", [])) for r in rows]
+    )
     exact = rewards.REGISTRY["answer_match"].score(completions, refs, stats)
     code = [i for i, r in enumerate(rows) if r.get("tests")]
     math = [i for i, r in enumerate(rows) if not r.get("tests")]
     correct = [0.0] * len(rows)
     for indices, name in ((math, "math_equivalent"), (code, "code_pass_rate")):
-        scored = rewards.REGISTRY[name].score([completions[i] for i in indices],
-                                              [refs[i] for i in indices], stats)  # fmt: skip
+        scored = rewards.REGISTRY[name].score(
+            [completions[i] for i in indices], [refs[i] for i in indices], stats
+        )
         for i, value in zip(indices, scored, strict=True):
             correct[i] = 1.0 if value == 1.0 else 0.0
     return exact, correct
 
 
 def score(
-    name: str, uri: str | None, rows: Sequence[dict[str, Any]], completions: Sequence[str],
+    name: str,
+    uri: str | None,
+    rows: Sequence[dict[str, Any]],
+    completions: Sequence[str],
     samples: int,
-) -> tuple[ModelScores, list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[ModelScores, list[dict[str, Any]]]:
     """Scores over prompts x samples (completions are prompt-major), and per-sample rows."""
     stats = rewards.SandboxStats()
     expanded = [r for r in rows for _ in range(samples)]
-    fmt = [rewards.format_strict(c, rewards.Reference(r["answer"]))
-           for c, r in zip(completions, expanded, strict=True)]  # fmt: skip
+    fmt = [
+        rewards.format_strict(c, rewards.Reference(r["answer"]))
+        for c, r in zip(completions, expanded, strict=True)
+    ]
     exact, correct = correctness(expanded, completions, stats)
     per_prompt = np.asarray(correct).reshape(len(rows), samples)
     metrics = {
-        "exact_accuracy": float(np.mean(exact)), "pass@1": float(per_prompt.mean()),
+        "exact_accuracy": float(np.mean(exact)),
+        "pass@1": float(per_prompt.mean()),
         f"pass@{samples}": float(per_prompt.max(axis=1).mean()),
         "majority_accuracy": majority_accuracy(rows, completions, samples),
-        "sandbox_runs": float(stats.runs), "sandbox_failures": float(stats.failures),
-    }  # fmt: skip
+        "sandbox_runs": float(stats.runs),
+        "sandbox_failures": float(stats.failures),
+    }
     by_domain: dict[str, dict[str, float]] = {}
     for domain in sorted({r.get("domain", "math") for r in rows}):
         idx = [i for i, r in enumerate(expanded) if r.get("domain", "math") == domain]
-        by_domain[domain] = {"n": float(len(idx) // samples),
-                             "format_rate": float(np.mean([fmt[i] for i in idx])),
-                             "accuracy": float(np.mean([correct[i] for i in idx]))}  # fmt: skip
+        by_domain[domain] = {
+            "n": float(len(idx) // samples),
+            "format_rate": float(np.mean([fmt[i] for i in idx])),
+            "accuracy": float(np.mean([correct[i] for i in idx])),
+        }
     scores = ModelScores(
-        name=name, checkpoint_uri=uri, num_prompts=len(rows), format_rate=float(np.mean(fmt)),
+        name=name,
+        checkpoint_uri=uri,
+        num_prompts=len(rows),
+        format_rate=float(np.mean(fmt)),
         accuracy=float(np.mean(correct)),
         mean_completion_chars=float(np.mean([len(c) for c in completions])),
-        metrics=metrics, by_domain=by_domain,
-    )  # fmt: skip
-    sample_rows = [{"model": name, "id": r["id"], "domain": r.get("domain", "math"),
-                    "answer": r["answer"], "completion": c, "format": f, "exact": e,
-                    "correct": k}
-                   for r, c, f, e, k in zip(expanded, completions, fmt, exact, correct,
-                                            strict=True)]  # fmt: skip
+        metrics=metrics,
+        by_domain=by_domain,
+    )
+    sample_rows = [
+        {
+            "model": name,
+            "id": r["id"],
+            "domain": r.get("domain", "math"),
+            "answer": r["answer"],
+            "completion": c,
+            "format": f,
+            "exact": e,
+            "correct": k,
+        }
+        for r, c, f, e, k in zip(expanded, completions, fmt, exact, correct, strict=True)
+    ]
     return scores, sample_rows
 
 
@@ -131,9 +169,12 @@ def majority_accuracy(rows: Sequence[dict[str, Any]], completions: Sequence[str]
 
 
 def _networks(
-    names: Sequence[str], checkpoints: dict[str, CheckpointArtifact], spec: ModelSpec,
-    mesh: Any, cache_dir: str,
-) -> Any:  # fmt: skip
+    names: Sequence[str],
+    checkpoints: dict[str, CheckpointArtifact],
+    spec: ModelSpec,
+    mesh: Any,
+    cache_dir: str,
+) -> Any:
     """Yield (name, checkpoint or None, network); LoRA policies share one base network."""
     base = models.build_base_model(spec, mesh, cache_dir)
     for name in names:
@@ -146,34 +187,43 @@ def _networks(
 
 
 def _evaluate(
-    directory: str, dataset: DatasetArtifact, checkpoints: dict[str, CheckpointArtifact],
-    config: EvalConfig, spec: ModelSpec, mesh_spec: MeshSpec, cache_dir: str,
-) -> tuple[EvalReport, dict[str, float], dict[str, list[float]]]:  # fmt: skip
+    directory: str,
+    dataset: DatasetArtifact,
+    checkpoints: dict[str, CheckpointArtifact],
+    config: EvalConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    cache_dir: str,
+) -> tuple[EvalReport, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, "eval")
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
     all_scores, all_samples = [], []
     with mesh:
-        for name, artifact, network in _networks(config.models, checkpoints, spec, mesh,
-                                                 cache_dir):  # fmt: skip
+        for name, artifact, network in _networks(config.models, checkpoints, spec, mesh, cache_dir):
             completions = generate(network, tokenizer, prompts, config, dataset.prompt_len, spec)
-            scores, sample_rows = score(name, artifact.uri if artifact else None, rows,
-                                        completions, config.samples)  # fmt: skip
+            scores, sample_rows = score(
+                name, artifact.uri if artifact else None, rows, completions, config.samples
+            )
             all_scores.append(scores)
             all_samples += sample_rows
-            log.info("evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate,
-                     scores.accuracy)  # fmt: skip
+            log.info(
+                "evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate, scores.accuracy
+            )
     report = reports.write_report(directory, all_scores, all_samples, checkpoints)
-    metrics = {f"{s.name}/{m}": getattr(s, m) for s in all_scores
-               for m in ("format_rate", "accuracy")}  # fmt: skip
+    metrics = {
+        f"{s.name}/{m}": getattr(s, m) for s in all_scores for m in ("format_rate", "accuracy")
+    }
     return report, metrics, {}
 
 
 def identity(
-    config: EvalConfig, model: ModelSpec, dataset_fingerprint: str,
+    config: EvalConfig,
+    model: ModelSpec,
+    dataset_fingerprint: str,
     checkpoint_fingerprints: dict[str, str],
-) -> StageIdentity:  # fmt: skip
+) -> StageIdentity:
     hashed = {"eval": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
     return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
@@ -188,17 +238,23 @@ def resolve_checkpoints(
         if name == "base" or name in found:
             continue
         if "/" not in name:
-            raise ValueError(f"eval.models lists {name!r} but no checkpoint was given for it; "
-                             f"given: {sorted(given)}")  # fmt: skip
+            raise ValueError(
+                f"eval.models lists {name!r} but no checkpoint was given for it; "
+                f"given: {sorted(given)}"
+            )
         _, record = find_checkpoint_record(name)
         found[name] = record.output  # type: ignore[assignment]
     return found
 
 
 def evaluate(
-    dataset: DatasetArtifact, checkpoints: dict[str, CheckpointArtifact], config: EvalConfig,
-    model: ModelSpec, mesh: MeshSpec, ctx: RunContext,
-) -> StageOutcome[EvalReport]:  # fmt: skip
+    dataset: DatasetArtifact,
+    checkpoints: dict[str, CheckpointArtifact],
+    config: EvalConfig,
+    model: ModelSpec,
+    mesh: MeshSpec,
+    ctx: RunContext,
+) -> StageOutcome[EvalReport]:
     """Evaluate `config.models` ('base' needs no checkpoint; URIs are looked up)."""
     tokenizer_name = build_tokenizer(model, ctx.model_cache).name
     check_dataset(dataset, tokenizer_name)
@@ -207,11 +263,16 @@ def evaluate(
         models.check_compatible(artifact, model, tokenizer_name)
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     outcome = run_stage(
-        ctx, with_uris(identity(config, model, dataset.fingerprint, fingerprints),
-                       dataset=dataset.uri, **{n: a.uri for n, a in resolved.items()}),
-        lambda directory: _evaluate(directory, dataset, resolved, config, model, mesh,
-                                    ctx.model_cache),
-    )  # fmt: skip
+        ctx,
+        with_uris(
+            identity(config, model, dataset.fingerprint, fingerprints),
+            dataset=dataset.uri,
+            **{n: a.uri for n, a in resolved.items()},
+        ),
+        lambda directory: _evaluate(
+            directory, dataset, resolved, config, model, mesh, ctx.model_cache
+        ),
+    )
     if not outcome.skipped:
         reports.record_scores(outcome.output, resolved, outcome.record_uri)
     return outcome

@@ -143,20 +143,15 @@ def list_dirs(uri: str) -> list[str]:
     if not fs.exists(path):
         return []
     entries = fs.ls(path, detail=True)
-    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
-                  if e["type"] == "directory")  # fmt: skip
+    return sorted(
+        e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory"
+    )
 
 
 def copy_tree(src: str, dst: str) -> None:
     """Copy every file under `src` to the same relative paths under `dst` (any protocols)."""
     for rel in list_files(src):
         write_bytes(join(dst, rel), read_bytes(join(src, rel)))
-
-
-def remove_tree(uri: str) -> None:
-    fs, path = _split(uri)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
 
 
 def orbax_directory(uri: str) -> str:
@@ -221,9 +216,12 @@ def fetch_tree(uri: str) -> str:
 # OS-level network failures that a retry can outlive. Plain ConnectionError is not here: FAR
 # raises it for "the hub is unreachable from this machine", which a retry will not fix.
 _TRANSIENT_OS_ERRORS = (
-    TimeoutError, ConnectionResetError, ConnectionAbortedError, ConnectionRefusedError,
+    TimeoutError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    ConnectionRefusedError,
     BrokenPipeError,
-)  # fmt: skip
+)
 _TRANSIENT_HTTP_CODES = {408, 429, 500, 502, 503, 504}
 
 
@@ -249,8 +247,15 @@ def _is_transient_library_error(error: BaseException) -> bool:
     if code is not None and isinstance(getattr(error, code, None), int):
         return getattr(error, code) in _TRANSIENT_HTTP_CODES
     module = type(error).__module__
-    transient_names = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError",
-                       "ServerTimeoutError", "ConnectionError", "ReadTimeout",
-                       "ChunkedEncodingError", "TransportError")  # fmt: skip
+    transient_names = (
+        "ServerDisconnectedError",
+        "ClientConnectorError",
+        "ClientOSError",
+        "ServerTimeoutError",
+        "ConnectionError",
+        "ReadTimeout",
+        "ChunkedEncodingError",
+        "TransportError",
+    )
     from_network_library = module.split(".")[0] in ("aiohttp", "requests", "google", "urllib3")
     return from_network_library and name in transient_names

@@ -6,7 +6,7 @@ StageOutcome[CheckpointArtifact].
 The policy starts from the SFT CheckpointArtifact (restored from its URI); the LoRA-free base
 network is the frozen reference for the KL term. Rollouts use Tunix's vanilla engine on the
 same mesh, sampling with a seed derived from the recipe seed and the global step
-(stages/rollouts.py). Actor checkpoints are written by Tunix under checkpoints/actor/, per-step
+(stages/grpo/rollouts.py). Actor checkpoints are written by Tunix under checkpoints/actor/, per-step
 metrics to tensorboard/ and the record's history, a few completions per step to samples.jsonl.
 
 `max_steps` and `checkpoint_every_steps` count GRPO steps (prompt batches); Tunix counts
@@ -35,10 +35,10 @@ from tunix.sft import metrics_logger
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
-from stages import grpo_metrics, models, rewards, rollouts, storage
-from stages.compilations import release_scalar_listeners
-from stages.data_prep import load_prompts
-from stages.runner import (
+from stages import rewards
+from stages.core import storage
+from stages.core.datasets import check_dataset, load_prompts
+from stages.core.runner import (
     RunContext,
     SessionExpired,
     StageIdentity,
@@ -46,9 +46,10 @@ from stages.runner import (
     run_stage,
     with_uris,
 )
-from stages.sessions import StepClock, guarded
-from stages.sft import check_dataset
-from stages.tokenizers import build_tokenizer
+from stages.core.sessions import StepClock, guarded
+from stages.grpo import metrics, rollouts
+from stages.modeling import models, tunix_compat
+from stages.modeling.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 2  # 2: per-step rollout seeds, exact resume position, TensorBoard, samples
@@ -75,9 +76,13 @@ def prompt_batches(
 
 
 def _cluster_config(
-    config: GRPOConfig, prompt_len: int, ckpt_dir: str, log_dir: str, meshes: tuple[Any, Any],
+    config: GRPOConfig,
+    prompt_len: int,
+    ckpt_dir: str,
+    log_dir: str,
+    meshes: tuple[Any, Any],
     eos: list[int],
-) -> rl_cluster_lib.ClusterConfig:  # fmt: skip
+) -> rl_cluster_lib.ClusterConfig:
     """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
     updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
     training = rl_cluster_lib.RLTrainingConfig(
@@ -107,7 +112,9 @@ def _cluster_config(
     )
     # SeededRollout samples with the actor's own model (RLCluster hands custom engines the
     # actor); a rollout apart from the actor needs Tunix's engine, which copies the weights.
-    engine: Any = functools.partial(rollouts.SeededRollout, base_seed=config.seed)
+    engine: Any = functools.partial(
+        tunix_compat.SeededRollout, seed_of=functools.partial(rollouts.step_seed, config.seed)
+    )
     role = rl_cluster_lib.Role
     return rl_cluster_lib.ClusterConfig(
         role_to_mesh={role.ACTOR: meshes[0], role.REFERENCE: meshes[0], role.ROLLOUT: meshes[1]},
@@ -119,51 +126,36 @@ def _cluster_config(
 
 
 def _learner(
-    cluster: rl_cluster_lib.RLCluster, config: GRPOConfig, sandbox: rewards.SandboxStats,
-    observer: grpo_metrics.StepObserver,
-) -> grpo_learner.GRPOLearner:  # fmt: skip
+    cluster: rl_cluster_lib.RLCluster,
+    config: GRPOConfig,
+    sandbox: rewards.SandboxStats,
+    observer: metrics.StepObserver,
+) -> grpo_learner.GRPOLearner:
     algo = grpo_learner.GRPOConfig(
-        num_generations=config.num_generations, num_iterations=config.num_iterations,
-        beta=config.beta, epsilon=config.epsilon, loss_algo=config.loss_variant,
-    )  # fmt: skip
+        num_generations=config.num_generations,
+        num_iterations=config.num_iterations,
+        beta=config.beta,
+        epsilon=config.epsilon,
+        loss_algo=config.loss_variant,
+    )
     return grpo_learner.GRPOLearner(
-        rl_cluster=cluster, algo_config=algo,
-        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox), metric_fns=[observer],
-    )  # fmt: skip
-
-
-def resync_after_restore(
-    cluster: rl_cluster_lib.RLCluster, learner: grpo_learner.GRPOLearner, step: int
-) -> None:
-    """Work around two Tunix 0.1.7 resume defects (FIELD-NOTES).
-
-    With a rollout model apart from the actor (another mesh), the rollout and anchor weights
-    hold the pre-restore policy until the first sync: push the restored adapters now. When
-    the two share their variables (one mesh), a sync must NOT happen: it replaces the
-    sampler's variables with copies, so the rollout would sample from the restored policy
-    for the rest of the session (Tunix never syncs a shared model again).
-    The global step restarts at 0 when the last checkpoint was written by close() (empty
-    custom metadata): set it to the restored step.
-    """
-    if learner.should_sync_weights:
-        cluster.sync_weights()  # also bumps global_steps, set just below
-    cluster.global_steps = step
-
-
-def take_over_fast_forward(learner: grpo_learner.GRPOLearner) -> None:
-    """Tunix 0.1.7's RLLearner.train() skips `actor_trainer.iter_steps` micro-batches of a
-    restored run's data before training. `_reinforce` already starts its prompt stream at the
-    first untrained batch (Tunix's count is also wrong when num_iterations > 1: it counts each
-    batch once per iteration), so Tunix's skip would drop batches a second time: the resumed
-    run then trained on other prompts than an uninterrupted run (measured: adapters off by
-    2.7e-4 after 6 steps; bitwise equal with this)."""
-    learner._last_iter_step = 0
+        rl_cluster=cluster,
+        algo_config=algo,
+        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
+        metric_fns=[observer],
+    )
 
 
 def build_session(
-    directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
-    spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext, rollout_mesh: Any | None = None,
-) -> Session:  # fmt: skip
+    directory: str,
+    dataset: DatasetArtifact,
+    sft: CheckpointArtifact,
+    config: GRPOConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+    rollout_mesh: Any | None = None,
+) -> Session:
     """The cluster (restored from `directory`'s checkpoints if any) and learner of a session.
 
     `rollout_mesh` puts the rollout model apart from the actor, with Tunix's own engine (a
@@ -177,22 +169,37 @@ def build_session(
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
     eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
     cluster = rl_cluster_lib.RLCluster(
-        actor=actor, reference=reference, tokenizer=tokenizer,
-        cluster_config=_cluster_config(config, dataset.prompt_len, local_ckpt, local_logs,
-                                       (mesh, rollout_mesh or mesh), eos),
-    )  # fmt: skip
+        actor=actor,
+        reference=reference,
+        tokenizer=tokenizer,
+        cluster_config=_cluster_config(
+            config, dataset.prompt_len, local_ckpt, local_logs, (mesh, rollout_mesh or mesh), eos
+        ),
+    )
     seeds: list[tuple[int, int]] = []
-    if isinstance(cluster.rollout, rollouts.SeededRollout):
+    if isinstance(cluster.rollout, tunix_compat.SeededRollout):
         cluster.rollout.follow(lambda: cluster.global_steps)
         seeds = cluster.rollout.seeds_used
-    observer = grpo_metrics.StepObserver(
-        config.num_generations, config.samples_per_step, lambda: cluster.global_steps,
+    observer = metrics.StepObserver(
+        config.num_generations,
+        config.samples_per_step,
+        lambda: cluster.global_steps,
         lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
-    )  # fmt: skip
+    )
     sandbox = rewards.SandboxStats()
     learner = _learner(cluster, config, sandbox, observer)
-    return Session(cluster, learner, observer, sandbox, mesh, tokenizer.name,
-                   ckpt_uri, local_ckpt, log_uri, local_logs)  # fmt: skip
+    return Session(
+        cluster,
+        learner,
+        observer,
+        sandbox,
+        mesh,
+        tokenizer.name,
+        ckpt_uri,
+        local_ckpt,
+        log_uri,
+        local_logs,
+    )
 
 
 @dataclass
@@ -201,7 +208,7 @@ class Session:
 
     cluster: rl_cluster_lib.RLCluster
     learner: grpo_learner.GRPOLearner
-    observer: grpo_metrics.StepObserver
+    observer: metrics.StepObserver
     sandbox: rewards.SandboxStats
     mesh: Any
     tokenizer_name: str
@@ -216,56 +223,71 @@ class Session:
 
 
 def _reinforce(
-    directory: str, dataset: DatasetArtifact, sft: CheckpointArtifact, config: GRPOConfig,
-    spec: ModelSpec, mesh_spec: MeshSpec, ctx: RunContext,
-) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
+    directory: str,
+    dataset: DatasetArtifact,
+    sft: CheckpointArtifact,
+    config: GRPOConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     session = build_session(directory, dataset, sft, config, spec, mesh_spec, ctx)
-    history = grpo_metrics.MetricsHistory()
+    history = metrics.MetricsHistory()
     session.cluster.with_external_metrics_logger(history)
     # A restored actor resumes at its step: skip the prompt batches it already trained on
     # (one batch per step), so the run continues at the exact prompt position.
     start_step = session.steps_done(config)
     if start_step:
-        resync_after_restore(session.cluster, session.learner, start_step)
-    take_over_fast_forward(session.learner)
+        tunix_compat.resync_after_restore(session.cluster, session.learner, start_step)
+    tunix_compat.skip_tunix_fast_forward(session.learner)
     if start_step < config.max_steps:  # Tunix would train one more step on a finished run
         rows = load_prompts(dataset, "grpo_train")
-        batches = itertools.islice(prompt_batches(rows, config.batch_size, config.seed),
-                                   start_step, None)  # fmt: skip
-        stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds,
-                         StepClock())  # fmt: skip
+        batches = itertools.islice(
+            prompt_batches(rows, config.batch_size, config.seed), start_step, None
+        )
+        stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock())
         with session.mesh:
             session.learner.train(stream)  # ends with close(): saves the last checkpoint
-    cluster = session.cluster
-    for logger in (cluster._rl_metrics_logger, cluster.actor_trainer.metrics_logger):
-        release_scalar_listeners(logger)  # else they keep writing into this stage's directory
+    for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
+        # else they keep writing into this stage's directory
+        tunix_compat.release_scalar_listeners(logger)
     storage.publish_tree(session.local_ckpt, session.ckpt_uri)
     storage.publish_local_directory(session.local_logs, session.log_uri)
     save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
     done = session.steps_done(config)
     if done < config.max_steps:
-        raise SessionExpired(f"GRPO stopped at step {done} of {config.max_steps} with a "
-                             f"checkpoint saved; it resumes from there")  # fmt: skip
+        raise SessionExpired(
+            f"GRPO stopped at step {done} of {config.max_steps} with a "
+            f"checkpoint saved; it resumes from there"
+        )
     return _results(session, config, spec, sft, history, start_step)
 
 
 def _results(
-    session: Session, config: GRPOConfig, spec: ModelSpec, sft: CheckpointArtifact,
-    history: grpo_metrics.MetricsHistory, start_step: int,
-) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:  # fmt: skip
+    session: Session,
+    config: GRPOConfig,
+    spec: ModelSpec,
+    sft: CheckpointArtifact,
+    history: metrics.MetricsHistory,
+    start_step: int,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     actor_uri = storage.join(session.ckpt_uri, ACTOR_SUBDIR)
     artifact = CheckpointArtifact(
-        uri=actor_uri, step=config.max_steps, model=spec, tokenizer=session.tokenizer_name,
-        lora=sft.lora, size_bytes=sum(storage.list_files(actor_uri).values()),
+        uri=actor_uri,
+        step=config.max_steps,
+        model=spec,
+        tokenizer=session.tokenizer_name,
+        lora=sft.lora,
+        size_bytes=sum(storage.list_files(actor_uri).values()),
         fingerprint=storage.tree_fingerprint(actor_uri),
-    )  # fmt: skip
-    metrics = {
+    )
+    scalars = {
         **history.summary(),
         "resumed_from_step": float(start_step),
         "sandbox_runs": float(session.sandbox.runs),
         "sandbox_failures": float(session.sandbox.failures),
     }
-    return artifact, metrics, history.curves(actor_kl(session.cluster))
+    return artifact, scalars, history.curves(actor_kl(session.cluster))
 
 
 def actor_kl(cluster: rl_cluster_lib.RLCluster) -> list[float]:
@@ -281,8 +303,11 @@ def save_samples(uri: str, samples: list[dict[str, Any]], start_step: int) -> No
     at or after `start_step` from an earlier session were not checkpointed and are dropped."""
     kept: list[str] = []
     if storage.exists(uri):
-        kept = [line for line in storage.read_text(uri).splitlines()
-                if line and json.loads(line)["step"] < start_step]  # fmt: skip
+        kept = [
+            line
+            for line in storage.read_text(uri).splitlines()
+            if line and json.loads(line)["step"] < start_step
+        ]
     kept += [json.dumps(sample, sort_keys=True) for sample in samples]
     storage.write_text(uri, "".join(line + "\n" for line in kept))
 
@@ -310,8 +335,11 @@ def reinforce(
     rewards.validate_names(config.rewards)
     return run_stage(
         ctx,
-        with_uris(identity(config, model, dataset.fingerprint, sft.fingerprint),
-                  dataset=dataset.uri, sft=sft.uri),
+        with_uris(
+            identity(config, model, dataset.fingerprint, sft.fingerprint),
+            dataset=dataset.uri,
+            sft=sft.uri,
+        ),
         lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
-    )  # fmt: skip
+    )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pipeline.recipes import load_recipe
 from schemas.recipe import Recipe
-from stages import storage
-from stages.recipes import load_recipe
+from stages.core import storage
 
 
 @dataclass(frozen=True)

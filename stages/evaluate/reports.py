@@ -12,14 +12,17 @@ from typing import Any
 from matplotlib.figure import Figure  # no pyplot: no global backend state
 
 from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
-from stages import storage
-from stages.runner import add_evaluation, find_checkpoint_record
+from stages.core import storage
+from stages.core.runner import add_evaluation, find_checkpoint_record
 
 
 def markdown_table(scores: Sequence[ModelScores]) -> str:
     """Base vs SFT vs GRPO (and any other model) overall, then per domain."""
-    lines = ["| model | prompts | format rate | accuracy | exact | pass@1 | majority | "
-             "mean completion chars |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| model | prompts | format rate | accuracy | exact | pass@1 | majority | "
+        "mean completion chars |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for s in scores:
         m = s.metrics
         lines.append(
@@ -29,11 +32,18 @@ def markdown_table(scores: Sequence[ModelScores]) -> str:
         )
     domains = sorted({d for s in scores for d in s.by_domain})
     if domains:
-        lines += ["", "| model | " + " | ".join(f"{d} format / accuracy" for d in domains) + " |",
-                  "|---|" + "---:|" * len(domains)]  # fmt: skip
+        lines += [
+            "",
+            "| model | " + " | ".join(f"{d} format / accuracy" for d in domains) + " |",
+            "|---|" + "---:|" * len(domains),
+        ]
         for s in scores:
-            cells = [f"{s.by_domain[d]['format_rate']:.2f} / {s.by_domain[d]['accuracy']:.2f}"
-                     if d in s.by_domain else "-" for d in domains]  # fmt: skip
+            cells = [
+                f"{s.by_domain[d]['format_rate']:.2f} / {s.by_domain[d]['accuracy']:.2f}"
+                if d in s.by_domain
+                else "-"
+                for d in domains
+            ]
             lines.append(f"| {s.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -50,8 +60,11 @@ def metrics_plot(scores: Sequence[ModelScores]) -> bytes:
     names = [s.name.rsplit("/", 2)[-2] if "/" in s.name else s.name for s in scores]
     width = 0.38
     for offset, (label, values) in enumerate(
-        (("format rate", [s.format_rate for s in scores]),
-         ("accuracy", [s.accuracy for s in scores]))):  # fmt: skip
+        (
+            ("format rate", [s.format_rate for s in scores]),
+            ("accuracy", [s.accuracy for s in scores]),
+        )
+    ):
         positions = [i + (offset - 0.5) * width for i in range(len(scores))]
         axes.bar(positions, values, width, label=label)
     axes.set_xticks(range(len(scores)), names)
@@ -79,20 +92,25 @@ def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
 
 
 def write_report(
-    directory: str, scores: list[ModelScores], samples: list[dict[str, Any]],
+    directory: str,
+    scores: list[ModelScores],
+    samples: list[dict[str, Any]],
     checkpoints: dict[str, CheckpointArtifact],
-) -> EvalReport:  # fmt: skip
+) -> EvalReport:
     samples_bytes = "".join(json.dumps(s, sort_keys=True) + "\n" for s in samples).encode()
     samples_uri = storage.join(directory, "samples.jsonl")
     storage.write_bytes(samples_uri, samples_bytes)
     storage.write_text(storage.join(directory, "report.md"), markdown_table(scores))
     storage.write_bytes(storage.join(directory, "metrics.png"), metrics_plot(scores))
-    histories = {name: find_checkpoint_record(a.uri)[1].history
-                 for name, a in checkpoints.items()}  # fmt: skip
+    histories = {name: find_checkpoint_record(a.uri)[1].history for name, a in checkpoints.items()}
     storage.write_bytes(storage.join(directory, "training.png"), training_plot(histories))
     report_uri = storage.join(directory, "report.json")
-    report = EvalReport(uri=report_uri, samples_uri=samples_uri, scores=scores,
-                        fingerprint=hashlib.sha256(samples_bytes).hexdigest())  # fmt: skip
+    report = EvalReport(
+        uri=report_uri,
+        samples_uri=samples_uri,
+        scores=scores,
+        fingerprint=hashlib.sha256(samples_bytes).hexdigest(),
+    )
     storage.write_json(report_uri, report.model_dump(mode="json"))
     return report
 
@@ -107,5 +125,7 @@ def record_scores(
         if scores is None:
             continue
         record_uri, _ = find_checkpoint_record(artifact.uri)
-        add_evaluation(record_uri, {"evaluation": eval_record_uri, "report": report.uri,
-                                    **scores.model_dump(mode="json")})  # fmt: skip
+        add_evaluation(
+            record_uri,
+            {"evaluation": eval_record_uri, "report": report.uri, **scores.model_dump(mode="json")},
+        )

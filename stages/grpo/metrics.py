@@ -32,24 +32,36 @@ class StepObserver:
     """Tunix metric_fn: group-variance and format metrics, plus sample completions per step."""
 
     def __init__(
-        self, num_generations: int, samples_per_step: int, step_of: Callable[[], int],
+        self,
+        num_generations: int,
+        samples_per_step: int,
+        step_of: Callable[[], int],
         seed_of: Callable[[int], int | None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.num_generations = num_generations
         self.samples_per_step = samples_per_step
         self.step_of, self.seed_of = step_of, seed_of
         self.samples: list[dict[str, Any]] = []
 
     def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], rewards: Any,
-        advantages: Any, **_: Any,
-    ) -> dict[str, tuple[float, Callable[..., Any]]]:  # fmt: skip
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        rewards: Any,
+        advantages: Any,
+        **_: Any,
+    ) -> dict[str, tuple[float, Callable[..., Any]]]:
         step, scores = self.step_of(), np.asarray(rewards, dtype=np.float64)
         for i in range(min(self.samples_per_step, len(completions))):
-            self.samples.append({
-                "step": step, "rollout_seed": self.seed_of(step), "prompt": str(prompts[i]),
-                "completion": str(completions[i]), "reward": float(scores[i]),
-            })  # fmt: skip
+            self.samples.append(
+                {
+                    "step": step,
+                    "rollout_seed": self.seed_of(step),
+                    "prompt": str(prompts[i]),
+                    "completion": str(completions[i]),
+                    "reward": float(scores[i]),
+                }
+            )
         strict = [rewards_format(c) for c in completions]
         return {
             ZERO_VARIANCE: (zero_variance_fraction(scores, self.num_generations), np.mean),
@@ -81,8 +93,7 @@ class MetricsHistory:
 
     def curves(self, kl: Sequence[float]) -> dict[str, list[float]]:
         """Per-step reward means, total reward, zero-variance groups, format rate, lengths, KL."""
-        wanted = [n for n in self.values
-                  if n.startswith(("rewards/", "far/")) or n in LENGTHS]  # fmt: skip
+        wanted = [n for n in self.values if n.startswith(("rewards/", "far/")) or n in LENGTHS]
         curves = {name: self.values[name] for name in sorted(wanted)}
         curves["global_step"] = [float(s) for s in self.steps]
         curves["kl"] = [float(x) for x in kl]

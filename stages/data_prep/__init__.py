@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import re
@@ -28,8 +27,11 @@ from tqdm import tqdm
 
 from schemas.artifacts import DataCard, DatasetArtifact
 from schemas.recipe import DataPrepConfig, ModelSpec, SourceSpec, SplitSpec
-from stages import storage
-from stages.data_sources import (
+from stages.core import storage
+from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
+from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
+from stages.data_prep.packing import pack_rows, useful_fraction
+from stages.data_prep.sources import (
     ADAPTERS,
     DIRECT_REASONING,
     BadRow,
@@ -38,9 +40,7 @@ from stages.data_sources import (
     source_fingerprint,
     source_label,
 )
-from stages.packing import FIELDS, pack_rows, useful_fraction
-from stages.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
-from stages.tokenizers import Tokenizer, build_tokenizer
+from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 2
@@ -49,11 +49,6 @@ INSTRUCTION = (
     "then give only the final answer inside <answer> </answer>."
 )
 SPLITS = (("eval", "eval"), ("grpo_train", "grpo"), ("sft_train", "sft"))  # (split, config)
-SPLIT_FILES = {
-    "sft_train": "sft_train.npz",
-    "grpo_train": "grpo_prompts.jsonl",
-    "eval": "eval_prompts.jsonl",
-}
 
 
 def chat_prompt(question: str) -> str:
@@ -63,8 +58,10 @@ def chat_prompt(question: str) -> str:
 
 def format_target(reasoning: str, answer: str) -> str:
     """The SFT target; sources without reference reasoning get a fixed one-line reasoning."""
-    return (f"<reasoning>{reasoning or DIRECT_REASONING}</reasoning>"
-            f"<answer>{answer}</answer><end_of_turn>")  # fmt: skip
+    return (
+        f"<reasoning>{reasoning or DIRECT_REASONING}</reasoning>"
+        f"<answer>{answer}</answer><end_of_turn>"
+    )
 
 
 class Quarantine:
@@ -113,8 +110,15 @@ def load_source(
     """All usable examples of one source; an error if it has no rows or only bad ones."""
     label, adapter = source_label(spec), ADAPTERS[spec.row_adapter]
     examples, total = [], 0
-    for index, row in enumerate(tqdm(read_rows(spec, seed), desc=f"data_prep {label}",
-                                     unit=" rows", leave=False, mininterval=2)):  # fmt: skip
+    for index, row in enumerate(
+        tqdm(
+            read_rows(spec, seed),
+            desc=f"data_prep {label}",
+            unit=" rows",
+            leave=False,
+            mininterval=2,
+        )
+    ):
         total += 1
         try:
             if isinstance(row, BadRow):
@@ -132,8 +136,10 @@ def load_source(
         examples.append(example)
     if not examples:
         reasons = sorted({r["reason"] for r in quarantine.rows if r["source"] == label})[:3]
-        raise ValueError(f"data source {label} yielded no usable rows out of {total}"
-                         + (f"; reasons include {reasons}" if reasons else ""))  # fmt: skip
+        raise ValueError(
+            f"data source {label} yielded no usable rows out of {total}"
+            + (f"; reasons include {reasons}" if reasons else "")
+        )
     return examples
 
 
@@ -144,8 +150,10 @@ def _source_key(spec: SourceSpec) -> str:
 def sft_sequence(example: Example, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """(tokens, loss mask): BOS and prompt 0, target and EOS 1."""
     prompt = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt))]
-    response = [*tokenizer.encode(format_target(example.reasoning, example.answer)),
-                tokenizer.eos_id()]  # fmt: skip
+    response = [
+        *tokenizer.encode(format_target(example.reasoning, example.answer)),
+        tokenizer.eos_id(),
+    ]
     return prompt + response, [0] * len(prompt) + [1] * len(response)
 
 
@@ -229,36 +237,27 @@ def build_splits(
 
 
 def prompt_row(example: Example) -> dict[str, Any]:
-    return {"id": example.id, "source": example.source, "domain": example.domain,
-            "prompt": chat_prompt(example.prompt), "answer": example.answer,
-            "tests": list(example.tests)}  # fmt: skip
-
-
-def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types kwds as bool
-    return buffer.getvalue()
+    return {
+        "id": example.id,
+        "source": example.source,
+        "domain": example.domain,
+        "prompt": chat_prompt(example.prompt),
+        "answer": example.answer,
+        "tests": list(example.tests),
+    }
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
 
-def load_sft_arrays(artifact: DatasetArtifact) -> dict[str, np.ndarray]:
-    data = storage.read_bytes(storage.join(artifact.uri, SPLIT_FILES["sft_train"]))
-    with np.load(io.BytesIO(data)) as npz:
-        return {k: npz[k] for k in FIELDS}
-
-
-def load_prompts(artifact: DatasetArtifact, split: str) -> list[dict[str, Any]]:
-    text = storage.read_text(storage.join(artifact.uri, SPLIT_FILES[split]))
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def data_card(
-    config: DataPrepConfig, splits: dict[str, list[Example]], lengths: list[int],
-    arrays: dict[str, np.ndarray], quarantine: Quarantine,
-) -> DataCard:  # fmt: skip
+    config: DataPrepConfig,
+    splits: dict[str, list[Example]],
+    lengths: list[int],
+    arrays: dict[str, np.ndarray],
+    quarantine: Quarantine,
+) -> DataCard:
     width = max(1, config.max_seq_len // 8)
     bins = Counter((n // width) * width for n in lengths)
     histogram = {f"{low}-{low + width - 1}": bins[low] for low in sorted(bins)}
@@ -267,32 +266,15 @@ def data_card(
         counts_by_source={s: dict(Counter(e.source for e in ex)) for s, ex in splits.items()},
         counts_by_domain={s: dict(c) for s, c in domains.items()},
         target_mix={s: dict(getattr(config, a).mix or {}) for s, a in SPLITS},
-        achieved_mix={s: {d: n / sum(c.values()) for d, n in c.items()}
-                      for s, c in domains.items()},
+        achieved_mix={
+            s: {d: n / sum(c.values()) for d, n in c.items()} for s, c in domains.items()
+        },
         quarantined_by_reason=quarantine.by_reason(),
         sft_length_histogram=histogram,
-        packed=config.packing, sft_rows=int(arrays["input_tokens"].shape[0]),
+        packed=config.packing,
+        sft_rows=int(arrays["input_tokens"].shape[0]),
         useful_token_fraction=useful_fraction(arrays),
-    )  # fmt: skip
-
-
-def card_markdown(artifact: DatasetArtifact) -> str:
-    """The data card as markdown (for Prefect artifacts and humans)."""
-    card = artifact.card
-    lines = ["| split | examples | by source | by domain (achieved / target) |",
-             "|---|---:|---|---|"]  # fmt: skip
-    for split, size in artifact.split_sizes.items():
-        target = card.target_mix.get(split, {})
-        domains = ", ".join(
-            f"{d} {p:.2f}" + (f" / {target[d]:.2f}" if d in target else "")
-            for d, p in sorted(card.achieved_mix.get(split, {}).items())
-        )
-        sources = ", ".join(f"{s} {n}" for s, n in card.counts_by_source.get(split, {}).items())
-        lines.append(f"| {split} | {size} | {sources} | {domains} |")
-    lines += ["", f"SFT rows: {card.sft_rows} ({'packed' if card.packed else 'one example each'}),"
-              f" useful tokens {card.useful_token_fraction:.1%}; quarantined "
-              f"{artifact.quarantined}: {card.quarantined_by_reason or 'none'}"]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    )
 
 
 def _write_dataset(
@@ -304,7 +286,7 @@ def _write_dataset(
     sequences = tokenize_on_grain(splits["sft_train"], tokenizer)
     arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {
-        SPLIT_FILES["sft_train"]: _npz_bytes(arrays),
+        SPLIT_FILES["sft_train"]: sft_npz_bytes(arrays),
         SPLIT_FILES["grpo_train"]: _jsonl([prompt_row(e) for e in splits["grpo_train"]]),
         SPLIT_FILES["eval"]: _jsonl([prompt_row(e) for e in splits["eval"]]),
         "quarantine.jsonl": _jsonl(quarantine.rows),
@@ -315,11 +297,15 @@ def _write_dataset(
         digest.update(name.encode() + hashlib.sha256(files[name]).digest())
     card = data_card(config, splits, [len(t) for t, _ in sequences], arrays, quarantine)
     artifact = DatasetArtifact(
-        uri=directory, tokenizer=tokenizer.name, seq_len=config.max_seq_len,
+        uri=directory,
+        tokenizer=tokenizer.name,
+        seq_len=config.max_seq_len,
         prompt_len=config.max_prompt_len,
         split_sizes={s: len(ex) for s, ex in splits.items()},
-        quarantined=len(quarantine.rows), card=card, fingerprint=digest.hexdigest(),
-    )  # fmt: skip
+        quarantined=len(quarantine.rows),
+        card=card,
+        fingerprint=digest.hexdigest(),
+    )
     metrics = {
         "useful_token_fraction": card.useful_token_fraction,
         "quarantined": float(len(quarantine.rows)),
@@ -331,8 +317,12 @@ def _write_dataset(
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     """The data depends on its config, the sources' content and the tokenizer (named by where
     it comes from) only."""
-    tokenizer = {"tokenizer": model.tokenizer, "source": model.source, "uri": model.uri,
-                 "preset": model.preset}  # fmt: skip
+    tokenizer = {
+        "tokenizer": model.tokenizer,
+        "source": model.source,
+        "uri": model.uri,
+        "preset": model.preset,
+    }
     hashed = {"data": config.model_dump(mode="json"), "model": tokenizer}
     sources = {}
     for _, attr in SPLITS:

@@ -37,8 +37,8 @@ from schemas.record import (
     SessionLog,
     StageRecord,
 )
-from stages import drift, storage
-from stages.sessions import StopFlag
+from stages.core import drift, storage
+from stages.core.sessions import StopFlag
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -138,19 +138,30 @@ def read_record(record_uri: str) -> StageRecord | None:
         raise ValueError(f"stage record {record_uri} is unreadable or invalid: {e}") from e
 
 
+def find_record(uri: str, levels: int = 4) -> tuple[str, StageRecord] | None:
+    """The committed record of the stage that holds `uri`: in it or up to `levels`-1 above."""
+    candidate = storage.normalize(uri)
+    for _ in range(levels):
+        record_uri = storage.join(candidate, RECORD_NAME)
+        record = read_record(record_uri)
+        if record is not None:
+            return record_uri, record
+        candidate = candidate.rsplit("/", 1)[0]
+    return None
+
+
 def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
     """The record of the stage whose checkpoint is at `uri` (the uri or up to two levels up)."""
     uri = storage.normalize(uri)
-    parent = uri.rsplit("/", 1)[0]
-    for directory in (uri, parent, parent.rsplit("/", 1)[0]):
-        record_uri = storage.join(directory, RECORD_NAME)
-        record = read_record(record_uri)
-        if (
-            record is not None
-            and record.output.kind == "checkpoint"
-            and uri in (storage.normalize(record.output.uri), directory)
+    found = find_record(uri, levels=3)
+    if found is not None:
+        record_uri, record = found
+        directory = record_uri.rsplit("/", 1)[0]
+        if record.output.kind == "checkpoint" and uri in (
+            storage.normalize(record.output.uri),
+            directory,
         ):
-            return record_uri, record
+            return found
     raise FileNotFoundError(
         f"no committed FAR checkpoint at {uri}: expected a stage record ({RECORD_NAME}) of an "
         f"sft or grpo stage in it or up to two directories above"
@@ -205,14 +216,26 @@ def run_stage(
         raise
     this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
-        stage=stage, run=ctx.run, status="complete", stage_hash=digest, directory=directory,
-        config=identity.config, inputs=identity.inputs, output=output,
-        code=code_version(identity.version), hardware=hardware(), started_at=started,
-        finished_at=this_session.finished_at, seconds=this_session.seconds, metrics=metrics,
-        history=history, flow_run_id=ctx.flow_run_id, input_artifacts=input_refs(identity),
+        stage=stage,
+        run=ctx.run,
+        status="complete",
+        stage_hash=digest,
+        directory=directory,
+        config=identity.config,
+        inputs=identity.inputs,
+        output=output,
+        code=code_version(identity.version),
+        hardware=hardware(),
+        started_at=started,
+        finished_at=this_session.finished_at,
+        seconds=this_session.seconds,
+        metrics=metrics,
+        history=history,
+        flow_run_id=ctx.flow_run_id,
+        input_artifacts=input_refs(identity),
         sessions=[*_earlier_sessions(directory), this_session],
         files=directory_digests(directory),
-    )  # fmt: skip
+    )
     storage.write_json(record_uri, record.model_dump(mode="json"))
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
@@ -227,16 +250,22 @@ def _start_directory(
         return  # this very directory was started before: a resume, not a change
     previous = previous_directory(ctx, identity.stage, directory)
     if previous is not None:
-        changes = identity_changes(storage.read_json(storage.join(previous, IDENTITY_NAME)),
-                                   identity)  # fmt: skip
+        changes = identity_changes(
+            storage.read_json(storage.join(previous, IDENTITY_NAME)), identity
+        )
         drift.check(f"stage {identity.stage}", changes, ctx.allow_changes)
         if carry_over and drift.continuable(changes):
             for sub in carry_over:
                 log.info("stage %s: continuing from %s/%s", identity.stage, previous, sub)
                 storage.copy_tree(storage.join(previous, sub), storage.join(directory, sub))
-    payload = {"stage": identity.stage, "version": identity.version, "config": identity.config,
-               "inputs": identity.inputs, "input_uris": identity.input_uris or {},
-               "created_at": datetime.now(UTC).isoformat()}  # fmt: skip
+    payload = {
+        "stage": identity.stage,
+        "version": identity.version,
+        "config": identity.config,
+        "inputs": identity.inputs,
+        "input_uris": identity.input_uris or {},
+        "created_at": datetime.now(UTC).isoformat(),
+    }
     storage.write_json(identity_uri, payload)
 
 
@@ -256,9 +285,16 @@ def identity_changes(old: dict[str, Any], new: StageIdentity) -> list[drift.Chan
     changes = drift.diff(old["config"], new.config)
     if old["version"] != new.version:
         changes.append(drift.Change(f"code.{new.stage}_version", old["version"], new.version))
-    sources = lambda d: {k.removeprefix(SOURCE_PREFIX): v for k, v in d.items()  # noqa: E731
-                         if k.startswith(SOURCE_PREFIX)}  # fmt: skip
-    return changes + drift.diff(sources(old["inputs"]), sources(new.inputs), "data.source_content")
+    return changes + drift.diff(
+        _source_inputs(old["inputs"]), _source_inputs(new.inputs), "data.source_content"
+    )
+
+
+def _source_inputs(inputs: dict[str, str]) -> dict[str, str]:
+    """The identity's external data sources, by label (upstream artifacts left out)."""
+    return {
+        k.removeprefix(SOURCE_PREFIX): v for k, v in inputs.items() if k.startswith(SOURCE_PREFIX)
+    }
 
 
 def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
@@ -268,20 +304,10 @@ def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
     for name, fingerprint in identity.inputs.items():
         uri = uris.get(name, name.removeprefix(SOURCE_PREFIX))
         external = name.startswith(SOURCE_PREFIX)
-        record_uri = None if external else _record_of(uri)
+        found = None if external else find_record(uri, levels=3)
+        record_uri = None if found is None else found[0]
         refs[name] = ArtifactRef(uri=uri, fingerprint=fingerprint, record_uri=record_uri)
     return refs
-
-
-def _record_of(artifact_uri: str) -> str | None:
-    """The stage record beside an artifact (the artifact is the stage dir or inside it)."""
-    candidate = artifact_uri
-    for _ in range(3):
-        record_uri = storage.join(candidate, RECORD_NAME)
-        if storage.exists(record_uri):
-            return record_uri
-        candidate = candidate.rsplit("/", 1)[0]
-    return None
 
 
 def directory_digests(directory: str) -> dict[str, FileDigest]:
@@ -292,11 +318,16 @@ def directory_digests(directory: str) -> dict[str, FileDigest]:
 def _session(
     ctx: RunContext, started: datetime, t0: float, outcome: str, detail: str
 ) -> SessionLog:
-    return SessionLog.model_validate({
-        "flow_run_id": ctx.flow_run_id, "started_at": started,
-        "finished_at": datetime.now(UTC), "seconds": time.perf_counter() - t0,
-        "outcome": outcome, "detail": detail[:500],
-    })  # fmt: skip
+    return SessionLog.model_validate(
+        {
+            "flow_run_id": ctx.flow_run_id,
+            "started_at": started,
+            "finished_at": datetime.now(UTC),
+            "seconds": time.perf_counter() - t0,
+            "outcome": outcome,
+            "detail": detail[:500],
+        }
+    )
 
 
 def _log_session(
@@ -310,8 +341,10 @@ def _log_session(
 
 def _earlier_sessions(directory: str) -> list[SessionLog]:
     folder = storage.join(directory, SESSIONS_DIR)
-    return [SessionLog.model_validate(storage.read_json(storage.join(folder, name)))
-            for name in sorted(storage.list_files(folder))]  # fmt: skip
+    return [
+        SessionLog.model_validate(storage.read_json(storage.join(folder, name)))
+        for name in sorted(storage.list_files(folder))
+    ]
 
 
 def code_version(stage_version: int) -> CodeVersion:

@@ -16,16 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stages.sandbox import Limits, run_python
+from stages.rewards.answers import extract_answer, unbox
+from stages.rewards.sandbox import Limits, run_python
 
 _STRICT_FORMAT = re.compile(
     r"^\s*<reasoning>(?P<reasoning>.+?)</reasoning>\s*<answer>(?P<answer>.+?)</answer>\s*"
     r"(?:<end_of_turn>\s*)?$",
     re.DOTALL,
 )
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_HASHES = re.compile(r"####\s*([^\n]+)")
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
@@ -43,7 +41,6 @@ class SandboxStats:
 
     runs: int = 0
     failures: int = 0
-    timeouts: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,21 +69,10 @@ def format_approx(completion: str, ref: Reference) -> float:
     return sum(0.25 for tag in _TAGS if completion.count(tag) == 1)
 
 
-def extract_answer(completion: str) -> str | None:
-    """The final answer: the <answer> tag, else '#### N', else the last \\boxed{}."""
-    for pattern in (_ANSWER, _HASHES):
-        match = pattern.search(completion)
-        if match:
-            return match.group(1).strip()
-    boxed = _BOXED.findall(completion)
-    return boxed[-1].strip() if boxed else None
-
-
 def answers_equal(predicted: str, reference: str) -> bool:
     """Numeric comparison when both parse as numbers (1e-6 relative), else exact text."""
     p, r = (x.strip().replace(",", "").replace("$", "") for x in (predicted, reference))
-    boxed = _BOXED.fullmatch(p)
-    p = boxed.group(1).strip() if boxed else p
+    p = unbox(p)
     if _NUMBER.match(p) and _NUMBER.match(r):
         a, b = float(p), float(r)
         return abs(a - b) <= 1e-6 * max(1.0, abs(b))
@@ -156,7 +142,6 @@ def symbolic_equal(pairs: Sequence[tuple[str, str]], stats: SandboxStats) -> lis
     if result.ok and line.startswith(nonce):
         return [bool(x) for x in json.loads(line[len(nonce) :])]
     stats.failures += 1
-    stats.timeouts += int(result.timed_out)
     return [False] * len(pairs)
 
 
@@ -202,7 +187,6 @@ def run_tests(code: str, tests: Sequence[str], stats: SandboxStats) -> float:
             passed += 1
         elif not result.ok and (result.timed_out or result.returncode not in (1,)):
             stats.failures += 1
-            stats.timeouts += int(result.timed_out)
     return passed / len(tests) if tests else 0.0
 
 
@@ -210,8 +194,9 @@ def code_pass_rate(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
     """Pass fraction of the reference tests (MBPP, HumanEval) run in the sandbox."""
-    return [run_tests(extract_code(c), r.tests, stats)
-            for c, r in zip(completions, refs, strict=True)]  # fmt: skip
+    return [
+        run_tests(extract_code(c), r.tests, stats) for c, r in zip(completions, refs, strict=True)
+    ]
 
 
 REGISTRY: dict[str, Reward] = {
@@ -225,11 +210,6 @@ REGISTRY: dict[str, Reward] = {
         Reward("code_pass_rate", code_pass_rate, code_pass_rate.__doc__ or ""),
     )
 }
-# The seeds' weighting: 60% reasoning trajectory (format + shaping), 40% correctness.
-PRESETS: dict[str, dict[str, float]] = {
-    "trajectory_60_correctness_40": {"format_strict": 0.3, "reasoning_quality": 0.3,
-                                     "math_equivalent": 0.4},
-}  # fmt: skip
 
 
 def get_reward(name: str) -> Reward:
@@ -246,8 +226,9 @@ def validate_names(weights: dict[str, float]) -> None:
 def references(answers: Sequence[Any], tests: Sequence[Any] | None = None) -> list[Reference]:
     """References from batch fields (tests travel JSON-encoded through Tunix's numpy batch)."""
     encoded = tests if tests is not None else ["[]"] * len(answers)
-    return [Reference(str(a), tuple(json.loads(str(t)))) for a, t in zip(answers, encoded,
-                                                                          strict=True)]  # fmt: skip
+    return [
+        Reference(str(a), tuple(json.loads(str(t)))) for a, t in zip(answers, encoded, strict=True)
+    ]
 
 
 def tunix_reward_fns(
@@ -261,10 +242,14 @@ def tunix_reward_fns(
         reward = get_reward(name)
 
         def batch_fn(
-            prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any],
-            tests: Sequence[Any] | None = None, _reward: Reward = reward,
-            _weight: float = weight, **_: Any,
-        ) -> list[float]:  # fmt: skip
+            prompts: Sequence[str],
+            completions: Sequence[str],
+            answer: Sequence[Any],
+            tests: Sequence[Any] | None = None,
+            _reward: Reward = reward,
+            _weight: float = weight,
+            **_: Any,
+        ) -> list[float]:
             scores = _reward.score(completions, references(answer, tests), counted)
             return [_weight * s for s in scores]
 

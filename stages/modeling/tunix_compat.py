@@ -1,0 +1,160 @@
+"""Every place FAR reads or writes Tunix internals, behind a version guard.
+
+Tunix is young and its private attributes move between releases (its main branch already
+renames RLCluster and moves checkpointing to Orbax v1). Each workaround below names the defect
+it works around and has a test that shows the defect; all of them were written against the
+versions in tunix_version.TESTED_TUNIX_VERSIONS. Importing this module with any other
+installed google-tunix raises UntestedTunixError naming both (see tunix_version.py): an
+upgrade must be a decision, re-checked against these tests, never a silent change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from tunix.rl.rollout import base_rollout, vanilla_rollout
+
+from stages.modeling import tunix_version
+
+tunix_version.check_installed()
+
+
+# --- GRPO resume ----------------------------------------------------------------------------
+
+
+def resync_after_restore(cluster: Any, learner: Any, step: int) -> None:
+    """Work around two Tunix 0.1.7 resume defects of RLCluster.
+
+    1. With a rollout model apart from the actor (another mesh), the rollout and anchor
+       weights hold the pre-restore policy until the first sync: push the restored adapters
+       now. When the two share their variables (one mesh), a sync must NOT happen: it replaces
+       the sampler's variables with copies, so the rollout would sample from the restored
+       policy for the rest of the session (Tunix never syncs a shared model again).
+    2. The global step restarts at 0 when the last checkpoint was written by close() (empty
+       custom metadata): set it to the restored step.
+    Tests: tests/integration/test_grpo_full.py (the stale-rollout and shared-rollout cases,
+    each checked to fail without this) and test_grpo_sessions.py (global step after close()).
+    """
+    if learner.should_sync_weights:
+        cluster.sync_weights()  # also bumps global_steps, set just below
+    cluster.global_steps = step
+
+
+def skip_tunix_fast_forward(learner: Any) -> None:
+    """Tunix 0.1.7's RLLearner.train() skips `actor_trainer.iter_steps` micro-batches of a
+    restored run's data before training. FAR's GRPO stage already starts its prompt stream at
+    the first untrained batch (Tunix's count is also wrong when num_iterations > 1: it counts
+    each batch once per iteration), so Tunix's skip would drop batches a second time: the
+    resumed run then trained on other prompts than an uninterrupted run (measured: adapters off
+    by 2.7e-4 after 6 steps; bitwise equal with this). Test: test_grpo_full.py's kill -9
+    resume ends bitwise equal to an uninterrupted run."""
+    learner._last_iter_step = 0
+
+
+def cluster_metrics_loggers(cluster: Any) -> list[Any]:
+    """Both MetricsLoggers an RLCluster owns (Tunix 0.1.7 keeps the RL one private)."""
+    return [cluster._rl_metrics_logger, cluster.actor_trainer.metrics_logger]
+
+
+# --- jax.monitoring listeners ----------------------------------------------------------------
+
+
+def unregister_duration_listener(listener: Callable[..., None]) -> None:
+    """Remove a jax.monitoring duration listener that Tunix may already have removed.
+
+    Tunix's MetricsLogger.close() (end of PeftTrainer.train) clears every JAX duration
+    listener, ours included; JAX 0.10.2 then raises AssertionError on unregistering it. By
+    then training, and so the listening, is over."""
+    try:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    except AssertionError:
+        return
+
+
+def release_scalar_listeners(metrics_logger: Any) -> int:
+    """Detach a closed Tunix MetricsLogger's backends from jax.monitoring; how many were left.
+
+    Tunix registers each backend's log_scalar as a JAX scalar listener and, on close, relies on
+    jax.monitoring.clear_event_listeners(), which in JAX 0.10.2 does not clear scalar
+    listeners (it assigns a local `_scalar_listeners`). The closed TensorBoard backend then
+    reopens a file in the finished stage's directory and receives every later stage's
+    scalars. Call this after training so a committed stage directory stays as recorded.
+    Test: tests/unit/test_tunix_compat.py shows the leak and its release.
+    """
+    released = 0
+    for backend in getattr(metrics_logger, "_backends", []):
+        try:
+            jax.monitoring.unregister_scalar_listener(backend.log_scalar)
+        except AssertionError:  # not registered (process index > 0, or already released)
+            continue
+        released += 1
+    return released
+
+
+# --- rollout seeds ---------------------------------------------------------------------------
+
+
+class SeededRollout(vanilla_rollout.VanillaRollout):
+    """Tunix's vanilla rollout engine, sampling each generate call with its own seed.
+
+    Tunix 0.1.7 passes RolloutConfig.seed unchanged to every generate call, so every GRPO step
+    samples with the same PRNG key (and seed None means PRNGKey(0) every time). Here each call
+    asks `seed_of(global_step, call_index)`; `follow(step_of)` binds the cluster's step
+    counter. RLCluster builds the engine by calling it positionally as
+    (rollout_actor, tokenizer, mesh, rollout_config), which is why the signature is fixed.
+    Test: tests/unit/test_grpo_parts.py and the GRPO samples' seeds after a resume.
+    """
+
+    def __init__(
+        self,
+        rollout_actor: Any,
+        tokenizer: Any,
+        mesh: Any,
+        rollout_config: base_rollout.RolloutConfig,
+        *,
+        seed_of: Callable[[int, int], int],
+    ) -> None:
+        config = rollout_actor.config
+        cache = base_rollout.CacheConfig(
+            cache_size=rollout_config.kv_cache_size,
+            num_layers=config.num_layers,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+        )
+        super().__init__(rollout_actor, tokenizer, cache_config_or_size=cache)
+        self.seed_of = seed_of
+        self.seeds_used: list[tuple[int, int]] = []  # (global step, seed) per generate call
+        self._step_of: Callable[[], int] | None = None
+
+    def follow(self, step_of: Callable[[], int]) -> None:
+        """Read the global step from `step_of` (the cluster's counter) at each generate call."""
+        self._step_of = step_of
+
+    def next_seed(self) -> int:
+        if self._step_of is None:
+            raise RuntimeError("SeededRollout.follow(step_of) was not called before generating")
+        step = self._step_of()
+        call = sum(1 for s, _ in self.seeds_used if s == step)
+        seed = self.seed_of(step, call)
+        self.seeds_used.append((step, seed))
+        return seed
+
+    def generate(
+        self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs: Any
+    ) -> base_rollout.RolloutOutput:
+        seeded = dataclasses.replace(rollout_config, seed=jax.random.PRNGKey(self.next_seed()))
+        return super().generate(prompts, seeded, **kwargs)
+
+
+# --- Gemma 3 attention -----------------------------------------------------------------------
+
+
+def gemma3_qk_norm_scales(attention: Any) -> tuple[Any, Any]:
+    """The query and key RMSNorm scale parameters of a Tunix Gemma 3 attention block.
+
+    Tunix 0.1.7 keeps them as private attributes with no public accessor; the export test
+    (tests/integration/test_real_model.py) checks the exported logits against transformers."""
+    return attention._query_norm.scale, attention._key_norm.scale
