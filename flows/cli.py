@@ -168,7 +168,7 @@ def configure_logging(verbose: bool) -> None:
     quiet = logging.INFO if verbose else logging.WARNING
     for noisy in ("absl", "jax", "orbax", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(quiet)
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "stages")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "stages,pipeline")
 
 
 def print_summary(summary: RunSummary) -> None:

@@ -2,7 +2,7 @@
 
 A Prefect deployment (deploy/prefect.yaml) can only pass JSON parameters, so this flow takes
 a recipe URI (a path relative to the repository, or a gs:// URI) and the `far run` overrides,
-and plans the run with the same code as the CLI (flows/plan.py). It runs the stages inside
+and plans the run with the same code as the CLI (pipeline/plan.py). It runs the stages inside
 its own flow run, so every stage record names this flow run.
 
 A run that stops at its session deadline (or on SIGTERM) is not a failure: the schedule's

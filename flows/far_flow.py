@@ -4,7 +4,7 @@ Prefect adds the run graph, logs, retries and UI artifacts. Whether a stage runs
 skipped is decided by the stage itself from the records on storage, so task caching is off.
 
 Retries: a stage that fails with a transient storage or network error (5xx, 429, timeouts,
-dropped connections; stages.storage.is_transient) is retried by Prefect; a retried training
+dropped connections; stages.core.storage.is_transient) is retried by Prefect; a retried training
 stage resumes from its latest checkpoint. Any other error fails the stage at once, and
 everything already committed stays: running the same command again resumes at that stage.
 """

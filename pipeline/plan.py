@@ -31,7 +31,7 @@ def plan_run(
 ) -> RunPlan:
     """Load and validate `recipe_uri` with overrides (None keeps the recipe's value).
 
-    Raises stages.recipes.RecipeError naming every bad field.
+    Raises pipeline.recipes.RecipeError naming every bad field.
     """
     overrides = {"storage_root": storage_root, "name": name, "session_budget": session_budget}
     return plan_recipe(load_recipe(recipe_uri, overrides))

@@ -250,7 +250,7 @@ class SFTConfig(Frozen):
 
     max_steps: PositiveInt  # optimizer steps
     batch_size: PositiveInt  # the micro-batch: rows per forward/backward pass
-    gradient_accumulation_steps: PositiveInt = 1  # seed 000's "fit to tile": 8 on v5e-8
+    gradient_accumulation_steps: PositiveInt = 1  # "fit to tile": 8 on a v5e-8
     learning_rate: PositiveFloat = 1e-3  # the peak, with a schedule
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
     warmup_steps: Annotated[int, Field(ge=0)] = 0
@@ -273,7 +273,7 @@ class SFTConfig(Frozen):
 
 # Named reward weightings a recipe can ask for with `rewards: {preset: NAME}`.
 REWARD_PRESETS: dict[str, dict[str, float]] = {
-    # The seeds' trajectory weighting: 60% reasoning (format + shaping), 40% correctness.
+    # A trajectory weighting: 60% reasoning (format + shaping), 40% correctness.
     "trajectory_60_correctness_40": {
         "format_strict": 0.3,
         "reasoning_quality": 0.3,

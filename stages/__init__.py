@@ -1,4 +1,8 @@
-"""FAR's stages: data_prep -> sft -> grpo -> evaluate, plus the internals they share.
+"""FAR's stages and the shared layers they stand on.
 
-Nothing here imports Prefect: every stage runs the same from a test, a notebook or a flow.
+The stages, one entry point each: data_prep/, sft.py, grpo/, evaluate/, export.py. A stage
+imports only the shared layers (core/, modeling/, rewards/) and schemas/, never another stage:
+what one stage hands the next is a contract (schemas/artifacts.py) pointing at files on
+storage. Nothing here imports Prefect: every stage runs the same from a test, a notebook or a
+flow. pyproject.toml's [tool.importlinter] contracts enforce both rules.
 """

@@ -98,7 +98,7 @@ def build_trainer(
 ) -> peft_trainer.PeftTrainer:
     accumulate = config.gradient_accumulation_steps
     training_config = peft_trainer.TrainingConfig(
-        eval_every_n_steps=10**9,  # no intermediate eval (seed 000: it crashed at step 80)
+        eval_every_n_steps=10**9,  # no intermediate eval: it spikes TPU memory mid-training
         max_steps=config.max_steps,
         gradient_accumulation_steps=accumulate if accumulate > 1 else None,
         checkpoint_root_directory=checkpoint_dir,

@@ -14,7 +14,8 @@ is an upstream fingerprint is not drift: the upstream stage already passed (or w
 
 Allowed changes are dotted paths (`sft.max_steps`) or their prefixes (`sft`). When every change
 to a training stage is a continuation setting (max_steps, checkpoint cadence), the new stage
-directory starts from the old one's checkpoints: seed 004's multi-session continuation.
+directory starts from the old one's checkpoints: a multi-session continuation (train
+longer in the next session).
 """
 
 from __future__ import annotations

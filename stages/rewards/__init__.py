@@ -4,7 +4,7 @@
 Each reward scores a batch of completions against their references (answer and, for code,
 tests). Pure ones are plain functions of one pair; the verifiers that must execute untrusted
 text, SymPy on model-written math and MBPP tests on model-written code, run in the sandbox
-(stages/sandbox.py), where a crash or timeout scores 0 and is counted, never raised.
+(stages/rewards/sandbox.py), where a crash or timeout scores 0 and is counted, never raised.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 from typing import Any
 
 import pytest
@@ -172,6 +173,9 @@ def test_dockerfile_copies_files_that_exist() -> None:
     assert "requirements.lock" in sources and "deploy/install.sh" in sources
     missing = [s for s in sources if not (REPO / s).exists()]
     assert not missing, f"Dockerfile copies what the repository does not have: {missing}"
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    absent = [p for p in packages["root_packages"] if p not in sources]
+    assert not absent, f"the image would lack FAR packages: {absent}"
     assert "install.sh /opt/far-venv tpu" in text  # the TPU extra
 
 
