@@ -254,22 +254,31 @@ def hf_config(reader: Any) -> dict[str, Any]:
 
 
 def sentencepiece_proto(reader: Any) -> bytes:
-    """Rebuild the sentencepiece model from the GGUF vocabulary (BPE with byte fallback).
-
-    Control tokens other than pad/eos/bos become user-defined, so chat markers such as
-    '<start_of_turn>' in text encode to their single id, as Gemma's own tokenizer does.
-    """
+    """Rebuild the sentencepiece model from the GGUF vocabulary (BPE with byte fallback)."""
     # generated protobuf module: no type stubs
     sp_pb2: Any = importlib.import_module("sentencepiece.sentencepiece_model_pb2")
-
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    model = sp_pb2.ModelProto()
+    _add_pieces(model, reader, tokens, sp_pb2.ModelProto.SentencePiece)
+    _set_trainer_spec(model.trainer_spec, reader, tokens, sp_pb2.TrainerSpec.BPE)
+    normalizer = model.normalizer_spec
+    normalizer.name = "identity"
+    normalizer.add_dummy_prefix = False
+    normalizer.remove_extra_whitespaces = False
+    normalizer.escape_whitespaces = True
+    return bytes(model.SerializeToString())
+
+
+def _add_pieces(model: Any, reader: Any, tokens: list[str], piece: Any) -> None:
+    """One piece per GGUF token. Control tokens other than pad/eos/bos become user-defined, so
+    chat markers such as '<start_of_turn>' in text encode to their single id, as Gemma's own
+    tokenizer does."""
     scores = reader.fields["tokenizer.ggml.scores"].contents()
     types = reader.fields["tokenizer.ggml.token_type"].contents()
     special = {
         int(_field(reader, f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos", "padding")
     }
-    piece = sp_pb2.ModelProto.SentencePiece
-    type_map = {
+    gguf_types = {
         1: piece.NORMAL,
         2: piece.UNKNOWN,
         3: piece.CONTROL,
@@ -277,15 +286,16 @@ def sentencepiece_proto(reader: Any) -> bytes:
         5: piece.UNUSED,
         6: piece.BYTE,
     }
-    model = sp_pb2.ModelProto()
     for i, (text, score, kind) in enumerate(zip(tokens, scores, types, strict=True)):
         entry = model.pieces.add()
         entry.piece, entry.score = text, float(score)
-        entry.type = type_map.get(int(kind), piece.NORMAL)
+        entry.type = gguf_types.get(int(kind), piece.NORMAL)
         if entry.type == piece.CONTROL and i not in special:
             entry.type = piece.USER_DEFINED
-    trainer = model.trainer_spec
-    trainer.model_type = sp_pb2.TrainerSpec.BPE
+
+
+def _set_trainer_spec(trainer: Any, reader: Any, tokens: list[str], bpe: Any) -> None:
+    trainer.model_type = bpe
     trainer.vocab_size = len(tokens)
     trainer.byte_fallback = True
     trainer.split_digits = True
@@ -294,9 +304,3 @@ def sentencepiece_proto(reader: Any) -> bytes:
         token_id = int(_field(reader, f"tokenizer.ggml.{key}_token_id"))
         setattr(trainer, f"{role}_id", token_id)
         setattr(trainer, f"{role}_piece", tokens[token_id])
-    normalizer = model.normalizer_spec
-    normalizer.name = "identity"
-    normalizer.add_dummy_prefix = False
-    normalizer.remove_extra_whitespaces = False
-    normalizer.escape_whitespaces = True
-    return bytes(model.SerializeToString())
