@@ -58,8 +58,13 @@ ATTACKS: dict[str, str] = {
         "def add(a, b):\n    return Fake()"
     ),
     "nonce_scan_then_exit": (
-        "import gc, os, re\nfor o in gc.get_objects():\n    if isinstance(o, str) and "
-        "re.fullmatch('[0-9a-f]{16}', o):\n        print(o)\nos._exit(0)"
+        "import gc, os, re, sys\nfound = list(sys._getframe().f_code.co_consts)\n"
+        "for o in gc.get_objects():\n    if isinstance(o, (tuple, list)):\n"
+        "        found += [c for c in o if isinstance(c, str)]\n"
+        "    if isinstance(o, dict):\n"
+        "        found += [c for c in o.values() if isinstance(c, str)]\n"
+        "for c in found:\n    if isinstance(c, str) and re.fullmatch('[0-9a-f]{16}', c):\n"
+        "        print(c)\nos._exit(0)"
     ),
     "forged_always_equal_lines": (
         'import os\nfor i in range(3):\n    os.write(1, (\'[%d, "ok", ["AlwaysEqual", []]]\\n\''
@@ -150,12 +155,18 @@ ATTACKS: dict[str, str] = {
     ),
     # escaping: new processes, privileges, namespaces
     "disable_audit_hook_then_subprocess": (
-        "import gc, subprocess\nfor o in gc.get_objects():\n"
+        "import gc\nfor o in gc.get_objects():\n"
         "    if callable(o) and getattr(o, '__name__', '') == '_hook':\n"
         "        o.__code__ = (lambda event, args: None).__code__\n"
-        "    if isinstance(o, dict) and '_BLOCKED_EVENTS' in o:\n"
-        "        o['_BLOCKED_EVENTS'].clear()\n        o['_inside'] = lambda *a: True\n"
-        "try:\n    subprocess.run(['touch', OUTSIDE + '/sub'])\n    ok = True\n"
+        "try:\n    import subprocess\n"
+        "    ok = subprocess.run(['touch', OUTSIDE + '/sub']).returncode == 0\n"
+        "except Exception:\n    ok = False" + WIN
+    ),
+    "disable_audit_hook_then_write": (
+        "import gc\nfor o in gc.get_objects():\n"
+        "    if callable(o) and getattr(o, '__name__', '') == '_hook':\n"
+        "        o.__code__ = (lambda event, args: None).__code__\n"
+        "try:\n    open(OUTSIDE + '/hooked', 'w').write('x')\n    ok = True\n"
         "except OSError:\n    ok = False" + WIN
     ),
     "os_system": "import os\nok = os.system('touch ' + OUTSIDE + '/sys') == 0" + WIN,
