@@ -362,7 +362,7 @@ def read_results(stdout: str, count: int) -> list[tuple[bool, Any]]:
     for line in stdout.splitlines():
         try:
             index, status, payload = json.loads(line)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             continue
         if type(index) is not int or not 0 <= index < count:
             continue

@@ -203,7 +203,7 @@ def _last_json(result: SandboxResult) -> object:
     lines = result.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1]) if lines else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

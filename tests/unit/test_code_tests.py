@@ -121,6 +121,7 @@ def test_a_second_line_for_a_call_voids_every_result() -> None:
     assert read_results(line, 1) == [(True, 3)]
     assert read_results(f"{line}\n{line}", 1) == [(False, None)]
     assert read_results('garbage\n[5, "ok", ["int", "1"]]', 1) == [(False, None)]
+    assert read_results("[" * 100_000, 1) == [(False, None)]  # too deep for json: ignored
 
 
 @pytest.mark.parametrize(
