@@ -9,9 +9,12 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from pipeline.lineage import LineageNode, render
+from schemas.record import StageRecord
 from stages import rewards
 from stages.rewards.sandbox import Limits, missing_isolation, run_many, run_python
 
@@ -141,3 +144,22 @@ def test_a_machine_without_bubblewrap_is_refused_with_the_setting_named(
     assert "bubblewrap is not installed" in message
     assert "sandbox: {isolation: process}" in message
     rewards.require_isolation("process")  # the explicit weaker level is accepted
+
+
+@pytest.mark.parametrize(("flag", "shown"), [(1.0, "bwrap"), (0.0, "process")])
+def test_lineage_shows_the_isolation_level(flag: float, shown: str) -> None:
+    record = StageRecord.model_construct(
+        stage="grpo",
+        output=SimpleNamespace(uri="runs/r/grpo-abc"),
+        stage_hash="c" * 64,
+        sessions=[],
+        seconds=1.0,
+        flow_run_id=None,
+        code=SimpleNamespace(far_version="0", git_commit=None, stage_version=1, packages={}),
+        hardware=SimpleNamespace(
+            platform="cpu", device_kind="cpu", device_count=1, process_count=1
+        ),
+        metrics={"sandbox_isolation_bwrap": flag, "sandbox_runs": 3.0},
+    )
+    text = render(LineageNode("grpo", "runs/r/grpo-abc/record.json", record))
+    assert f"sandbox isolation: {shown}" in text
