@@ -53,6 +53,7 @@ def in_process(completions: list[str], refs: list[Reference]) -> float:
 def baseline_rewards(rev: str) -> types.ModuleType:
     """The previous rewards module (with its sandbox) from git, as a module of its own."""
     sandbox = types.ModuleType("baseline_sandbox")
+    sys.modules["baseline_sandbox"] = sandbox
     source = _git_show(rev, "stages/rewards/sandbox.py")
     exec(compile(source, "baseline_sandbox", "exec"), sandbox.__dict__)
     old = types.ModuleType("baseline_rewards")
