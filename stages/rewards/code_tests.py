@@ -3,9 +3,11 @@
 The trusted parent parses each test with `ast`; only the expressions that call the candidate's
 code go into the sandbox. The sandbox evaluates them and writes back plain data in a strict
 encoding (JSON of tagged builtin values: the exact type is checked, so no subclass and no
-custom `__eq__` survives). The expected values never enter the sandbox; the parent rebuilds
-each value from the encoding and compares it there. Whatever the sandbox prints, it can only
-claim values that the candidate could have returned anyway.
+custom `__eq__` survives; the only exceptions are collections' Counter, OrderedDict and
+defaultdict, whose exact types are captured before the candidate runs and whose items are read
+with `dict.items`, so they arrive as plain dicts). The expected values never enter the
+sandbox; the parent rebuilds each value from the encoding and compares it there. Whatever the
+sandbox prints, it can only claim values that the candidate could have returned anyway.
 
 Test shapes and what a pass guarantees (`X` is an expression over the candidate's names, `E`
 a constant the parent evaluates: a literal or set/frozenset/tuple/list/sorted/float/int/str/
@@ -258,6 +260,8 @@ def imports_of(tests: Sequence[str]) -> list[str]:
 # line per call: [index, "ok", encoded value] or [index, "error", exception name].
 HARNESS = r"""
 import json, os, signal, sys
+from collections import Counter, OrderedDict, defaultdict
+_DICTS = (dict, Counter, OrderedDict, defaultdict)  # captured before the candidate runs
 _data = json.loads(DATA)
 _calls = _data["calls"]
 _out = os.fdopen(os.dup(1), "w")
@@ -283,8 +287,8 @@ def _enc(v, depth=0):
         return ["complex", [repr(v.real), repr(v.imag)]]
     if t in (list, tuple, set, frozenset):
         return [t.__name__, [_enc(x, depth + 1) for x in v]]
-    if t is dict:
-        return ["dict", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]]
+    if t in _DICTS:  # read through dict's own method: an override cannot lie about items
+        return ["dict", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in dict.items(v)]]
     raise TypeError("not a builtin value: " + t.__name__)
 
 signal.signal(signal.SIGALRM, _alarm)

@@ -57,6 +57,15 @@ ATTACKS: dict[str, str] = {
         "class Fake:\n    __class__ = int\n    def __eq__(self, o): return True\n"
         "def add(a, b):\n    return Fake()"
     ),
+    "patched_counter_eq": (
+        "from collections import Counter\nCounter.__eq__ = lambda s, o: True\n"
+        "def add(a, b):\n    return Counter()"
+    ),
+    "rebound_counter_with_lying_items": (
+        "import collections\nclass C(collections.Counter):\n"
+        "    def __eq__(s, o): return True\n    def items(s): return [(0, 0)]\n"
+        "collections.Counter = C\ndef add(a, b):\n    return collections.Counter()"
+    ),
     "nonce_scan_then_exit": (
         "import gc, os, re, sys\nfound = list(sys._getframe().f_code.co_consts)\n"
         "for o in gc.get_objects():\n    if isinstance(o, (tuple, list)):\n"

@@ -140,6 +140,12 @@ CODE_CASES = [  # (answer code, expected pass fraction)
 ]
 
 
+def test_a_counter_arrives_as_the_dict_it_holds() -> None:
+    tests = ("assert f([1, 1, 2]) == {1: 2, 2: 1}",)
+    code = "from collections import Counter\ndef f(x):\n    return Counter(x)"
+    assert rewards.code_pass_rate([code], [Reference("", tests)], SandboxStats()) == [1.0]
+
+
 def test_code_pass_rate_table() -> None:
     stats = SandboxStats()
     completions = [f"<reasoning>r</reasoning><answer>{c}</answer>" for c, _ in CODE_CASES]
