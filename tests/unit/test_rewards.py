@@ -137,6 +137,7 @@ CODE_CASES = [  # (answer code, expected pass fraction)
     ("import os\ndef add(a, b):\n    os._exit(0)", 0.0),  # faking success by exiting early
     ("import sys\nprint('x' * 10**8, file=sys.stderr)", 0.0),  # huge output
     ("def add(a, b):\n    return float(a + b)", 1.0),  # 3.0 == 3, as Python's assert has it
+    ("import os\nos.abort()", 0.0),  # the sandbox dies: a counted failure
 ]
 
 
@@ -153,7 +154,7 @@ def test_code_pass_rate_table() -> None:
     scores = rewards.code_pass_rate(completions, refs, stats)
     assert scores == pytest.approx([e for _, e in CODE_CASES])
     assert stats.runs == len(CODE_CASES)  # one sandbox per completion, all its calls inside
-    assert stats.failures >= 1  # killed by the output limit: counted, scored 0
+    assert stats.failures == 1  # the aborted one; the others were refused or timed out inside
     assert stats.ungradable == 0
 
 
