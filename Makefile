@@ -2,13 +2,14 @@
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
 #   make test   lint, type-check and run every test (installs Debian chromium for the UI test)
+#   make env    the .venv, plus bubblewrap and libseccomp for the reward sandbox (apt-get as root)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint env browser clean-runs
+.PHONY: run test lint env browser sandbox clean-runs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +18,14 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-env: $(BIN)/.installed
+env: $(BIN)/.installed sandbox
+
+# Rewards run model-written code and math under bubblewrap + seccomp (stages/rewards/sandbox.py).
+sandbox:
+	@if command -v bwrap > /dev/null && /sbin/ldconfig -p | grep -q libseccomp.so.2; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2; \
+	else echo "FAR's reward sandbox needs bubblewrap and libseccomp2: run 'sudo apt-get install bubblewrap libseccomp2' (or set 'sandbox: {isolation: process}' in a recipe to accept weaker isolation)" >&2; exit 1; fi
 
 run: env
 	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)

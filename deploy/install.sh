@@ -11,6 +11,17 @@ venv="${1:?usage: deploy/install.sh VENV_DIR [EXTRA]}"
 extra="${2-tpu}"
 python="${FAR_PYTHON:-python3.11}"
 
+# The reward sandbox (stages/rewards/sandbox.py): bubblewrap and libseccomp from the system.
+if ! command -v bwrap > /dev/null || ! /sbin/ldconfig -p | grep -q libseccomp.so.2; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2
+  else
+    echo "warning: install bubblewrap and libseccomp2 (apt-get install bubblewrap libseccomp2);" \
+      "without them FAR refuses recipes unless they set 'sandbox: {isolation: process}'" >&2
+  fi
+fi
+
 "$python" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade "pip==26.3"
 # The lock's torch (a +cpu build) only serves the tests' comparisons against transformers;

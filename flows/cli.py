@@ -22,6 +22,7 @@ from schemas.record import RunSummary
 from stages.core import storage
 from stages.core.drift import DriftError
 from stages.modeling import tunix_version
+from stages.rewards import IsolationUnavailable
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
@@ -194,7 +195,7 @@ def print_summary(summary: RunSummary) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         plan = plan_run(args.recipe, args.root, args.name, args.session_budget)
-    except RecipeError as e:
+    except (RecipeError, IsolationUnavailable) as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     return run_and_report(plan, args.recipe, args)
@@ -252,10 +253,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "session_budget": args.session_budget,
         }
         recipe = parse_recipe(run_manifest.recipe, f"{run_uri}/run.json", overrides)
-    except (FileNotFoundError, RecipeError) as e:
+        plan = plan_recipe(recipe)
+    except (FileNotFoundError, RecipeError, IsolationUnavailable) as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    return run_and_report(plan_recipe(recipe), run_manifest.recipe_source, args)
+    return run_and_report(plan, run_manifest.recipe_source, args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -168,6 +168,8 @@ def run_recipe(
         cache_dir=cache_dir,
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
+        sandbox_isolation=recipe.sandbox.isolation,
+        sandbox_workers=recipe.sandbox.workers,
     )
     for change in manifest.open_session(recipe, ctx, recipe_source):
         get_run_logger().warning("continuing with an allowed change: %s", change)

@@ -86,6 +86,9 @@ def render(
     ]
     if skipped:
         lines.append(f"{indent}  reused (skipped) in {skipped} later session(s)")
+    if "sandbox_isolation_bwrap" in r.metrics:
+        level = "bwrap" if r.metrics["sandbox_isolation_bwrap"] == 1.0 else "process"
+        lines.append(f"{indent}  sandbox isolation: {level}")
     if r.metrics:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items())[:6])
         lines.append(f"{indent}  metrics: {shown}")

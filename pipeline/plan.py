@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pipeline.recipes import load_recipe
 from schemas.recipe import Recipe
+from stages import rewards
 from stages.core import storage
 
 
@@ -38,7 +39,12 @@ def plan_run(
 
 
 def plan_recipe(recipe: Recipe) -> RunPlan:
-    """The plan for an already validated recipe (e.g. the one stored in a run's run.json)."""
+    """The plan for an already validated recipe (e.g. the one stored in a run's run.json).
+
+    Raises rewards.IsolationUnavailable when this machine cannot sandbox the run's rewards
+    and evaluation at the recipe's isolation level (every run evaluates, so every run needs it).
+    """
+    rewards.require_isolation(recipe.sandbox.isolation)
     budget = recipe.session_budget
     deadline = time.time() + budget.total_seconds() if budget is not None else None
     return RunPlan(recipe, storage.normalize(recipe.storage_root), deadline)

@@ -362,6 +362,21 @@ class EvalConfig(Frozen):
         return self
 
 
+class SandboxConfig(Frozen):
+    """Where rewards run model-written code and math (GRPO rewards, evaluation metrics).
+
+    isolation `bwrap` (the default): bubblewrap namespaces, an unprivileged uid, read-only
+    system files, no network, seccomp; the run is refused before it starts when this machine
+    cannot give it. `process`: a plain child interpreter with seccomp and an audit hook, which
+    code in that interpreter can switch off; accept it only for trusted models.
+    Not part of any stage hash: the level changes where a verdict is computed, not a correct
+    verdict.
+    """
+
+    isolation: Literal["bwrap", "process"] = "bwrap"
+    workers: PositiveInt | None = None  # sandboxes at a time; None: one per CPU
+
+
 class Recipe(Frozen):
     """A whole FAR run. `name` plus `storage_root` locate it: {storage_root}/{name}/."""
 
@@ -374,6 +389,7 @@ class Recipe(Frozen):
     sft: SFTConfig
     grpo: GRPOConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @field_validator("storage_root")
     @classmethod

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Settings that say where or for how long a run happens, never what it computes.
-NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh")
+NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox")
 # Changes after which a training stage can continue from its previous checkpoints.
 CONTINUABLE = (
     "max_steps",

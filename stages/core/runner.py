@@ -78,6 +78,8 @@ class RunContext:
     cache_dir: str | None = None  # converted model weights; None: ~/.cache/far
     stop: StopFlag | None = None  # set on SIGTERM: training stages save and stop
     allow_changes: tuple[str, ...] = ()  # drift the user accepted (dotted recipe paths)
+    sandbox_isolation: Literal["bwrap", "process"] = "bwrap"  # for rewards that run code
+    sandbox_workers: int | None = None  # sandboxes at a time; None: one per CPU
 
     @property
     def model_cache(self) -> str:

@@ -105,9 +105,14 @@ def score(
     rows: Sequence[dict[str, Any]],
     completions: Sequence[str],
     samples: int,
+    sandbox: rewards.SandboxStats | None = None,
 ) -> tuple[ModelScores, list[dict[str, Any]]]:
-    """Scores over prompts x samples (completions are prompt-major), and per-sample rows."""
-    stats = rewards.SandboxStats()
+    """Scores over prompts x samples (completions are prompt-major), and per-sample rows.
+
+    `sandbox` names the isolation level and pool size; its counters are this model's own.
+    """
+    given = sandbox or rewards.SandboxStats()
+    stats = rewards.SandboxStats(given.isolation, given.workers)
     expanded = [r for r in rows for _ in range(samples)]
     fmt = [
         rewards.format_strict(c, rewards.Reference(r["answer"]))
@@ -122,6 +127,7 @@ def score(
         "majority_accuracy": majority_accuracy(rows, completions, samples),
         "sandbox_runs": float(stats.runs),
         "sandbox_failures": float(stats.failures),
+        **rewards.isolation_metrics(stats),
     }
     by_domain: dict[str, dict[str, float]] = {}
     for domain in sorted({r.get("domain", "math") for r in rows}):
@@ -194,6 +200,7 @@ def _evaluate(
     spec: ModelSpec,
     mesh_spec: MeshSpec,
     cache_dir: str,
+    sandbox: rewards.SandboxStats,
 ) -> tuple[EvalReport, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
@@ -204,7 +211,7 @@ def _evaluate(
         for name, artifact, network in _networks(config.models, checkpoints, spec, mesh, cache_dir):
             completions = generate(network, tokenizer, prompts, config, dataset.prompt_len, spec)
             scores, sample_rows = score(
-                name, artifact.uri if artifact else None, rows, completions, config.samples
+                name, artifact.uri if artifact else None, rows, completions, config.samples, sandbox
             )
             all_scores.append(scores)
             all_samples += sample_rows
@@ -215,6 +222,7 @@ def _evaluate(
     metrics = {
         f"{s.name}/{m}": getattr(s, m) for s in all_scores for m in ("format_rate", "accuracy")
     }
+    metrics.update(rewards.isolation_metrics(sandbox))
     return report, metrics, {}
 
 
@@ -262,6 +270,7 @@ def evaluate(
     for artifact in resolved.values():
         models.check_compatible(artifact, model, tokenizer_name)
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
+    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
     outcome = run_stage(
         ctx,
         with_uris(
@@ -270,7 +279,7 @@ def evaluate(
             **{n: a.uri for n, a in resolved.items()},
         ),
         lambda directory: _evaluate(
-            directory, dataset, resolved, config, model, mesh, ctx.model_cache
+            directory, dataset, resolved, config, model, mesh, ctx.model_cache, sandbox
         ),
     )
     if not outcome.skipped:

@@ -186,7 +186,7 @@ def build_session(
         lambda: cluster.global_steps,
         lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
     )
-    sandbox = rewards.SandboxStats()
+    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
     learner = _learner(cluster, config, sandbox, observer)
     return Session(
         cluster,
@@ -286,6 +286,7 @@ def _results(
         "resumed_from_step": float(start_step),
         "sandbox_runs": float(session.sandbox.runs),
         "sandbox_failures": float(session.sandbox.failures),
+        **rewards.isolation_metrics(session.sandbox),
     }
     return artifact, scalars, history.curves(actor_kl(session.cluster))
 

@@ -3,21 +3,32 @@
 
 Each reward scores a batch of completions against their references (answer and, for code,
 tests). Pure ones are plain functions of one pair; the verifiers that must execute untrusted
-text, SymPy on model-written math and MBPP tests on model-written code, run in the sandbox
-(stages/rewards/sandbox.py), where a crash or timeout scores 0 and is counted, never raised.
+text, math-verify on model-written math (stages/rewards/math_grading.py) and MBPP/HumanEval
+tests on model-written code (stages/rewards/code_tests.py), run in the sandbox
+(stages/rewards/sandbox.py). The sandbox only computes; every verdict is decided here from
+plain data, and a crash, refusal or timeout scores 0 and is counted, never raised.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stages.rewards.answers import extract_answer, unbox
-from stages.rewards.sandbox import Limits, run_python
+from stages.rewards.code_tests import (
+    Check,
+    Ungradable,
+    harness,
+    imports_of,
+    parse_test,
+    passes,
+    read_results,
+)
+from stages.rewards.math_grading import MathRuns, symbolic_verdicts
+from stages.rewards.sandbox import Isolation, Limits, SandboxResult, missing_isolation, run_many
 
 _STRICT_FORMAT = re.compile(
     r"^\s*<reasoning>(?P<reasoning>.+?)</reasoning>\s*<answer>(?P<answer>.+?)</answer>\s*"
@@ -37,10 +48,15 @@ class Reference:
 
 @dataclass
 class SandboxStats:
-    """Sandboxed verifications that crashed or timed out (scored 0, run continued)."""
+    """Where sandboxed verifications run (isolation level, pool size) and how they went:
+    processes started, crashed or timed out (scored 0, run continued), and tests whose shape
+    cannot be graded safely (scored 0)."""
 
+    isolation: Isolation = "bwrap"
+    workers: int | None = None  # sandboxes at a time; None: one per CPU
     runs: int = 0
     failures: int = 0
+    ungradable: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,59 +112,10 @@ def reasoning_quality(completion: str, ref: Reference) -> float:
     return round(min(steps, 3) / 3 * length, 6)
 
 
-_SYMPY_CHECK = r"""
-import json, re
-from sympy import simplify
-from sympy.parsing.sympy_parser import parse_expr, standard_transformations, \
-    implicit_multiplication_application, convert_xor
-T = standard_transformations + (implicit_multiplication_application, convert_xor)
-
-def py(text):
-    text = text.strip().strip("$").replace("\\left", "").replace("\\right", "")
-    text = text.replace("\\cdot", "*").replace("\\times", "*").replace("\\pi", "pi")
-    for _ in range(5):
-        text = re.sub(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))", text)
-        text = re.sub(r"\\sqrt\{([^{}]*)\}", r"sqrt(\1)", text)
-    return text.replace("{", "(").replace("}", ")").replace("\\", "")
-
-out = []
-for a, b in json.loads(PAIRS):
-    try:
-        out.append(bool(simplify(parse_expr(py(a), transformations=T)
-                                 - parse_expr(py(b), transformations=T)) == 0))
-    except Exception:
-        out.append(False)
-print(NONCE + json.dumps(out))
-"""
-SYMPY_LIMITS = Limits(
-    cpu_seconds=20,
-    wall_seconds=30,
-    site_packages=True,
-    preload=("sympy", "sympy.parsing.sympy_parser"),
-)
-
-
-def symbolic_equal(pairs: Sequence[tuple[str, str]], stats: SandboxStats) -> list[bool]:
-    """SymPy equivalence of (predicted, reference) pairs, in one sandboxed process."""
-    if not pairs:
-        return []
-    nonce = secrets.token_hex(8)
-    source = _SYMPY_CHECK.replace("PAIRS", repr(json.dumps(list(pairs)))).replace(
-        "NONCE", repr(nonce)
-    )
-    result = run_python(source, SYMPY_LIMITS)
-    stats.runs += 1
-    line = result.stdout.strip().rsplit("\n", 1)[-1]
-    if result.ok and line.startswith(nonce):
-        return [bool(x) for x in json.loads(line[len(nonce) :])]
-    stats.failures += 1
-    return [False] * len(pairs)
-
-
 def math_equivalent(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
-    """1.0 when the answer equals the reference numerically, or symbolically (SymPy)."""
+    """1.0 when the answer equals the reference numerically, else by math-verify (sandboxed)."""
     scores, pending = [], []
     for i, (completion, ref) in enumerate(zip(completions, refs, strict=True)):
         predicted = extract_answer(completion)
@@ -156,7 +123,11 @@ def math_equivalent(
         scores.append(1.0 if equal else 0.0)
         if predicted is not None and not equal:
             pending.append((i, predicted, ref.answer))
-    verdicts = symbolic_equal([(p, r) for _, p, r in pending], stats)
+    runs = MathRuns()
+    pairs = [(p, r) for _, p, r in pending]
+    verdicts = symbolic_verdicts(pairs, stats.isolation, runs, stats.workers)
+    stats.runs += runs.runs
+    stats.failures += runs.failures
     for (i, _, _), same in zip(pending, verdicts, strict=True):
         scores[i] = 1.0 if same else 0.0
     return scores
@@ -169,34 +140,55 @@ def extract_code(completion: str) -> str:
     return (fenced.group(1) if fenced else text or "").strip()
 
 
-CODE_LIMITS = Limits(cpu_seconds=5, wall_seconds=10, memory_bytes=512 << 20)
+CODE_LIMITS = Limits(cpu_seconds=5, wall_seconds=15, memory_bytes=512 << 20)
+CALL_SECONDS = 2.0  # each call of a test, and the candidate's own top-level code
 
 
-def run_tests(code: str, tests: Sequence[str], stats: SandboxStats) -> float:
-    """Fraction of tests that pass, each in its own sandboxed process after the code."""
-    try:
-        compile(code, "<completion>", "exec")  # syntax check only: nothing executes here
-    except (SyntaxError, ValueError):
-        return 0.0
-    passed = 0
+def _test_checks(tests: Sequence[str], stats: SandboxStats) -> list[list[Check] | None]:
+    """The checks of each test; None (counted as ungradable) where its shape is not safe."""
+    found: list[list[Check] | None] = []
     for test in tests:
-        nonce = secrets.token_hex(8)
-        result = run_python(f"{code}\n\n{test}\nprint({nonce!r})\n", CODE_LIMITS)
-        stats.runs += 1
-        if result.ok and result.stdout.rstrip().endswith(nonce):
-            passed += 1
-        elif not result.ok and (result.timed_out or result.returncode not in (1,)):
-            stats.failures += 1
-    return passed / len(tests) if tests else 0.0
+        try:
+            found.append(parse_test(test))
+        except Ungradable:
+            stats.ungradable += 1
+            found.append(None)
+    return found
+
+
+def _score_tests(checks: list[list[Check] | None], result: SandboxResult | None) -> float:
+    flat = [c for group in checks if group for c in group]
+    returned = read_results(result.stdout, len(flat)) if result is not None else []
+    passed, position = 0, 0
+    for group in checks:
+        if not group:
+            continue
+        outcomes = returned[position : position + len(group)]
+        position += len(group)
+        passed += all(passes(c, *o) for c, o in zip(group, outcomes, strict=True))
+    return passed / len(checks) if checks else 0.0
 
 
 def code_pass_rate(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
-    """Pass fraction of the reference tests (MBPP, HumanEval) run in the sandbox."""
-    return [
-        run_tests(extract_code(c), r.tests, stats) for c, r in zip(completions, refs, strict=True)
-    ]
+    """Fraction of the reference tests (MBPP, HumanEval) passed: the calls run sandboxed, one
+    sandbox per completion (a pool of them at a time), the verdicts are decided here."""
+    plans = [_test_checks(r.tests, stats) for r in refs]
+    sources, owners = [], []
+    for i, (completion, ref, checks) in enumerate(zip(completions, refs, plans, strict=True)):
+        calls = [c.expression for group in checks if group for c in group]
+        if calls:
+            code = extract_code(completion)
+            sources.append(harness(code, imports_of(ref.tests), calls, CALL_SECONDS))
+            owners.append(i)
+    results: list[SandboxResult | None] = [None] * len(completions)
+    ran = run_many(sources, CODE_LIMITS, stats.isolation, stats.workers)
+    for i, result in zip(owners, ran, strict=True):
+        results[i] = result
+        stats.runs += 1
+        stats.failures += 0 if result.ok else 1
+    return [_score_tests(checks, result) for checks, result in zip(plans, results, strict=True)]
 
 
 REGISTRY: dict[str, Reward] = {
@@ -229,6 +221,31 @@ def references(answers: Sequence[Any], tests: Sequence[Any] | None = None) -> li
     return [
         Reference(str(a), tuple(json.loads(str(t)))) for a, t in zip(answers, encoded, strict=True)
     ]
+
+
+def isolation_metrics(stats: SandboxStats) -> dict[str, float]:
+    """The isolation level (1.0: bwrap, 0.0: process) and ungradable tests, as record metrics."""
+    return {
+        "sandbox_isolation_bwrap": 1.0 if stats.isolation == "bwrap" else 0.0,
+        "sandbox_ungradable": float(stats.ungradable),
+    }
+
+
+class IsolationUnavailable(RuntimeError):
+    """The recipe's sandbox isolation level cannot be had on this machine."""
+
+
+def require_isolation(isolation: Isolation) -> None:
+    """Refuse (before any stage starts) a run whose sandbox this machine cannot give."""
+    missing = missing_isolation(isolation)
+    if missing is not None:
+        raise IsolationUnavailable(
+            f"the recipe's rewards and evaluation run model-written code and math in a sandbox "
+            f"with isolation {isolation!r}, which this machine cannot give: {missing}. Install "
+            f"bubblewrap (make env does as root), or accept the weaker isolation explicitly "
+            f"in the recipe with `sandbox: {{isolation: process}}` (a child interpreter that "
+            f"model-written code can escape; for trusted models only)"
+        )
 
 
 def tunix_reward_fns(

@@ -44,6 +44,8 @@ CHANGES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("model", {"dtype": "bfloat16"}, {"sft", "grpo", "evaluate"}),
     # where and when a run happens never changes what a stage computes:
     ("mesh", {"fsdp": 2}, set()),
+    # the sandbox changes where a verdict is computed, not a correct verdict:
+    ("sandbox", {"isolation": "process", "workers": 1}, set()),
 ]
 
 

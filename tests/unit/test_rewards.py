@@ -95,24 +95,31 @@ def test_reasoning_quality(completion: str, expected: float) -> None:
     assert rewards.reasoning_quality(completion, R7) == pytest.approx(expected)
 
 
-MATH_CASES = [  # (completion, reference, expected): numeric first, SymPy (sandboxed) next
+MATH_CASES = [  # (completion, reference, expected): numeric first, math-verify (sandboxed) next
     ("<answer>0.5</answer>", "1/2", 1.0),
     ("<answer>\\frac{1}{2}</answer>", "0.5", 1.0),
     ("<answer>2\\sqrt{2}</answer>", "\\sqrt{8}", 1.0),
     ("<answer>x^2 + 2x + 1</answer>", "(x+1)^2", 1.0),
     ("<answer>\\frac{3}{4}</answer>", "0.7", 0.0),
-    ("<answer>pi</answer>", "\\pi", 1.0),
+    ("<answer>\\frac34</answer>", "\\frac{3}{4}", 1.0),
+    ("<answer>(1,2)</answer>", "(1, 2)", 1.0),
+    ("<answer>x=5</answer>", "5", 1.0),
+    ("<answer>[0,\\infty)</answer>", "[0, \\infty)", 1.0),
+    ("<answer>\\{3, 1, 2\\}</answer>", "\\{1,2,3\\}", 1.0),
+    ("The answer is $\\boxed{\\dfrac{\\pi}{2}}$", "\\frac{\\pi}{2}", 1.0),
+    ("<answer>42</answer>", "17", 0.0),
     ("<answer>__import__('os').system('true')</answer>", "1", 0.0),  # evaluated only inside
     ("no answer", "1", 0.0),
 ]
 
 
+@pytest.mark.slow  # ~10 answers x 2 sandboxes, each importing SymPy and math-verify
 def test_math_equivalent_table() -> None:
     stats = SandboxStats()
     completions = [c for c, _, _ in MATH_CASES]
     refs = [Reference(r) for _, r, _ in MATH_CASES]
     assert rewards.math_equivalent(completions, refs, stats) == [e for _, _, e in MATH_CASES]
-    assert stats.runs == 1  # all symbolic checks of a batch share one sandboxed process
+    assert stats.runs >= 10  # each non-numeric answer: its own parse and verify sandboxes
 
 
 ADD_TESTS = ("assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4")
@@ -121,14 +128,23 @@ CODE_CASES = [  # (answer code, expected pass fraction)
     ("```python\ndef add(a, b):\n    return a + b\n```", 1.0),
     ("def add(a, b):\n    return 3", 1 / 3),
     ("def add(a, b) return a + b", 0.0),  # syntax error: nothing runs
-    ("import os\nos.system('rm -rf /tmp/x')\ndef add(a, b):\n    return a + b", 0.0),
+    # os.system is refused by seccomp (it returns an error status); add itself is right
+    ("import os\nos.system('rm -rf /tmp/x')\ndef add(a, b):\n    return a + b", 1.0),
     ("while True:\n    pass", 0.0),  # timeout
     ("import os\nwhile True:\n    os.fork()", 0.0),  # fork bomb
     ("x = bytearray(8 << 30)", 0.0),  # memory bomb
     ("import socket\nsocket.create_connection(('127.0.0.1', 22))", 0.0),
     ("import os\ndef add(a, b):\n    os._exit(0)", 0.0),  # faking success by exiting early
-    ("print('x' * 10**8)", 0.0),  # huge output
+    ("import sys\nprint('x' * 10**8, file=sys.stderr)", 0.0),  # huge output
+    ("def add(a, b):\n    return float(a + b)", 1.0),  # 3.0 == 3, as Python's assert has it
+    ("import os\nos.abort()", 0.0),  # the sandbox dies: a counted failure
 ]
+
+
+def test_a_counter_arrives_as_the_dict_it_holds() -> None:
+    tests = ("assert f([1, 1, 2]) == {1: 2, 2: 1}",)
+    code = "from collections import Counter\ndef f(x):\n    return Counter(x)"
+    assert rewards.code_pass_rate([code], [Reference("", tests)], SandboxStats()) == [1.0]
 
 
 def test_code_pass_rate_table() -> None:
@@ -137,7 +153,23 @@ def test_code_pass_rate_table() -> None:
     refs = [Reference("", ADD_TESTS)] * len(CODE_CASES)
     scores = rewards.code_pass_rate(completions, refs, stats)
     assert scores == pytest.approx([e for _, e in CODE_CASES])
-    assert stats.failures >= 2  # killed by the CPU and output limits: counted, scored 0
+    assert stats.runs == len(CODE_CASES)  # one sandbox per completion, all its calls inside
+    assert stats.failures == 1  # the aborted one; the others were refused or timed out inside
+    assert stats.ungradable == 0
+
+
+def test_ungradable_tests_score_zero_and_are_counted() -> None:
+    stats = SandboxStats()
+    tests = ("assert add(1, 2) == 3", "for i in range(3):\n    assert add(i, 0) == i")
+    scores = rewards.code_pass_rate(
+        ["def add(a, b):\n    return a + b"], [Reference("", tests)], stats
+    )
+    assert scores == [0.5] and stats.ungradable == 1
+
+
+def test_isolation_metrics_name_the_level() -> None:
+    assert rewards.isolation_metrics(SandboxStats("bwrap"))["sandbox_isolation_bwrap"] == 1.0
+    assert rewards.isolation_metrics(SandboxStats("process"))["sandbox_isolation_bwrap"] == 0.0
 
 
 def test_unknown_reward_lists_valid_ones() -> None:

@@ -1,0 +1,144 @@
+"""Test shapes parsed in the trusted parent, the strict value encoding, and the verdicts."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from stages.rewards.code_tests import (
+    Check,
+    Ungradable,
+    decode,
+    parse_test,
+    passes,
+    read_results,
+)
+
+HUMANEVAL = """
+METADATA = {"author": "jt", "dataset": "test"}
+
+
+def check(candidate):
+    assert candidate([1.0, 2.0], 0.5) == False
+    assert abs(candidate(3.5) - 0.5) < 1e-6
+    assert True, "This prints if this assert fails"
+    assert math.isclose(candidate(2), 4.0, rel_tol=1e-3)
+
+check(has_close_elements)
+"""
+
+SHAPES: list[tuple[str, list[tuple[str, str, Any]]]] = [
+    ("assert add(1, 2) == 3", [("add(1, 2)", "eq", 3)]),
+    ("assert 3 == add(1, 2)", [("add(1, 2)", "eq", 3)]),
+    ("assert f(1) != -2", [("f(1)", "ne", -2)]),
+    ("assert set(f([1, 2])) == set([2, 1])", [("set(f([1, 2]))", "eq", {1, 2})]),
+    ("assert sorted(f(x=3)) == [1, 2]", [("sorted(f(x=3))", "eq", [1, 2])]),
+    ("assert f('a') == ('a', 1)", [("f('a')", "eq", ("a", 1))]),
+    ("assert math.isclose(area(2), 12.56, rel_tol=0.001)", [("area(2)", "close", 12.56)]),
+    ("assert is_prime(7)", [("is_prime(7)", "truthy", None)]),
+    ("assert not is_prime(8)", [("is_prime(8)", "falsy", None)]),
+    ("assert f(0) is None", [("f(0)", "is", None)]),
+    ("assert f(0) is not None", [("f(0)", "not_none", None)]),
+    ("assert f(1) == 1/3", [("f(1)", "eq", 1 / 3)]),
+    ("assert f(1) == float('inf')", [("f(1)", "eq", math.inf)]),
+    (
+        HUMANEVAL,
+        [
+            ("has_close_elements([1.0, 2.0], 0.5)", "eq", False),
+            ("has_close_elements(3.5)", "absdiff_lt", 0.5),
+            ("has_close_elements(2)", "close", 4.0),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("test", "expected"), SHAPES)
+def test_shapes_become_calls_and_expected_values(test: str, expected: list[Any]) -> None:
+    checks = parse_test(test)
+    assert [(c.expression, c.kind, c.expected) for c in checks] == expected
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "for i in range(3):\n    assert f(i) == i",  # a loop
+        "x = f(1)\nassert x == 1",  # a helper variable from the candidate
+        "assert f(1) == g(2)",  # no constant side
+        "assert f(1) < 3",  # another comparison
+        "assert f(1) == 1 and f(2) == 2",  # a boolean of comparisons
+        "def check(candidate):\n    for x in [1]:\n        assert candidate(x)\ncheck(f)",
+        "print('no asserts')",
+        "assert (",  # does not parse
+    ],
+)
+def test_other_shapes_are_ungradable(test: str) -> None:
+    with pytest.raises(Ungradable):
+        parse_test(test)
+
+
+@pytest.mark.parametrize(
+    ("encoded", "value"),
+    [
+        (["int", "3"], 3),
+        (["float", "0.5"], 0.5),
+        (["v", True], True),
+        (["v", None], None),
+        (["v", "s"], "s"),
+        (["tuple", [["int", "1"], ["v", "a"]]], (1, "a")),
+        (["set", [["int", "1"], ["int", "2"]]], {1, 2}),
+        (["dict", [[["int", "1"], ["list", []]]]], {1: []}),
+        (["complex", ["1.0", "-2.0"]], 1 - 2j),
+    ],
+)
+def test_decode_rebuilds_exact_builtins(encoded: Any, value: Any) -> None:
+    decoded = decode(encoded)
+    assert decoded == value and type(decoded) is type(value)
+
+
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        ["v", 3],  # an int must say so
+        ["int", 3],  # ... as a string
+        ["int", "9" * 5000],  # too many digits
+        ["object", "AlwaysEqual"],
+        ["list", "not a list"],
+        ["dict", [[["int", "1"]]]],
+        "3",
+        ["tuple", [["int", "1"]], "extra"],
+    ],
+)
+def test_decode_refuses_everything_else(encoded: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        decode(encoded)
+
+
+def test_a_second_line_for_a_call_voids_every_result() -> None:
+    line = json.dumps([0, "ok", ["int", "3"]])
+    assert read_results(line, 1) == [(True, 3)]
+    assert read_results(f"{line}\n{line}", 1) == [(False, None)]
+    assert read_results('garbage\n[5, "ok", ["int", "1"]]', 1) == [(False, None)]
+    assert read_results("[" * 100_000, 1) == [(False, None)]  # too deep for json: ignored
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "verdict"),
+    [
+        (Check("f()", "eq", 3), 3, True),
+        (Check("f()", "eq", 3), 3.0, True),
+        (Check("f()", "eq", 3), "3", False),
+        (Check("f()", "close", 1.0, rel_tol=1e-3), 1.0005, True),
+        (Check("f()", "close", 1.0, rel_tol=1e-3), True, False),  # a bool is not a number here
+        (Check("f()", "absdiff_lt", 0.5, abs_tol=1e-6), 0.5, True),
+        (Check("f()", "truthy"), [0], True),
+        (Check("f()", "falsy"), [], True),
+        (Check("f()", "is", None), None, True),
+        (Check("f()", "is", True), 1, False),
+    ],
+)
+def test_verdicts_in_the_parent(check: Check, value: Any, verdict: bool) -> None:
+    assert passes(check, True, value) is verdict
+    assert passes(check, False, value) is False  # a call that did not return never passes
