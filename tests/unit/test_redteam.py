@@ -333,8 +333,9 @@ MATH_ATTACKS = [  # (answer, reference, expected score)
     ("S(__import__('sys')._getframe(3).f_globals['b'])", "42", 0.0),
     ("S(__import__('sys')._getframe(3).f_globals['b'])", "17", 0.0),
     ("__import__('gc').get_objects()[-1].append(True)", "1", 0.0),
-    ("__import__('os').system('touch /tmp/far-redteam-math')", "0", 0.0),
-    ("open('/tmp/far-redteam-math2', 'w').write('1')", "1", 0.0),
+    # references that are not plain numbers, so these always reach the sandbox:
+    ("__import__('os').system('touch /tmp/far-redteam-math')", "x", 0.0),
+    ("open('/tmp/far-redteam-math2', 'w').write('1')", "x + 1", 0.0),
     ("__import__('os').environ.get('FAR_REDTEAM_SECRET', 'none')", TOKEN, 0.0),
 ]
 
