@@ -112,6 +112,15 @@ def reasoning_quality(completion: str, ref: Reference) -> float:
     return round(min(steps, 3) / 3 * length, 6)
 
 
+def _worth_verifying(predicted: str, reference: str) -> bool:
+    """False when the numeric comparison already decided: a plain-number reference against a
+    plain number, or against text without a single digit (no sandbox needed for those)."""
+    p, r = (x.strip().replace(",", "").replace("$", "") for x in (predicted, reference))
+    if not _NUMBER.match(r):
+        return True
+    return not _NUMBER.match(unbox(p)) and any(c.isdigit() for c in p)
+
+
 def math_equivalent(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
@@ -121,7 +130,7 @@ def math_equivalent(
         predicted = extract_answer(completion)
         equal = predicted is not None and answers_equal(predicted, ref.answer)
         scores.append(1.0 if equal else 0.0)
-        if predicted is not None and not equal:
+        if predicted is not None and not equal and _worth_verifying(predicted, ref.answer):
             pending.append((i, predicted, ref.answer))
     runs = MathRuns()
     pairs = [(p, r) for _, p, r in pending]

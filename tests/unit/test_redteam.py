@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +225,15 @@ def _snapshot(paths: list[Path]) -> dict[str, str]:
     return state
 
 
+def _lingering_processes(grace_seconds: float = 5.0) -> list[str]:
+    """Sandboxed processes still alive after a grace period (a SIGKILLed namespace takes a
+    moment to disappear from /proc)."""
+    deadline = time.monotonic() + grace_seconds
+    while (found := _sandboxed_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
 def _sandboxed_processes() -> list[str]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -283,7 +293,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Graded, di
             "listings_changed": str(
                 [p for p in listings if set(after[p]) - set(listings[p]) - _others_tmp(p, after)]
             ),
-            "leftover": str(_sandboxed_processes()),
+            "leftover": str(_lingering_processes()),
         },
     )
 
@@ -323,8 +333,9 @@ MATH_ATTACKS = [  # (answer, reference, expected score)
     ("S(__import__('sys')._getframe(3).f_globals['b'])", "42", 0.0),
     ("S(__import__('sys')._getframe(3).f_globals['b'])", "17", 0.0),
     ("__import__('gc').get_objects()[-1].append(True)", "1", 0.0),
-    ("__import__('os').system('touch /tmp/far-redteam-math')", "0", 0.0),
-    ("open('/tmp/far-redteam-math2', 'w').write('1')", "1", 0.0),
+    # references that are not plain numbers, so these always reach the sandbox:
+    ("__import__('os').system('touch /tmp/far-redteam-math')", "x", 0.0),
+    ("open('/tmp/far-redteam-math2', 'w').write('1')", "x + 1", 0.0),
     ("__import__('os').environ.get('FAR_REDTEAM_SECRET', 'none')", TOKEN, 0.0),
 ]
 
@@ -337,4 +348,4 @@ def test_math_attacks_cost_only_their_own_score(monkeypatch: pytest.MonkeyPatch)
     scores = rewards.math_equivalent(completions, [Reference(r) for _, r, _ in MATH_ATTACKS], stats)
     assert scores == [e for _, _, e in MATH_ATTACKS]
     assert not any(n.startswith("far-redteam-math") for n in os.listdir("/tmp"))
-    assert _sandboxed_processes() == []
+    assert _lingering_processes() == []

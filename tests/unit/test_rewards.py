@@ -110,6 +110,9 @@ MATH_CASES = [  # (completion, reference, expected): numeric first, math-verify 
     ("<answer>42</answer>", "17", 0.0),
     ("<answer>__import__('os').system('true')</answer>", "1", 0.0),  # evaluated only inside
     ("no answer", "1", 0.0),
+    ("<answer>8</answer>", "7", 0.0),  # decided numerically, no sandbox
+    ("<answer>seven</answer>", "7", 0.0),  # no digit against a number: no sandbox
+    ("<answer>\\frac{14}{2}</answer>", "7", 1.0),
 ]
 
 
