@@ -24,7 +24,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 
 from flows.ui_artifacts import publish_stage
-from pipeline import manifest
+from pipeline import lease, manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
@@ -136,6 +136,7 @@ def format_align_reinforce(
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
@@ -143,8 +144,11 @@ def format_align_reinforce(
     between stages when the session is over: re-running the same command continues.
     `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
     the recipe/code changes (dotted paths) accepted when continuing an existing run.
+    `lease_wait_seconds`: how long to wait for another session holding the run's lease.
     """
-    return run_recipe(recipe, root, deadline, cache_dir, allow_changes, recipe_source)
+    return run_recipe(
+        recipe, root, deadline, cache_dir, allow_changes, recipe_source, lease_wait_seconds
+    )
 
 
 def run_recipe(
@@ -154,10 +158,13 @@ def run_recipe(
     cache_dir: str | None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
 ) -> RunSummary:
     """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
 
-    The run's manifest is checked (drift guard) and this session recorded in it first.
+    The session first takes the run's lease (one writer per run; pipeline/lease.py), holds
+    it while it works and releases it at the end. Then the run's manifest is checked (drift
+    guard) and this session recorded in it, with any expired lease it took over.
     """
     started = time.perf_counter()
     ctx = RunContext(
@@ -169,12 +176,14 @@ def run_recipe(
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
     )
-    for change in manifest.open_session(recipe, ctx, recipe_source):
-        get_run_logger().warning("continuing with an allowed change: %s", change)
-    done: list[StageSummary] = []
-    with _sigterm_stops(ctx):
-        summary = _run_stages(recipe, ctx, done, started)
-    _close_session(ctx, summary)
+    with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds) as held:
+        took_over = None if held.took_over is None else held.took_over.model_dump(mode="json")
+        for change in manifest.open_session(recipe, ctx, recipe_source, took_over):
+            get_run_logger().warning("continuing with an allowed change: %s", change)
+        done: list[StageSummary] = []
+        with _sigterm_stops(ctx):
+            summary = _run_stages(recipe, ctx, done, started)
+        _close_session(ctx, summary)
     return summary
 
 

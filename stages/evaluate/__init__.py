@@ -212,6 +212,7 @@ def _evaluate(
                 "evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate, scores.accuracy
             )
     report = reports.write_report(directory, all_scores, all_samples, checkpoints)
+    reports.record_scores(report, checkpoints, directory)
     metrics = {
         f"{s.name}/{m}": getattr(s, m) for s in all_scores for m in ("format_rate", "accuracy")
     }
@@ -262,7 +263,7 @@ def evaluate(
     for artifact in resolved.values():
         models.check_compatible(artifact, model, tokenizer_name)
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
-    outcome = run_stage(
+    return run_stage(
         ctx,
         with_uris(
             identity(config, model, dataset.fingerprint, fingerprints),
@@ -273,6 +274,3 @@ def evaluate(
             directory, dataset, resolved, config, model, mesh, ctx.model_cache
         ),
     )
-    if not outcome.skipped:
-        reports.record_scores(outcome.output, resolved, outcome.record_uri)
-    return outcome

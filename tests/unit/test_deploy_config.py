@@ -71,6 +71,20 @@ def test_entrypoint_is_a_flow_and_parameters_validate(
     assert plan.recipe.session_budget is not None and plan.deadline is not None
 
 
+def test_no_two_deployments_write_the_same_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """concurrency_limit is per deployment: two deployments on one storage root and run name
+    would be two writers on one run (the run lease would refuse the later one every time)."""
+    runs: dict[str, str] = {}
+    for name, deployment in sorted(DEPLOYMENTS.items()):
+        parameters = rendered(deployment, monkeypatch)["parameters"]
+        plan = plan_run(
+            str(REPO / parameters["recipe_uri"]), parameters["storage_root"], parameters.get("name")
+        )
+        run_uri = f"{plan.root}/{plan.recipe.name}"
+        assert run_uri not in runs, f"{name} and {runs.get(run_uri)} both write {run_uri}"
+        runs[run_uri] = name
+
+
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 def test_schedules_parse_and_runs_do_not_overlap(name: str) -> None:
     from prefect.client.schemas.schedules import CronSchedule
