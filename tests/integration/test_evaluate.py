@@ -13,7 +13,7 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
 from stages import data_prep, evaluate, sft
 from stages.core import storage
-from stages.core.runner import RunContext, find_checkpoint_record
+from stages.core.runner import RunContext, find_checkpoint_record, read_evaluations
 from stages.modeling import models
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
@@ -95,9 +95,11 @@ def test_report_files_scores_and_records(trained) -> None:
     samples = storage.read_text(report.samples_uri).splitlines()
     assert len(samples) == 3 * recipe.data.eval.size
     assert {"model", "completion", "correct", "format"} <= set(json.loads(samples[0]))
-    _, record = find_checkpoint_record(checkpoint.uri)
-    assert [e["evaluation"] for e in record.evaluations] == [outcome.record_uri]
-    assert record.evaluations[0]["format_rate"] == by_name["sft"].format_rate
+    record_uri, record = find_checkpoint_record(checkpoint.uri)
+    assert record.evaluations == []  # the checkpoint's record is never rewritten
+    [(_, written)] = read_evaluations(record_uri.rsplit("/", 1)[0])
+    assert written.evaluation == directory and written.report_uri == report.uri
+    assert written.scores["format_rate"] == by_name["sft"].format_rate
 
 
 def test_sampling_gives_pass_at_k(trained) -> None:
