@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
+import jax
 from prefect import flow, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
@@ -30,10 +31,16 @@ from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
 from stages import data_prep, evaluate, grpo, sft
 from stages.core import storage
-from stages.core.runner import RunContext, SessionExpired, StageOutcome
+from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
 from stages.core.sessions import StopFlag, stop_on_sigterm
 
 TRANSIENT_RETRIES = 2
+# Tunix's sampler fails across JAX processes (google/tunix issue 698): a multi-host session
+# trains SFT, then stops; a single-host session on the same storage continues
+MULTI_HOST_STOP = (
+    "a multi-host session ends after SFT: GRPO and evaluation sample with Tunix, which fails "
+    "across JAX processes (google/tunix issue 698); continue the run on a single host"
+)
 RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
 
 
@@ -72,7 +79,7 @@ def publish_to_ui(stage: str, publish: Callable[[], object]) -> None:
 T = TypeVar("T", bound=DatasetArtifact | CheckpointArtifact | EvalReport)
 
 
-def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, StageSummary]]:
+def _finish(ctx: RunContext, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, StageSummary]]:
     """Log and publish a stage's outcome; its task run ends Completed, or "Skipped" if skipped.
 
     A task that returns a State ends in that state, so a skipped stage shows as Skipped in the
@@ -82,7 +89,8 @@ def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, St
     output = outcome.output
     verb = "skipped (already complete on storage)" if outcome.skipped else "ran"
     get_run_logger().info("%s %s -> %s", stage, verb, output.uri)
-    publish_to_ui(stage, lambda: publish_stage(run, stage, outcome))
+    if ctx.primary:  # one process (JAX process 0) creates the run's UI artifacts
+        publish_to_ui(stage, lambda: publish_stage(ctx.run, stage, outcome))
     summary = StageSummary(
         stage=stage,
         output_uri=output.uri,
@@ -97,7 +105,7 @@ def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, St
 @task(name="data_prep", **STAGE_TASK)
 def data_prep_task(recipe: Recipe, ctx: RunContext) -> State[tuple[DatasetArtifact, StageSummary]]:
     outcome = data_prep.prepare(recipe.data, recipe.model, ctx)
-    return _finish(recipe.name, "data_prep", outcome)
+    return _finish(ctx, "data_prep", outcome)
 
 
 @task(name="sft", **STAGE_TASK)
@@ -105,7 +113,7 @@ def sft_task(
     recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
-    return _finish(recipe.name, "sft", outcome)
+    return _finish(ctx, "sft", outcome)
 
 
 @task(name="grpo", **STAGE_TASK)
@@ -113,7 +121,7 @@ def grpo_task(
     recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-    return _finish(recipe.name, "grpo", outcome)
+    return _finish(ctx, "grpo", outcome)
 
 
 @task(name="evaluate", **STAGE_TASK)
@@ -125,7 +133,7 @@ def evaluate_task(
 ) -> State[tuple[EvalReport, StageSummary]]:
     wanted = {k: v for k, v in checkpoints.items() if k in recipe.eval.models}
     outcome = evaluate.evaluate(dataset, wanted, recipe.eval, recipe.model, recipe.mesh, ctx)
-    return _finish(recipe.name, "evaluate", outcome)
+    return _finish(ctx, "evaluate", outcome)
 
 
 @flow(name="format_align_reinforce", log_prints=True)
@@ -175,7 +183,11 @@ def run_recipe(
         cache_dir=cache_dir,
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
+        primary=is_primary_process(),
     )
+    if not ctx.primary:  # process 0 holds the lease and writes the manifest for all
+        with _sigterm_stops(ctx):
+            return _run_stages(recipe, ctx, [], started)
     with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds) as held:
         took_over = None if held.took_over is None else held.took_over.model_dump(mode="json")
         for change in manifest.open_session(recipe, ctx, recipe_source, took_over):
@@ -205,6 +217,8 @@ def _run_stages(
         done.append(line)
         policy, line = sft_task(recipe, dataset, ctx).result()
         done.append(line)
+        if jax.process_count() > 1:
+            return _summary(recipe, ctx, done, started, stopped_reason=MULTI_HOST_STOP)
         reinforced, line = grpo_task(recipe, dataset, policy, ctx).result()
         done.append(line)
         checkpoints = {"sft": policy, "grpo": reinforced}

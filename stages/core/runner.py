@@ -81,6 +81,10 @@ class RunContext:
     cache_dir: str | None = None  # converted model weights; None: ~/.cache/far
     stop: StopFlag | None = None  # set on SIGTERM: training stages save and stop
     allow_changes: tuple[str, ...] = ()  # drift the user accepted (dotted recipe paths)
+    # process 0 of the run's JAX processes (multi-host): only it writes records, identity
+    # and session notes; every process runs the work (Orbax saves are collective)
+    primary: bool = True
+    commit_wait_seconds: float = 600.0  # how long other processes wait for process 0's record
 
     @property
     def model_cache(self) -> str:
@@ -236,18 +240,23 @@ def run_stage(
         raise SessionExpired(f"session deadline passed before stage {stage} could start")
     if ctx.stop is not None and ctx.stop.is_set():
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
-    _start_directory(ctx, identity, directory, carry_over)
+    if ctx.primary:
+        _start_directory(ctx, identity, directory, carry_over)
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
     try:
         output, metrics, history = work(directory)
     except BaseException as e:
         outcome = "stopped" if isinstance(e, SessionExpired | KeyboardInterrupt) else "failed"
+        if not ctx.primary:
+            raise
         try:
             _log_session(ctx, directory, started, t0, outcome, f"{type(e).__name__}: {e}")
         except Exception as note_error:  # the original error matters more than the note
             log.warning("stage %s: could not note the %s session: %s", stage, outcome, note_error)
         raise
+    if not ctx.primary:
+        return _await_commit(ctx, record_uri, output)
     this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
         stage=stage,
@@ -273,6 +282,27 @@ def run_stage(
     commit_record(record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+def _await_commit(ctx: RunContext, record_uri: str, output: T) -> StageOutcome[T]:
+    """A non-primary process: wait for process 0 to commit the stage it worked on too."""
+    give_up = time.monotonic() + ctx.commit_wait_seconds
+    while (record := read_record(record_uri)) is None:
+        if time.monotonic() > give_up:
+            raise TimeoutError(
+                f"process 0 did not commit {record_uri} within {ctx.commit_wait_seconds:.0f} s "
+                f"of this process finishing the stage"
+            )
+        time.sleep(1.0)
+    return StageOutcome(output, record_uri, skipped=False, seconds=record.seconds)
+
+
+def is_primary_process() -> bool:
+    """True in JAX process 0 (and in any single-process run): the one process that writes
+    records, manifests, leases and UI artifacts."""
+    import jax  # deferred: record reading needs no accelerator runtime
+
+    return bool(jax.process_index() == 0)
 
 
 def _start_directory(

@@ -158,3 +158,25 @@ def gemma3_qk_norm_scales(attention: Any) -> tuple[Any, Any]:
     Tunix 0.1.7 keeps them as private attributes with no public accessor; the export test
     (tests/integration/test_real_model.py) checks the exported logits against transformers."""
     return attention._query_norm.scale, attention._key_norm.scale
+
+
+# --- Multi-process sampling -----------------------------------------------------------------
+
+
+class MultiProcessSamplingUnsupported(ValueError):
+    """A stage that samples with Tunix was asked to run across several JAX processes."""
+
+
+def refuse_multiprocess_sampling(what: str, process_count: int) -> None:
+    """Refuse, before any compute, to sample with Tunix across several JAX processes.
+
+    Defect: Tunix's Sampler (GRPO rollouts and evaluation) reads its arrays back on the host,
+    which fails under multi-process SPMD on arrays that are not fully addressable by one
+    process (google/tunix issue 698). SFT (PeftTrainer) is unaffected and runs multi-host.
+    """
+    if process_count > 1:
+        raise MultiProcessSamplingUnsupported(
+            f"{what} cannot run across {process_count} JAX processes: Tunix's sampler fails "
+            f"on arrays spread over several processes (google/tunix issue 698). Run SFT "
+            f"multi-host, then {what} on a single host (one process) from the same storage"
+        )
