@@ -122,6 +122,12 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         help="if another session holds the run's lease, wait this long for it (default 0),\n"
         "then exit 4 naming the holder",
     )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one of several hosts of a TPU slice running this same command: join them with\n"
+        "jax.distributed (process 0 alone writes records, run.json and the lease)",
+    )
     _add_common_options(parser)
 
 
@@ -218,6 +224,10 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     except tunix_version.UntestedTunixError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
+    if args.distributed:
+        import jax
+
+        jax.distributed.initialize()  # the slice's workers, found from the TPU environment
     try:
         summary = format_align_reinforce(
             plan.recipe,

@@ -3,7 +3,8 @@ on the tiny model with a mesh across both processes' devices.
 
 usage: python -m tests.integration._multihost_child PORT PROCESS_ID ROOT STAGE [MAX_STEPS]
 STAGE: sft (data_prep then SFT to MAX_STEPS; a stop is requested in process 1 after step 3
-when MAX_STEPS is negative, |MAX_STEPS| being the target), grpo, evaluate.
+when MAX_STEPS is negative, |MAX_STEPS| being the target); refusals (then GRPO and
+evaluation, each expected to be refused); tunix_sampler (then Tunix's sampler directly).
 Prints one JSON line: the outcome, or the error it ended with.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -40,11 +43,19 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
         dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
         policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
         report.update(sft_step=policy.output.step, sft_record=policy.record_uri)
-        if stage == "grpo":
-            grpo.reinforce(dataset, policy.output, recipe.grpo, recipe.model, recipe.mesh, ctx)
-        if stage == "evaluate":
-            checkpoints = {"sft": policy.output}
-            evaluate.evaluate(dataset, checkpoints, recipe.eval, recipe.model, recipe.mesh, ctx)
+        if stage == "refusals":  # both refused up front, before any compute
+            report["grpo"] = refusal(
+                lambda: grpo.reinforce(
+                    dataset, policy.output, recipe.grpo, recipe.model, recipe.mesh, ctx
+                )
+            )
+            report["evaluate"] = refusal(
+                lambda: evaluate.evaluate(
+                    dataset, {"sft": policy.output}, recipe.eval, recipe.model, recipe.mesh, ctx
+                )
+            )
+        if stage == "tunix_sampler":  # what the refusal avoids: Tunix's sampler, 2 processes
+            report["completions"] = sample_directly(recipe, dataset, policy.output)
         report["outcome"] = "complete"
     except SessionExpired as e:
         report.update(outcome="stopped", detail=str(e))
@@ -53,6 +64,35 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
         traceback.print_exc()
     print(json.dumps(report), flush=True)
     return 0
+
+
+def refusal(call: Callable[[], object]) -> str:
+    from stages.modeling.tunix_compat import MultiProcessSamplingUnsupported
+
+    try:
+        call()
+    except MultiProcessSamplingUnsupported as e:
+        return str(e)
+    return "not refused"
+
+
+def sample_directly(recipe: Any, dataset: Any, checkpoint: Any) -> list[str]:
+    """Tunix's sampler on the SFT policy, sharded across both processes (no FAR guard)."""
+    from stages import evaluate
+    from stages.core.datasets import load_prompts
+    from stages.modeling import models
+    from stages.modeling.tokenizers import build_tokenizer
+
+    mesh = models.build_mesh(recipe.mesh)
+    network = models.restore_policy(
+        checkpoint, models.build_base_model(recipe.model, mesh, "unused"), mesh
+    )
+    prompts = [r["prompt"] for r in load_prompts(dataset, "eval")][:4]
+    tokenizer = build_tokenizer(recipe.model, "unused")
+    with mesh:
+        return evaluate.generate(
+            network, tokenizer, prompts, recipe.eval, dataset.prompt_len, recipe.model
+        )
 
 
 class StopAfterSteps(StopFlag):
