@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from tunix.generate import sampler as tunix_sampler
 
@@ -37,7 +36,7 @@ from stages.core.runner import (
 )
 from stages.evaluate import reports
 from stages.evaluate.progress import EvalProgress
-from stages.modeling import models, tunix_compat
+from stages.modeling import models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -300,7 +299,6 @@ def evaluate(
     ctx: RunContext,
 ) -> StageOutcome[EvalReport]:
     """Evaluate `config.models` ('base' needs no checkpoint; URIs are looked up)."""
-    tunix_compat.refuse_multiprocess_sampling("evaluation", jax.process_count())
     tokenizer_name = build_tokenizer(model, ctx.model_cache).name
     check_dataset(dataset, tokenizer_name)
     resolved = resolve_checkpoints(config, checkpoints)

@@ -2,9 +2,10 @@
 on the tiny model with a mesh across both processes' devices.
 
 usage: python -m tests.integration._multihost_child PORT PROCESS_ID ROOT STAGE [MAX_STEPS]
-STAGE: sft (data_prep then SFT to MAX_STEPS; a stop is requested in process 1 after step 3
-when MAX_STEPS is negative, |MAX_STEPS| being the target); refusals (then GRPO and
-evaluation, each expected to be refused); tunix_sampler (then Tunix's sampler directly).
+STAGE: sft (data_prep then SFT to MAX_STEPS; a stop is requested in process 1 only after
+step 3 when MAX_STEPS is negative, |MAX_STEPS| being the target); continue (then GRPO, which
+FAR refuses, and evaluation); tunix_sampler / tunix_grpo (Tunix's sampler / GRPO directly,
+without FAR's guard: what the refusal is about).
 Prints one JSON line: the outcome, or the error it ended with.
 """
 
@@ -43,19 +44,21 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
         dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
         policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
         report.update(sft_step=policy.output.step, sft_record=policy.record_uri)
-        if stage == "refusals":  # both refused up front, before any compute
+        if stage == "continue":  # GRPO refused up front; evaluation runs across both
             report["grpo"] = refusal(
                 lambda: grpo.reinforce(
                     dataset, policy.output, recipe.grpo, recipe.model, recipe.mesh, ctx
                 )
             )
-            report["evaluate"] = refusal(
-                lambda: evaluate.evaluate(
-                    dataset, {"sft": policy.output}, recipe.eval, recipe.model, recipe.mesh, ctx
-                )
+            evaluated = evaluate.evaluate(
+                dataset, {"sft": policy.output}, recipe.eval, recipe.model, recipe.mesh, ctx
             )
-        if stage == "tunix_sampler":  # what the refusal avoids: Tunix's sampler, 2 processes
+            report["scores"] = [s.model_dump(mode="json") for s in evaluated.output.scores]
+            report["eval_record"] = evaluated.record_uri
+        if stage == "tunix_sampler":  # Tunix's sampler across both processes, no FAR guard
             report["completions"] = sample_directly(recipe, dataset, policy.output)
+        if stage == "tunix_grpo":  # what the refusal avoids: Tunix GRPO across both processes
+            report["grpo_step"] = grpo_unguarded(recipe, dataset, policy.output, ctx)
         report["outcome"] = "complete"
     except SessionExpired as e:
         report.update(outcome="stopped", detail=str(e))
@@ -93,6 +96,18 @@ def sample_directly(recipe: Any, dataset: Any, checkpoint: Any) -> list[str]:
         return evaluate.generate(
             network, tokenizer, prompts, recipe.eval, dataset.prompt_len, recipe.model
         )
+
+
+def grpo_unguarded(recipe: Any, dataset: Any, checkpoint: Any, ctx: Any) -> int:
+    """The GRPO stage's work without its multi-process refusal (to show what it prevents)."""
+    from stages import grpo
+    from stages.core.runner import run_stage
+
+    identity = grpo.identity(recipe.grpo, recipe.model, dataset.fingerprint, checkpoint.fingerprint)
+    work = lambda d: grpo._reinforce(  # noqa: E731
+        d, dataset, checkpoint, recipe.grpo, recipe.model, recipe.mesh, ctx
+    )
+    return int(run_stage(ctx, identity, work).output.step)
 
 
 class StopAfterSteps(StopFlag):
