@@ -35,11 +35,11 @@ from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_prim
 from stages.core.sessions import StopFlag, stop_on_sigterm
 
 TRANSIENT_RETRIES = 2
-# Tunix's sampler fails across JAX processes (google/tunix issue 698): a multi-host session
-# trains SFT, then stops; a single-host session on the same storage continues
+# Tunix's GRPO rollouts fail across JAX processes (google/tunix issue 698): a multi-host
+# session trains SFT, then stops; a single-host session on the same storage continues
 MULTI_HOST_STOP = (
-    "a multi-host session ends after SFT: GRPO and evaluation sample with Tunix, which fails "
-    "across JAX processes (google/tunix issue 698); continue the run on a single host"
+    "a multi-host session ends after SFT: Tunix's GRPO rollouts fail across JAX processes "
+    "(google/tunix issue 698); continue the run (GRPO, then evaluation) on a single host"
 )
 RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
 

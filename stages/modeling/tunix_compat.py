@@ -164,19 +164,20 @@ def gemma3_qk_norm_scales(attention: Any) -> tuple[Any, Any]:
 
 
 class MultiProcessSamplingUnsupported(ValueError):
-    """A stage that samples with Tunix was asked to run across several JAX processes."""
+    """GRPO was asked to run across several JAX processes."""
 
 
 def refuse_multiprocess_sampling(what: str, process_count: int) -> None:
-    """Refuse, before any compute, to sample with Tunix across several JAX processes.
+    """Refuse, before any compute, GRPO across several JAX processes.
 
-    Defect: Tunix's Sampler (GRPO rollouts and evaluation) reads its arrays back on the host,
-    which fails under multi-process SPMD on arrays that are not fully addressable by one
-    process (google/tunix issue 698). SFT (PeftTrainer) is unaffected and runs multi-host.
+    Defect: Tunix's GRPO rollouts (RLCluster's sampler) fail under multi-process SPMD on
+    arrays not fully addressable by one process (google/tunix issue 698). SFT (PeftTrainer)
+    and FAR's evaluation (tunix Sampler on the restored policy) run across two CPU processes
+    (tests/integration/test_multihost.py).
     """
     if process_count > 1:
         raise MultiProcessSamplingUnsupported(
-            f"{what} cannot run across {process_count} JAX processes: Tunix's sampler fails "
-            f"on arrays spread over several processes (google/tunix issue 698). Run SFT "
+            f"{what} cannot run across {process_count} JAX processes: Tunix's GRPO rollouts "
+            f"fail on arrays spread over several processes (google/tunix issue 698). Run SFT "
             f"multi-host, then {what} on a single host (one process) from the same storage"
         )
