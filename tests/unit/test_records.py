@@ -156,3 +156,12 @@ def test_records_committed_before_named_digests_still_read() -> None:
 
     old = FileDigest.model_validate({"size": 3, "sha256": "ab" * 32})
     assert old.digest == "sha256:" + "ab" * 32
+
+
+def test_the_ui_report_lists_the_evaluation_files(run: dict[str, Any]) -> None:
+    from flows.ui_artifacts import evaluation_files_markdown
+
+    report = run["eval"].output
+    [(uri, _)] = read_evaluations(run["sft"].record_uri.rsplit("/", 1)[0])
+    digest = storage.sha256_bytes(Path(uri).read_bytes())
+    assert f"| `{uri}` | `{digest}` |" in evaluation_files_markdown(report)
