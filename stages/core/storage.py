@@ -150,6 +150,12 @@ def _sha256_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def sha256_file(uri: str) -> str:
+    """A file's "sha256:<hex>", read in 8 MiB chunks."""
+    fs, path = _split(uri)
+    return _sha256_of(fs, path)
+
+
 def sha256_bytes(data: bytes) -> str:
     return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
