@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
-import jax
 from prefect import flow, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
@@ -35,12 +34,6 @@ from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_prim
 from stages.core.sessions import StopFlag, stop_on_sigterm
 
 TRANSIENT_RETRIES = 2
-# Tunix's GRPO rollouts fail across JAX processes (google/tunix issue 698): a multi-host
-# session trains SFT, then stops; a single-host session on the same storage continues
-MULTI_HOST_STOP = (
-    "a multi-host session ends after SFT: Tunix's GRPO rollouts fail across JAX processes "
-    "(google/tunix issue 698); continue the run (GRPO, then evaluation) on a single host"
-)
 RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
 
 
@@ -217,8 +210,6 @@ def _run_stages(
         done.append(line)
         policy, line = sft_task(recipe, dataset, ctx).result()
         done.append(line)
-        if jax.process_count() > 1:
-            return _summary(recipe, ctx, done, started, stopped_reason=MULTI_HOST_STOP)
         reinforced, line = grpo_task(recipe, dataset, policy, ctx).result()
         done.append(line)
         checkpoints = {"sft": policy, "grpo": reinforced}

@@ -7,7 +7,6 @@
 #
 #   deploy/tpu-vm/slice-run.sh TPU_NAME ZONE gs://BUCKET/far [SESSION_BUDGET]
 #
-# A multi-host session ends after SFT: Tunix's GRPO rollouts fail across processes. Continue them on one host (see recipes/tpu-gemma3-1b-v5e16-multihost.yaml).
 set -euo pipefail
 
 if [ "$#" -lt 3 ]; then

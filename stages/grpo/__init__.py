@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -330,7 +329,6 @@ def reinforce(
     ctx: RunContext,
 ) -> StageOutcome[CheckpointArtifact]:
     """Run GRPO from the SFT checkpoint (or reuse a committed result)."""
-    tunix_compat.refuse_multiprocess_sampling("GRPO", jax.process_count())
     tokenizer_name = build_tokenizer(model, ctx.model_cache).name
     check_dataset(dataset, tokenizer_name)
     models.check_compatible(sft, model, tokenizer_name)

@@ -158,26 +158,3 @@ def gemma3_qk_norm_scales(attention: Any) -> tuple[Any, Any]:
     Tunix 0.1.7 keeps them as private attributes with no public accessor; the export test
     (tests/integration/test_real_model.py) checks the exported logits against transformers."""
     return attention._query_norm.scale, attention._key_norm.scale
-
-
-# --- Multi-process sampling -----------------------------------------------------------------
-
-
-class MultiProcessSamplingUnsupported(ValueError):
-    """GRPO was asked to run across several JAX processes."""
-
-
-def refuse_multiprocess_sampling(what: str, process_count: int) -> None:
-    """Refuse, before any compute, GRPO across several JAX processes.
-
-    Defect: Tunix's GRPO rollouts (RLCluster's sampler) fail under multi-process SPMD on
-    arrays not fully addressable by one process (google/tunix issue 698). SFT (PeftTrainer)
-    and FAR's evaluation (tunix Sampler on the restored policy) run across two CPU processes
-    (tests/integration/test_multihost.py).
-    """
-    if process_count > 1:
-        raise MultiProcessSamplingUnsupported(
-            f"{what} cannot run across {process_count} JAX processes: Tunix's GRPO rollouts "
-            f"fail on arrays spread over several processes (google/tunix issue 698). Run SFT "
-            f"multi-host, then {what} on a single host (one process) from the same storage"
-        )

@@ -3,9 +3,8 @@ on the tiny model with a mesh across both processes' devices.
 
 usage: python -m tests.integration._multihost_child PORT PROCESS_ID ROOT STAGE [MAX_STEPS]
 STAGE: sft (data_prep then SFT to MAX_STEPS; a stop is requested in process 1 only after
-step 3 when MAX_STEPS is negative, |MAX_STEPS| being the target); continue (then GRPO, which
-FAR refuses, and evaluation); tunix_sampler / tunix_grpo (Tunix's sampler / GRPO directly,
-without FAR's guard: what the refusal is about).
+step 3 when MAX_STEPS is negative, |MAX_STEPS| being the target); continue (then GRPO and
+evaluation of sft and grpo).
 Prints one JSON line: the outcome, or the error it ended with.
 """
 
@@ -14,8 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from collections.abc import Callable
-from typing import Any
 
 import jax
 
@@ -35,7 +32,7 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
         mesh={"fsdp": 2},
         sft={"max_steps": steps, "checkpoint_every_steps": 3, "save_margin_seconds": 0.0},
         grpo={"max_steps": 2},
-        eval={"models": ["sft"], "max_generation_tokens": 8},
+        eval={"models": ["sft", "grpo"], "max_generation_tokens": 8},
     )
     stop = StopAfterSteps(3) if max_steps < 0 and process_id == 1 else StopFlag()
     ctx = RunContext(root, "multihost", primary=is_primary_process(), stop=stop)
@@ -44,21 +41,17 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
         dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
         policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
         report.update(sft_step=policy.output.step, sft_record=policy.record_uri)
-        if stage == "continue":  # GRPO refused up front; evaluation runs across both
-            report["grpo"] = refusal(
-                lambda: grpo.reinforce(
-                    dataset, policy.output, recipe.grpo, recipe.model, recipe.mesh, ctx
-                )
+        if stage == "continue":  # then GRPO and evaluation, across both processes
+            reinforced = grpo.reinforce(
+                dataset, policy.output, recipe.grpo, recipe.model, recipe.mesh, ctx
             )
+            report.update(grpo_step=reinforced.output.step, grpo_record=reinforced.record_uri)
+            checkpoints = {"sft": policy.output, "grpo": reinforced.output}
             evaluated = evaluate.evaluate(
-                dataset, {"sft": policy.output}, recipe.eval, recipe.model, recipe.mesh, ctx
+                dataset, checkpoints, recipe.eval, recipe.model, recipe.mesh, ctx
             )
             report["scores"] = [s.model_dump(mode="json") for s in evaluated.output.scores]
             report["eval_record"] = evaluated.record_uri
-        if stage == "tunix_sampler":  # Tunix's sampler across both processes, no FAR guard
-            report["completions"] = sample_directly(recipe, dataset, policy.output)
-        if stage == "tunix_grpo":  # what the refusal avoids: Tunix GRPO across both processes
-            report["grpo_step"] = grpo_unguarded(recipe, dataset, policy.output, ctx)
         report["outcome"] = "complete"
     except SessionExpired as e:
         report.update(outcome="stopped", detail=str(e))
@@ -67,47 +60,6 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
         traceback.print_exc()
     print(json.dumps(report), flush=True)
     return 0
-
-
-def refusal(call: Callable[[], object]) -> str:
-    from stages.modeling.tunix_compat import MultiProcessSamplingUnsupported
-
-    try:
-        call()
-    except MultiProcessSamplingUnsupported as e:
-        return str(e)
-    return "not refused"
-
-
-def sample_directly(recipe: Any, dataset: Any, checkpoint: Any) -> list[str]:
-    """Tunix's sampler on the SFT policy, sharded across both processes (no FAR guard)."""
-    from stages import evaluate
-    from stages.core.datasets import load_prompts
-    from stages.modeling import models
-    from stages.modeling.tokenizers import build_tokenizer
-
-    mesh = models.build_mesh(recipe.mesh)
-    network = models.restore_policy(
-        checkpoint, models.build_base_model(recipe.model, mesh, "unused"), mesh
-    )
-    prompts = [r["prompt"] for r in load_prompts(dataset, "eval")][:4]
-    tokenizer = build_tokenizer(recipe.model, "unused")
-    with mesh:
-        return evaluate.generate(
-            network, tokenizer, prompts, recipe.eval, dataset.prompt_len, recipe.model
-        )
-
-
-def grpo_unguarded(recipe: Any, dataset: Any, checkpoint: Any, ctx: Any) -> int:
-    """The GRPO stage's work without its multi-process refusal (to show what it prevents)."""
-    from stages import grpo
-    from stages.core.runner import run_stage
-
-    identity = grpo.identity(recipe.grpo, recipe.model, dataset.fingerprint, checkpoint.fingerprint)
-    work = lambda d: grpo._reinforce(  # noqa: E731
-        d, dataset, checkpoint, recipe.grpo, recipe.model, recipe.mesh, ctx
-    )
-    return int(run_stage(ctx, identity, work).output.step)
 
 
 class StopAfterSteps(StopFlag):
