@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from pipeline import lineage, manifest
+from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run
 from pipeline.recipes import RecipeError, parse_recipe
 from schemas.record import RunSummary
@@ -26,6 +27,7 @@ from stages.rewards import IsolationUnavailable
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
+EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
 log = logging.getLogger("far")
 
 DESCRIPTION = """\
@@ -47,7 +49,8 @@ mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
 Continuing a run with a changed recipe or stage code is refused with the differences
 (exit 2); start a new run with --name, or accept named changes with --allow-change, e.g.
   far run recipes/smoke.yaml --allow-change sft.max_steps   (continues SFT from its checkpoint)
-Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline.
+Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline,
+4 another session holds the run's lease (it names the holder; see --lease-wait).
 """
 EXIT_PROBLEMS = 1
 
@@ -111,6 +114,20 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         default=os.environ.get("FAR_CACHE_DIR"),
         help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
+    )
+    parser.add_argument(
+        "--lease-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="if another session holds the run's lease, wait this long for it (default 0),\n"
+        "then exit 4 naming the holder",
+    )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one of several hosts of a TPU slice running this same command: join them with\n"
+        "jax.distributed (process 0 alone writes records, run.json and the lease)",
     )
     _add_common_options(parser)
 
@@ -208,6 +225,10 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     except tunix_version.UntestedTunixError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
+    if args.distributed:
+        import jax
+
+        jax.distributed.initialize()  # the slice's workers, found from the TPU environment
     try:
         summary = format_align_reinforce(
             plan.recipe,
@@ -216,10 +237,14 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             args.cache_dir,
             allow_changes=args.allow_change,
             recipe_source=recipe_source,
+            lease_wait_seconds=args.lease_wait,
         )
     except DriftError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
+    except LeaseHeld as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_LEASE_HELD
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
         return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
     print_summary(summary)

@@ -34,6 +34,7 @@ def far_scheduled(
     name: str | None = None,
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
+    lease_wait_seconds: float = 0.0,
 ) -> State[RunSummary]:
     """Run (or continue) the FAR recipe at `recipe_uri`, as `far run` would.
 
@@ -47,6 +48,8 @@ def far_scheduled(
         cache_dir: converted model weights (default: $FAR_CACHE_DIR, else ~/.cache/far)
         allow_changes: recipe/code changes accepted when continuing the run (e.g.
             ["sft.max_steps"]); any other drift from the run's recipe fails the flow run
+        lease_wait_seconds: if another session holds the run's lease, wait this long for
+            it, then fail naming the holder (one writer per run)
     """
     given = {
         "recipe_uri": recipe_uri,
@@ -64,6 +67,7 @@ def far_scheduled(
         cache_dir or os.environ.get("FAR_CACHE_DIR"),
         allow_changes,
         recipe_source=recipe_uri,
+        lease_wait_seconds=lease_wait_seconds,
     )
     return final_state(summary)
 

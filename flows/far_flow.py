@@ -24,13 +24,13 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 
 from flows.ui_artifacts import publish_stage
-from pipeline import manifest
+from pipeline import lease, manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import Recipe
 from schemas.record import RunSummary, StageSummary
 from stages import data_prep, evaluate, grpo, sft
 from stages.core import storage
-from stages.core.runner import RunContext, SessionExpired, StageOutcome
+from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
 from stages.core.sessions import StopFlag, stop_on_sigterm
 
 TRANSIENT_RETRIES = 2
@@ -72,7 +72,7 @@ def publish_to_ui(stage: str, publish: Callable[[], object]) -> None:
 T = TypeVar("T", bound=DatasetArtifact | CheckpointArtifact | EvalReport)
 
 
-def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, StageSummary]]:
+def _finish(ctx: RunContext, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, StageSummary]]:
     """Log and publish a stage's outcome; its task run ends Completed, or "Skipped" if skipped.
 
     A task that returns a State ends in that state, so a skipped stage shows as Skipped in the
@@ -82,7 +82,8 @@ def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, St
     output = outcome.output
     verb = "skipped (already complete on storage)" if outcome.skipped else "ran"
     get_run_logger().info("%s %s -> %s", stage, verb, output.uri)
-    publish_to_ui(stage, lambda: publish_stage(run, stage, outcome))
+    if ctx.primary:  # one process (JAX process 0) creates the run's UI artifacts
+        publish_to_ui(stage, lambda: publish_stage(ctx.run, stage, outcome))
     summary = StageSummary(
         stage=stage,
         output_uri=output.uri,
@@ -97,7 +98,7 @@ def _finish(run: str, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, St
 @task(name="data_prep", **STAGE_TASK)
 def data_prep_task(recipe: Recipe, ctx: RunContext) -> State[tuple[DatasetArtifact, StageSummary]]:
     outcome = data_prep.prepare(recipe.data, recipe.model, ctx)
-    return _finish(recipe.name, "data_prep", outcome)
+    return _finish(ctx, "data_prep", outcome)
 
 
 @task(name="sft", **STAGE_TASK)
@@ -105,7 +106,7 @@ def sft_task(
     recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
-    return _finish(recipe.name, "sft", outcome)
+    return _finish(ctx, "sft", outcome)
 
 
 @task(name="grpo", **STAGE_TASK)
@@ -113,7 +114,7 @@ def grpo_task(
     recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-    return _finish(recipe.name, "grpo", outcome)
+    return _finish(ctx, "grpo", outcome)
 
 
 @task(name="evaluate", **STAGE_TASK)
@@ -125,7 +126,7 @@ def evaluate_task(
 ) -> State[tuple[EvalReport, StageSummary]]:
     wanted = {k: v for k, v in checkpoints.items() if k in recipe.eval.models}
     outcome = evaluate.evaluate(dataset, wanted, recipe.eval, recipe.model, recipe.mesh, ctx)
-    return _finish(recipe.name, "evaluate", outcome)
+    return _finish(ctx, "evaluate", outcome)
 
 
 @flow(name="format_align_reinforce", log_prints=True)
@@ -136,6 +137,7 @@ def format_align_reinforce(
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
@@ -143,8 +145,11 @@ def format_align_reinforce(
     between stages when the session is over: re-running the same command continues.
     `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
     the recipe/code changes (dotted paths) accepted when continuing an existing run.
+    `lease_wait_seconds`: how long to wait for another session holding the run's lease.
     """
-    return run_recipe(recipe, root, deadline, cache_dir, allow_changes, recipe_source)
+    return run_recipe(
+        recipe, root, deadline, cache_dir, allow_changes, recipe_source, lease_wait_seconds
+    )
 
 
 def run_recipe(
@@ -154,10 +159,13 @@ def run_recipe(
     cache_dir: str | None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
 ) -> RunSummary:
     """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
 
-    The run's manifest is checked (drift guard) and this session recorded in it first.
+    The session first takes the run's lease (one writer per run; pipeline/lease.py), holds
+    it while it works and releases it at the end. Then the run's manifest is checked (drift
+    guard) and this session recorded in it, with any expired lease it took over.
     """
     started = time.perf_counter()
     ctx = RunContext(
@@ -170,13 +178,19 @@ def run_recipe(
         allow_changes=tuple(allow_changes or ()),
         sandbox_isolation=recipe.sandbox.isolation,
         sandbox_workers=recipe.sandbox.workers,
+        primary=is_primary_process(),
     )
-    for change in manifest.open_session(recipe, ctx, recipe_source):
-        get_run_logger().warning("continuing with an allowed change: %s", change)
-    done: list[StageSummary] = []
-    with _sigterm_stops(ctx):
-        summary = _run_stages(recipe, ctx, done, started)
-    _close_session(ctx, summary)
+    if not ctx.primary:  # process 0 holds the lease and writes the manifest for all
+        with _sigterm_stops(ctx):
+            return _run_stages(recipe, ctx, [], started)
+    with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds) as held:
+        took_over = None if held.took_over is None else held.took_over.model_dump(mode="json")
+        for change in manifest.open_session(recipe, ctx, recipe_source, took_over):
+            get_run_logger().warning("continuing with an allowed change: %s", change)
+        done: list[StageSummary] = []
+        with _sigterm_stops(ctx):
+            summary = _run_stages(recipe, ctx, done, started)
+        _close_session(ctx, summary)
     return summary
 
 

@@ -21,7 +21,7 @@ from prefect.artifacts import (
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.record import StageRecord
 from stages.core import storage
-from stages.core.runner import StageOutcome, read_record
+from stages.core.runner import EVALUATIONS_INDEX, StageOutcome, read_record
 
 REPORT_MARKDOWN = "report.md"  # written by the evaluate stage beside report.json
 
@@ -112,7 +112,8 @@ def _publish_report(run: str, stage: str, report: EvalReport) -> None:
             f"evaluation report {report.uri} has no {REPORT_MARKDOWN} beside it ({report_md})"
         ) from e
     create_markdown_artifact(
-        markdown=f"### Evaluation report\n\n{text}\n\nreport: `{report.uri}`",
+        markdown=f"### Evaluation report\n\n{text}\n\nreport: `{report.uri}`"
+        + evaluation_files_markdown(report),
         key=artifact_key(run, stage, "report"),
         description=f"FAR {run}: base vs SFT vs GRPO",
     )
@@ -140,3 +141,15 @@ def card_markdown(artifact: DatasetArtifact) -> str:
         f"{artifact.quarantined}: {card.quarantined_by_reason or 'none'}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def evaluation_files_markdown(report: EvalReport) -> str:
+    """The write-once evaluation files this report left beside each checkpoint's record."""
+    index = storage.join(report.uri.rsplit("/", 1)[0], EVALUATIONS_INDEX)
+    if not storage.exists(index):
+        return ""
+    lines = ["", "", "| evaluation file | sha256 |", "|---|---|"]
+    lines += [
+        f"| `{uri}` | `{digest}` |" for uri, digest in sorted(storage.read_json(index).items())
+    ]
+    return "\n".join(lines)

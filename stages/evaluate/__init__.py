@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from stages.core.runner import (
     with_uris,
 )
 from stages.evaluate import reports
+from stages.evaluate.progress import EvalProgress
 from stages.modeling import models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
@@ -49,10 +50,46 @@ def generate(
     config: EvalConfig,
     prompt_len: int,
     spec: ModelSpec,
+    progress: EvalProgress | None = None,
 ) -> list[str]:
-    """Completions batch by batch at one compiled shape; greedy unless config.temperature."""
+    """Completions batch by batch at one compiled shape; greedy unless config.temperature.
+
+    With `progress`, batches a session already finished are read back instead of generated
+    (`network` may then be None if all are), and each new batch is kept as soon as it is done.
+    """
+    sampler = None
+    out: list[str] = []
+    for number, start in enumerate(range(0, len(prompts), config.batch_size)):
+        done = None if progress is None else progress.load(number)
+        if done is not None:
+            out.extend(done)
+            continue
+        if progress is not None:
+            progress.before_batch(number)
+        sampler = sampler or _sampler(network, tokenizer, config, prompt_len, spec)
+        batch = list(prompts[start : start + config.batch_size])
+        padded = batch + [batch[-1]] * (config.batch_size - len(batch))
+        sampling = {"temperature": config.temperature, "top_p": 1.0} if config.temperature else {}
+        result = sampler(
+            padded,
+            max_generation_steps=config.max_generation_tokens,
+            max_prompt_length=prompt_len,
+            seed=config.seed + number,
+            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
+            **sampling,
+        )
+        texts = list(result.text[: len(batch)])
+        if progress is not None:
+            progress.save(number, texts)
+        out.extend(texts)
+    return out
+
+
+def _sampler(
+    network: Any, tokenizer: Tokenizer, config: EvalConfig, prompt_len: int, spec: ModelSpec
+) -> tunix_sampler.Sampler:
     arch = models.tunix_config(spec)
-    sampler = tunix_sampler.Sampler(
+    return tunix_sampler.Sampler(
         network,
         tokenizer,
         tunix_sampler.CacheConfig(
@@ -62,21 +99,6 @@ def generate(
             head_dim=arch.head_dim,
         ),
     )
-    sampling = {"temperature": config.temperature, "top_p": 1.0} if config.temperature else {}
-    out: list[str] = []
-    for number, start in enumerate(range(0, len(prompts), config.batch_size)):
-        batch = list(prompts[start : start + config.batch_size])
-        padded = batch + [batch[-1]] * (config.batch_size - len(batch))
-        result = sampler(
-            padded,
-            max_generation_steps=config.max_generation_tokens,
-            max_prompt_length=prompt_len,
-            seed=config.seed + number,
-            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
-            **sampling,
-        )
-        out.extend(result.text[: len(batch)])
-    return out
 
 
 def correctness(
@@ -180,11 +202,18 @@ def _networks(
     spec: ModelSpec,
     mesh: Any,
     cache_dir: str,
+    finished: Callable[[str], bool] = lambda name: False,
 ) -> Any:
-    """Yield (name, checkpoint or None, network); LoRA policies share one base network."""
+    """Yield (name, checkpoint or None, network); LoRA policies share one base network.
+
+    A model whose completions are all finished (`finished`) gets no network (None).
+    """
     base = models.build_base_model(spec, mesh, cache_dir)
     for name in names:
         artifact = checkpoints.get(name)
+        if finished(name):
+            yield name, artifact, None
+            continue
         if artifact is None:
             yield name, None, base
             continue
@@ -199,17 +228,29 @@ def _evaluate(
     config: EvalConfig,
     spec: ModelSpec,
     mesh_spec: MeshSpec,
-    cache_dir: str,
     sandbox: rewards.SandboxStats,
+    ctx: RunContext,
 ) -> tuple[EvalReport, dict[str, float], dict[str, list[float]]]:
+    cache_dir = ctx.model_cache
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, "eval")
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
+    progress = {m: EvalProgress(directory, m, ctx.deadline, ctx.stop) for m in config.models}
+    batches = -(-len(prompts) // config.batch_size)
     all_scores, all_samples = [], []
     with mesh:
-        for name, artifact, network in _networks(config.models, checkpoints, spec, mesh, cache_dir):
-            completions = generate(network, tokenizer, prompts, config, dataset.prompt_len, spec)
+        for name, artifact, network in _networks(
+            config.models,
+            checkpoints,
+            spec,
+            mesh,
+            cache_dir,
+            lambda m: progress[m].complete(batches),
+        ):
+            completions = generate(
+                network, tokenizer, prompts, config, dataset.prompt_len, spec, progress[name]
+            )
             scores, sample_rows = score(
                 name, artifact.uri if artifact else None, rows, completions, config.samples, sandbox
             )
@@ -219,6 +260,8 @@ def _evaluate(
                 "evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate, scores.accuracy
             )
     report = reports.write_report(directory, all_scores, all_samples, checkpoints)
+    if ctx.primary:  # evaluation files are records: one process (JAX process 0) writes them
+        reports.record_scores(report, checkpoints, directory)
     metrics = {
         f"{s.name}/{m}": getattr(s, m) for s in all_scores for m in ("format_rate", "accuracy")
     }
@@ -271,7 +314,7 @@ def evaluate(
         models.check_compatible(artifact, model, tokenizer_name)
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
-    outcome = run_stage(
+    return run_stage(
         ctx,
         with_uris(
             identity(config, model, dataset.fingerprint, fingerprints),
@@ -279,9 +322,6 @@ def evaluate(
             **{n: a.uri for n, a in resolved.items()},
         ),
         lambda directory: _evaluate(
-            directory, dataset, resolved, config, model, mesh, ctx.model_cache, sandbox
+            directory, dataset, resolved, config, model, mesh, sandbox, ctx
         ),
     )
-    if not outcome.skipped:
-        reports.record_scores(outcome.output, resolved, outcome.record_uri)
-    return outcome

@@ -1,5 +1,5 @@
-"""The evaluation report: markdown tables, PNG plots, per-sample outputs, and the scores
-written back into each evaluated checkpoint's stage record."""
+"""The evaluation report: markdown tables, PNG plots, per-sample outputs, and a write-once
+file of scores beside each evaluated checkpoint's stage record (records never change)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 from matplotlib.figure import Figure  # no pyplot: no global backend state
 
 from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
+from schemas.record import Evaluation
 from stages.core import storage
-from stages.core.runner import add_evaluation, find_checkpoint_record
+from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
 
 
 def markdown_table(scores: Sequence[ModelScores]) -> str:
@@ -116,16 +117,25 @@ def write_report(
 
 
 def record_scores(
-    report: EvalReport, checkpoints: dict[str, CheckpointArtifact], eval_record_uri: str
-) -> None:
-    """Append each evaluated checkpoint's scores to the checkpoint's own stage record."""
+    report: EvalReport, checkpoints: dict[str, CheckpointArtifact], directory: str
+) -> dict[str, str]:
+    """Write each evaluated checkpoint's scores to its own file beside the checkpoint's record,
+    and list those files with their sha256 in this evaluation's directory (so they are
+    committed with this stage's record and `far audit` verifies them)."""
     by_uri = {s.checkpoint_uri: s for s in report.scores if s.checkpoint_uri}
+    written = {}
     for artifact in checkpoints.values():
         scores = by_uri.get(artifact.uri)
         if scores is None:
             continue
         record_uri, _ = find_checkpoint_record(artifact.uri)
-        add_evaluation(
-            record_uri,
-            {"evaluation": eval_record_uri, "report": report.uri, **scores.model_dump(mode="json")},
+        evaluation = Evaluation(
+            evaluation=directory,
+            checkpoint_uri=artifact.uri,
+            report_uri=report.uri,
+            scores=scores.model_dump(mode="json"),
         )
+        uri, digest = write_evaluation(record_uri, evaluation)
+        written[uri] = digest
+    storage.write_json(storage.join(directory, EVALUATIONS_INDEX), written)
+    return written

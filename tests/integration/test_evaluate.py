@@ -13,7 +13,8 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
 from stages import data_prep, evaluate, sft
 from stages.core import storage
-from stages.core.runner import RunContext, find_checkpoint_record
+from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
+from stages.core.sessions import StopFlag
 from stages.modeling import models
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
@@ -95,9 +96,11 @@ def test_report_files_scores_and_records(trained) -> None:
     samples = storage.read_text(report.samples_uri).splitlines()
     assert len(samples) == 3 * recipe.data.eval.size
     assert {"model", "completion", "correct", "format"} <= set(json.loads(samples[0]))
-    _, record = find_checkpoint_record(checkpoint.uri)
-    assert [e["evaluation"] for e in record.evaluations] == [outcome.record_uri]
-    assert record.evaluations[0]["format_rate"] == by_name["sft"].format_rate
+    record_uri, record = find_checkpoint_record(checkpoint.uri)
+    assert record.evaluations == []  # the checkpoint's record is never rewritten
+    [(_, written)] = read_evaluations(record_uri.rsplit("/", 1)[0])
+    assert written.evaluation == directory and written.report_uri == report.uri
+    assert written.scores["format_rate"] == by_name["sft"].format_rate
 
 
 def test_sampling_gives_pass_at_k(trained) -> None:
@@ -144,3 +147,41 @@ def test_checkpoints_also_on_a_timer(tmp_path: Path) -> None:
     # step 1000 never comes: every checkpoint but the final one was the 1-second timer's
     steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
     assert steps[-1] == 150 and len(steps) >= 2 and steps[0] < 150
+
+
+class SigtermAfterBatches(StopFlag):
+    """A stop flag that reads as set once `after` batches are on storage under `root`: the
+    moment a SIGTERM handler would set it, placed deterministically between two batches."""
+
+    def __init__(self, root: str, after: int) -> None:
+        super().__init__()
+        self.root, self.after = root, after
+
+    def is_set(self) -> bool:
+        if len(list(Path(self.root).rglob("progress/*/batch-*.json"))) >= self.after:
+            self.request("SIGTERM")
+        return super().is_set()
+
+
+def test_stop_mid_model_resumes_to_the_same_report(trained, tmp_path: Path) -> None:
+    recipe, ctx, dataset, checkpoint = trained
+    config = recipe.eval.model_copy(
+        update={"models": ["base", "sft"], "max_generation_tokens": 16, "batch_size": 4}
+    )
+    run = lambda c: evaluate.evaluate(  # noqa: E731
+        dataset, {"sft": checkpoint}, config, recipe.model, recipe.mesh, c
+    )
+    whole = run(RunContext(str(tmp_path / "whole"), "ev", cache_dir=ctx.cache_dir)).output
+    stopped = RunContext(
+        str(tmp_path / "split"),
+        "ev",
+        cache_dir=ctx.cache_dir,
+        stop=SigtermAfterBatches(str(tmp_path / "split"), 6),
+    )
+    with pytest.raises(SessionExpired, match=r"evaluation of sft stopped before batch 2"):
+        run(stopped)
+    kept = sorted(p.name for p in (tmp_path / "split").rglob("progress/*/batch-*.json"))
+    assert len(kept) == 6  # base's 4 batches and sft's first 2
+    resumed = run(RunContext(str(tmp_path / "split"), "ev", cache_dir=ctx.cache_dir)).output
+    assert resumed.scores == whole.scores
+    assert storage.read_bytes(resumed.samples_uri) == storage.read_bytes(whole.samples_uri)

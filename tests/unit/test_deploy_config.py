@@ -72,6 +72,20 @@ def test_entrypoint_is_a_flow_and_parameters_validate(
     assert plan.recipe.session_budget is not None and plan.deadline is not None
 
 
+def test_no_two_deployments_write_the_same_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """concurrency_limit is per deployment: two deployments on one storage root and run name
+    would be two writers on one run (the run lease would refuse the later one every time)."""
+    runs: dict[str, str] = {}
+    for name, deployment in sorted(DEPLOYMENTS.items()):
+        parameters = rendered(deployment, monkeypatch)["parameters"]
+        plan = plan_run(
+            str(REPO / parameters["recipe_uri"]), parameters["storage_root"], parameters.get("name")
+        )
+        run_uri = f"{plan.root}/{plan.recipe.name}"
+        assert run_uri not in runs, f"{name} and {runs.get(run_uri)} both write {run_uri}"
+        runs[run_uri] = name
+
+
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
 def test_schedules_parse_and_runs_do_not_overlap(name: str) -> None:
     from prefect.client.schemas.schedules import CronSchedule
@@ -153,7 +167,9 @@ def test_gke_job_lands_on_the_tpu_node_pool(monkeypatch: pytest.MonkeyPatch) -> 
     assert config["namespace"] == manifest["metadata"]["namespace"] == "far"
 
 
-@pytest.mark.parametrize("script", ["install.sh", "tpu-vm/startup.sh", "kaggle/run_session.sh"])
+@pytest.mark.parametrize(
+    "script", ["install.sh", "tpu-vm/startup.sh", "tpu-vm/slice-run.sh", "kaggle/run_session.sh"]
+)
 def test_scripts_parse(script: str) -> None:
     path = DEPLOY / script
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
@@ -195,5 +211,67 @@ def test_readme_names_every_file() -> None:
         "kaggle/run_session.sh",
         "Dockerfile",
         "install.sh",
+        "tpu-vm/slice-run.sh",
+        "gke/multihost-job.yaml",
     ]:
         assert name in readme, name
+
+
+# --- multi-host: a TPU VM slice and a GKE multi-host job, every host running the same run ---
+
+MULTIHOST_RECIPE = "recipes/tpu-gemma3-1b-v5e16-multihost.yaml"
+CHIPS_PER_V5E_HOST = 4  # a v5e multi-host slice: 4 chips per host (tpu-v5-lite-podslice)
+
+
+def test_multihost_recipe_is_the_single_host_one_on_a_larger_mesh() -> None:
+    """Its run continues GRPO and evaluation on one v5e-8 host with the v5e-8 recipe and
+    --name: the two recipes may differ only in what is never drift."""
+    from stages.core import drift
+
+    multi = plan_run(str(REPO / MULTIHOST_RECIPE), "gs://b/far").recipe
+    single = plan_run(str(REPO / "recipes/tpu-gemma3-1b-v5e8.yaml"), "gs://b/far").recipe
+    assert multi.mesh.fsdp * multi.mesh.tp == 16
+    changes = drift.recipe_changes(single.model_dump(mode="json"), multi.model_dump(mode="json"))
+    assert changes == []
+
+
+def multihost_documents() -> dict[str, dict[str, Any]]:
+    docs = yaml.safe_load_all((DEPLOY / "gke" / "multihost-job.yaml").read_text())
+    return {d["kind"]: d for d in docs}
+
+
+def test_gke_multihost_job_runs_the_same_distributed_command_on_every_host() -> None:
+    from flows.cli import build_parser
+
+    docs = multihost_documents()
+    job, service = docs["Job"], docs["Service"]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    hosts = spec["completions"]
+    assert spec["completionMode"] == "Indexed" and spec["parallelism"] == hosts
+    assert pod["subdomain"] == service["metadata"]["name"]  # the pods find each other by DNS
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    [container] = pod["containers"]
+    chips = container["resources"]["limits"]["google.com/tpu"]
+    assert chips == container["resources"]["requests"]["google.com/tpu"] == CHIPS_PER_V5E_HOST
+    x, y = map(int, pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"].split("x"))
+    assert x * y == hosts * chips
+    command = container["command"]
+    assert command[0] == "far"
+    args = build_parser().parse_args(command[1:])
+    assert args.distributed and args.recipe == MULTIHOST_RECIPE
+    recipe = plan_run(str(REPO / args.recipe), "gs://b/far").recipe
+    assert recipe.mesh.fsdp * recipe.mesh.tp == hosts * chips
+
+
+def test_slice_script_runs_far_on_every_worker() -> None:
+    from flows.cli import build_parser
+
+    text = (DEPLOY / "tpu-vm" / "slice-run.sh").read_text()
+    assert "--worker=all" in text
+    [line] = re.findall(r"/opt/far-venv/bin/far (run .+--distributed)", text)
+    recipe = re.search(r"^recipe=(\S+)$", text, re.M)
+    assert recipe is not None and (REPO / recipe.group(1)).exists()
+    words = line.replace("$recipe", recipe.group(1)).replace("'", "").split()
+    args = build_parser().parse_args(words)
+    assert args.distributed and args.recipe == MULTIHOST_RECIPE

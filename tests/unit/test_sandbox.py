@@ -150,6 +150,7 @@ def test_a_machine_without_bubblewrap_is_refused_with_the_setting_named(
 def test_lineage_shows_the_isolation_level(flag: float, shown: str) -> None:
     record = StageRecord.model_construct(
         stage="grpo",
+        directory="runs/r/grpo-abc",
         output=SimpleNamespace(uri="runs/r/grpo-abc"),
         stage_hash="c" * 64,
         sessions=[],

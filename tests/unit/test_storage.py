@@ -53,6 +53,31 @@ def test_tree_fingerprint_sees_changes(root: str) -> None:
     assert storage.tree_fingerprint(storage.join(root, "t")) != before
 
 
+def test_tree_fingerprint_sees_bytes_that_keep_the_size(root: str) -> None:
+    storage.write_bytes(storage.join(root, "t/w"), b"weights-A")
+    before = storage.tree_fingerprint(storage.join(root, "t"))
+    storage.write_bytes(storage.join(root, "t/w"), b"weights-B")  # same size, other bytes
+    assert storage.list_files(storage.join(root, "t")) == {"w": 9}
+    assert storage.tree_fingerprint(storage.join(root, "t")) != before
+
+
+def test_create_exclusive_and_conditional_replace(root: str) -> None:
+    uri = storage.join(root, "run/lease.json")
+    assert storage.create_exclusive(uri, b"first")
+    assert not storage.create_exclusive(uri, b"second")
+    assert storage.read_bytes(uri) == b"first"
+    data, version = storage.read_versioned(uri) or (b"", "")
+    assert data == b"first"
+    assert storage.replace_if_version(uri, b"renewed", version)
+    assert not storage.replace_if_version(uri, b"stale writer", version)  # version moved on
+    assert storage.read_bytes(uri) == b"renewed"
+    _, version = storage.read_versioned(uri) or (b"", "")
+    assert not storage.replace_if_version(uri, None, "not-the-version")
+    assert storage.replace_if_version(uri, None, version)
+    assert storage.read_versioned(uri) is None
+    assert storage.create_exclusive(uri, b"again")
+
+
 def test_publish_and_fetch_tree_through_memory(tmp_path) -> None:
     uri = f"memory://far-ckpt-{uuid.uuid4().hex[:8]}/checkpoints"
     local = storage.orbax_directory(uri)
@@ -94,8 +119,8 @@ def test_digests_directories_copies_and_content_fingerprints(root: str) -> None:
     storage.write_bytes(storage.join(root, "s/top.txt"), b"")
     digests = storage.file_digests(storage.join(root, "s"), skip=("stage.json",))
     assert digests == {
-        "ck/5/w": (3, hashlib.sha256(b"abc").hexdigest()),
-        "top.txt": (0, hashlib.sha256(b"").hexdigest()),
+        "ck/5/w": (3, f"sha256:{hashlib.sha256(b'abc').hexdigest()}"),
+        "top.txt": (0, f"sha256:{hashlib.sha256(b'').hexdigest()}"),
     }
     assert storage.list_dirs(storage.join(root, "s")) == ["ck"]
     assert storage.list_dirs(storage.join(root, "absent")) == []

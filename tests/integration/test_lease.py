@@ -1,0 +1,103 @@
+"""One writer per run, with real processes: a second session waits then gives up naming the
+holder; a holder killed with SIGKILL stops renewing, and its expired lease is taken over
+(recorded in run.json by `far run`). On local storage and on the GCS API (fake-gcs-server),
+whose generation preconditions make the create and the takeover atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pipeline import lease
+from pipeline.manifest import read_manifest
+from schemas.record import LeaseHolder
+from stages.core import storage
+from tests.conftest import REPO
+
+HOLDER_TTL = 3.0  # seconds: renewed every second while the holder lives
+
+
+def child(run_uri: str, mode: str, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration._lease_child", run_uri, mode, str(seconds)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@contextmanager
+def holder(run_uri: str) -> Iterator[subprocess.Popen[str]]:
+    proc = child(run_uri, "hold", HOLDER_TTL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+def current_holder(run_uri: str) -> LeaseHolder:
+    return LeaseHolder.model_validate_json(storage.read_bytes(lease.lease_uri(run_uri)))
+
+
+def contend_then_take_over(run_uri: str) -> None:
+    with holder(run_uri) as proc:
+        first = current_holder(run_uri)
+        assert first.pid == proc.pid
+        time.sleep(HOLDER_TTL + 1)  # past the first expiry: only the heartbeat keeps it
+        assert current_holder(run_uri).expires_at > first.expires_at  # renewed
+        contender = child(run_uri, "take", 1.0)
+        _, err = contender.communicate(timeout=120)
+        assert contender.returncode == 4
+        assert f"pid {proc.pid}" in err and "holder-flow-run-3.0" in err
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert storage.exists(lease.lease_uri(run_uri))  # a killed holder cannot release it
+    taker = child(run_uri, "take", 30.0)
+    out, err = taker.communicate(timeout=120)
+    assert taker.returncode == 0, err
+    assert json.loads(out)["pid"] == proc.pid
+    assert not storage.exists(lease.lease_uri(run_uri))  # released at the end
+
+
+def test_second_process_waits_then_gives_up_and_kill_9_is_taken_over(tmp_path: Path) -> None:
+    contend_then_take_over(str(tmp_path / "run"))
+
+
+@pytest.mark.gcs
+def test_lease_on_gcs(fake_gcs: str) -> None:
+    contend_then_take_over(f"gs://{fake_gcs}/lease-test/run")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_far_run_exits_4_naming_the_holder_then_records_a_takeover(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows import cli
+
+    root = str(tmp_path)
+    run_uri = storage.join(root, "smoke")
+    command = ["run", str(REPO / "recipes/smoke.yaml"), "--root", root, "--session-budget", "1s"]
+    with holder(run_uri) as proc:
+        assert cli.main([*command, "--lease-wait", "1"]) == cli.EXIT_LEASE_HELD
+        assert f"pid {proc.pid}" in capsys.readouterr().err
+        os.kill(proc.pid, signal.SIGKILL)
+    time.sleep(HOLDER_TTL)
+    # takes over, records it, then stops at once: the 1 s session budget is already spent
+    assert cli.main(command) == cli.EXIT_INCOMPLETE
+    [invocation] = read_manifest(run_uri).invocations
+    assert invocation.took_over is not None and invocation.took_over["pid"] == proc.pid
+    assert not storage.exists(lease.lease_uri(run_uri))
