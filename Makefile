@@ -25,7 +25,7 @@ sandbox:
 	@if command -v bwrap > /dev/null && /sbin/ldconfig -p | grep -q libseccomp.so.2; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2; \
-	else echo "FAR's reward sandbox needs bubblewrap and libseccomp2: run 'sudo apt-get install bubblewrap libseccomp2' (or set 'sandbox: {isolation: process}' in a recipe to accept weaker isolation)" >&2; exit 1; fi
+	else echo "note: no bubblewrap/libseccomp2 and not root: recipes whose rewards run model-written code are refused until 'sudo apt-get install bubblewrap libseccomp2' (or 'sandbox: {isolation: process}' accepts weaker isolation)" >&2; fi
 
 run: env
 	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)
