@@ -1,14 +1,14 @@
 # FAR's two entry points. Both set up their own environment from the pinned lock file.
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
-#   make test   lint, type-check and run every test (installs Debian chromium for the UI test)
+#   make test   lint, type-check and run every test (the UI test needs a chromium: see browser)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint env browser clean-runs
+.PHONY: run test lint env browser build-info clean-runs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,13 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-env: $(BIN)/.installed
+# The commit the code came from, for records written where there is no .git (an image, a
+# wheel); stages/core/runner.py reads it when `git rev-parse` cannot answer.
+BUILD_INFO ?= stages/_build_info.json
+build-info:
+	@printf '{"git_commit": "%s"}\n' "$$(git rev-parse HEAD 2>/dev/null)" > $(BUILD_INFO)
+
+env: $(BIN)/.installed build-info
 
 run: env
 	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)
@@ -28,10 +34,16 @@ lint: env
 	$(BIN)/mypy schemas stages pipeline
 	$(BIN)/lint-imports --no-cache
 
-# The Prefect UI test drives the system's chromium through playwright (no browser download).
+# The Prefect UI test drives a system chromium through playwright (no browser download). With
+# one on PATH nothing is installed; as root Debian's is installed; otherwise the UI test is
+# skipped, and this says so.
 browser:
-	@if [ -x /usr/bin/chromium ]; then echo "chromium: /usr/bin/chromium"; \
-	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+		|| [ -n "$$FAR_CHROMIUM" ]; then echo "chromium: found"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "browser: no chromium and not root: the Prefect UI browser test will be SKIPPED" \
+		"(install Debian's chromium, or set FAR_CHROMIUM to a chromium binary)"; fi
 
 test: lint browser
 	JAX_PLATFORMS=cpu $(BIN)/pytest $(PYTEST_ARGS)

@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 
+from flows.progress import stage_progress
 from flows.ui_artifacts import publish_stage
 from pipeline import manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
@@ -136,15 +137,18 @@ def format_align_reinforce(
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    overrides: list[str] | None = None,
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
     `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
     between stages when the session is over: re-running the same command continues.
     `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
-    the recipe/code changes (dotted paths) accepted when continuing an existing run.
+    the recipe/code changes (dotted paths) accepted when continuing an existing run;
+    `overrides` the command line's KEY=VALUE assignments (already applied to `recipe`), kept
+    in run.json as given.
     """
-    return run_recipe(recipe, root, deadline, cache_dir, allow_changes, recipe_source)
+    return run_recipe(recipe, root, deadline, cache_dir, allow_changes, recipe_source, overrides)
 
 
 def run_recipe(
@@ -154,6 +158,7 @@ def run_recipe(
     cache_dir: str | None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    overrides: list[str] | None = None,
 ) -> RunSummary:
     """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
 
@@ -168,8 +173,9 @@ def run_recipe(
         cache_dir=cache_dir,
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
+        progress=stage_progress(recipe.name),
     )
-    for change in manifest.open_session(recipe, ctx, recipe_source):
+    for change in manifest.open_session(recipe, ctx, recipe_source, overrides or ()):
         get_run_logger().warning("continuing with an allowed change: %s", change)
     done: list[StageSummary] = []
     with _sigterm_stops(ctx):

@@ -9,6 +9,7 @@ it works from any machine, with or without the Prefect server that ran them.
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,8 +37,11 @@ def read_manifest(run_uri: str) -> RunManifest:
     return RunManifest.model_validate(storage.read_json(uri))
 
 
-def open_session(recipe: Recipe, ctx: RunContext, recipe_source: str) -> list[drift.Change]:
-    """Check the recipe against the run's manifest, then record this session in it.
+def open_session(
+    recipe: Recipe, ctx: RunContext, recipe_source: str, overrides: Sequence[str] = ()
+) -> list[drift.Change]:
+    """Check the recipe against the run's manifest, then record this session in it, with the
+    command line's KEY=VALUE `overrides` as given (the recipe already has them applied).
 
     Returns the accepted (allowed) changes; raises drift.DriftError for any other change.
     """
@@ -59,6 +63,7 @@ def open_session(recipe: Recipe, ctx: RunContext, recipe_source: str) -> list[dr
         host=socket.gethostname(),
         allowed_changes=list(ctx.allow_changes),
         changes=[str(c) for c in changes],
+        overrides=list(overrides),
     )
     updated = manifest.model_copy(
         update={

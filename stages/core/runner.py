@@ -38,6 +38,8 @@ from schemas.record import (
     StageRecord,
 )
 from stages.core import drift, storage
+from stages.core.errors import MissingInput
+from stages.core.progress import ProgressCallback
 from stages.core.sessions import StopFlag
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class RunContext:
     cache_dir: str | None = None  # converted model weights; None: ~/.cache/far
     stop: StopFlag | None = None  # set on SIGTERM: training stages save and stop
     allow_changes: tuple[str, ...] = ()  # drift the user accepted (dotted recipe paths)
+    progress: ProgressCallback | None = None  # per-step progress of training and evaluation
 
     @property
     def model_cache(self) -> str:
@@ -162,7 +165,7 @@ def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
             directory,
         ):
             return found
-    raise FileNotFoundError(
+    raise MissingInput(
         f"no committed FAR checkpoint at {uri}: expected a stage record ({RECORD_NAME}) of an "
         f"sft or grpo stage in it or up to two directories above"
     )
@@ -366,8 +369,14 @@ def code_version(stage_version: int) -> CodeVersion:
     )
 
 
-def _git_commit() -> str | None:
-    repo = Path(__file__).resolve().parent.parent
+# Written at install or image build (`make env`, deploy/install.sh, deploy/Dockerfile) from
+# `git rev-parse HEAD`, for installs without a .git directory (a Docker image, a wheel).
+BUILD_INFO = Path(__file__).resolve().parent.parent / "_build_info.json"
+
+
+def _git_commit(repo: Path | None = None, build_info: Path = BUILD_INFO) -> str | None:
+    """The checkout's HEAD; without git or .git, the commit baked in at install or build."""
+    repo = repo or Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"],
@@ -377,8 +386,18 @@ def _git_commit() -> str | None:
             check=True,
         )
     except (OSError, subprocess.SubprocessError):
-        return None  # not a git checkout (an installed wheel): the far version still identifies
-    return out.stdout.strip() or None
+        return baked_commit(build_info)
+    return out.stdout.strip() or baked_commit(build_info)
+
+
+def baked_commit(build_info: Path = BUILD_INFO) -> str | None:
+    """The git commit recorded in `build_info` at install or image build, if any."""
+    try:
+        info = json.loads(build_info.read_text())
+    except (OSError, ValueError):
+        return None
+    commit = info.get("git_commit") if isinstance(info, dict) else None
+    return commit if isinstance(commit, str) and commit else None
 
 
 def hardware() -> Hardware:

@@ -38,6 +38,7 @@ from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import storage
 from stages.core.datasets import check_dataset, load_prompts
+from stages.core.progress import reporting
 from stages.core.runner import (
     RunContext,
     SessionExpired,
@@ -245,7 +246,14 @@ def _reinforce(
         batches = itertools.islice(
             prompt_batches(rows, config.batch_size, config.seed), start_step, None
         )
-        stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock())
+        stream = reporting(
+            guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock()),
+            ctx.progress,
+            "grpo",
+            start_step,
+            config.max_steps,
+            metrics=history.latest_reward,
+        )
         with session.mesh:
             session.learner.train(stream)  # ends with close(): saves the last checkpoint
     for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
