@@ -213,11 +213,10 @@ class HideInputErrorTracebacks(logging.Filter):
     printed once, as one line, by `far`); the Prefect API and UI still get them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
         if record.exc_info and record.exc_info[1] is not None:
             return not is_input_error(record.exc_info[1])
-        return not any(name in record.getMessage() for name in INPUT_ERROR_NAMES)
+        message = record.getMessage()  # "Finished in state Failed('... InputError: ...')"
+        return not ("Failed(" in message and any(name in message for name in INPUT_ERROR_NAMES))
 
 
 INPUT_ERROR_NAMES = (
@@ -230,17 +229,13 @@ INPUT_ERROR_NAMES = (
 
 
 def quiet_prefect_console() -> None:
-    """Attach HideInputErrorTracebacks to every console handler Prefect's records reach (its
-    own, and the root logger's that `configure_logging` set up); not to its API handler."""
-    from prefect.logging.configuration import setup_logging
-
-    setup_logging()
+    """Attach HideInputErrorTracebacks to the console handlers Prefect's records reach (the
+    root logger's and Prefect's own, as configured once Prefect is imported); never to its API
+    handler, so the UI keeps the whole failure."""
     for name in (None, "prefect", "prefect.flow_runs", "prefect.task_runs"):
         for handler in logging.getLogger(name).handlers:
             console = isinstance(handler, logging.StreamHandler)
-            if console and not any(
-                isinstance(f, HideInputErrorTracebacks) for f in handler.filters
-            ):
+            if console and not any(isinstance(f, HideInputErrorTracebacks) for f in handler.filters):
                 handler.addFilter(HideInputErrorTracebacks())
 
 
@@ -311,6 +306,8 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     validate_run(plan.recipe, plan.root, cache_dir)
     from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
 
+    if not args.verbose:
+        quiet_prefect_console()  # after Prefect configured its logging on import
     try:
         summary = format_align_reinforce(
             plan.recipe,
@@ -439,8 +436,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose)
     configure_prefect(os.environ)  # type: ignore[arg-type]
-    if not verbose and args.command in ("run", "resume"):
-        quiet_prefect_console()
     if getattr(args, "allow_untested_tunix", False):
         log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
