@@ -33,6 +33,7 @@ lint: env
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy schemas stages pipeline
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/deptry .
 
 # The Prefect UI test drives a system chromium through playwright (no browser download). With
 # one on PATH nothing is installed; as root Debian's is installed; otherwise the UI test is

@@ -430,9 +430,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_arguments(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """argparse, plus `far run` KEY=VALUE overrides placed anywhere (after options too)."""
+    args, extra = parser.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        unknown = [e for e in extra if e.startswith("-") or "=" not in e]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose)
     configure_prefect(os.environ)  # type: ignore[arg-type]

@@ -155,3 +155,33 @@ def test_make_build_info_bakes_in_head(tmp_path: Path) -> None:
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert runner.baked_commit(target) == head
+
+
+def test_overrides_are_recorded_in_run_json_as_given(tmp_path: Path) -> None:
+    from pipeline import manifest
+    from stages.core.drift import DriftError
+    from stages.core.runner import RunContext
+
+    given = ["sft.max_steps=7"]
+    plan = plan_run(str(SMOKE), str(tmp_path), assignments=given)
+    ctx = RunContext(root=plan.root, run=plan.recipe.name)
+    manifest.open_session(plan.recipe, ctx, str(SMOKE), given)
+    written = manifest.read_manifest(ctx.run_uri)
+    assert written.invocations[-1].overrides == given
+    assert written.recipe["sft"]["max_steps"] == 7
+    # the next session without the override is a recipe edit to the drift guard
+    plain = plan_run(str(SMOKE), str(tmp_path)).recipe
+    with pytest.raises(DriftError, match=r"sft\.max_steps"):
+        manifest.open_session(plain, ctx, str(SMOKE))
+
+
+def test_overrides_may_follow_options_on_the_command_line() -> None:
+    from flows import cli
+
+    parser = cli.build_parser()
+    args = cli.parse_arguments(parser, ["run", "r.yaml", "a.b=1", "--root", "x", "sft.max_steps=3"])
+    assert args.overrides == ["a.b=1", "sft.max_steps=3"] and args.root == "x"
+    with pytest.raises(SystemExit):
+        cli.parse_arguments(parser, ["run", "r.yaml", "--no-such-option"])
+    with pytest.raises(SystemExit):
+        cli.parse_arguments(parser, ["status", "runs/x", "a.b=1"])
