@@ -234,8 +234,8 @@ def quiet_prefect_console() -> None:
     handler, so the UI keeps the whole failure."""
     for name in (None, "prefect", "prefect.flow_runs", "prefect.task_runs"):
         for handler in logging.getLogger(name).handlers:
-            console = isinstance(handler, logging.StreamHandler)
-            if console and not any(isinstance(f, HideInputErrorTracebacks) for f in handler.filters):
+            hidden = any(isinstance(f, HideInputErrorTracebacks) for f in handler.filters)
+            if isinstance(handler, logging.StreamHandler) and not hidden:
                 handler.addFilter(HideInputErrorTracebacks())
 
 
