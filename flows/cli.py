@@ -67,6 +67,9 @@ PREFECT_DEFAULTS = {
     # The temporary server's telemetry heartbeat writes to its new SQLite database while the
     # flow does and fails with "database is locked" (an ERROR and two tracebacks).
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # The client's usage telemetry, and its first-run notice on every new PREFECT_HOME
+    # (FAR runs offline; set DO_NOT_TRACK=0 to keep Prefect's default).
+    "DO_NOT_TRACK": "1",
 }
 
 

@@ -153,6 +153,7 @@ def _train(
         config.max_steps,
         items_per_step=config.gradient_accumulation_steps,
         metrics=lambda: latest_loss(trainer),
+        library_bar=True,  # Tunix's trainer draws step/total and loss on a terminal
     )
     with mesh, counting_compilations("_train_step") as compiles:
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
@@ -190,7 +191,10 @@ def _train(
 
 def latest_loss(trainer: peft_trainer.PeftTrainer) -> dict[str, float]:
     """The last training loss Tunix's metrics logger holds (empty before the first)."""
-    losses = trainer.metrics_logger.get_metric_history("", "loss", "train")
+    logged = trainer.metrics_logger
+    if not logged.metric_exists("", "loss", "train"):  # before the first step's metrics
+        return {}
+    losses = logged.get_metric_history("", "loss", "train")
     return {"loss": float(np.asarray(losses[-1]))} if len(losses) else {}
 
 

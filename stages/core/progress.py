@@ -28,6 +28,8 @@ class ProgressUpdate:
     total: int
     seconds_per_step: float | None  # this session's mean, None before two steps
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. loss, reward
+    # the stage's library draws its own terminal bar (Tunix's SFT trainer does, on a TTY)
+    library_bar: bool = False
 
     @property
     def eta_seconds(self) -> float | None:
@@ -68,11 +70,13 @@ def reporting(
     total: int,
     items_per_step: int = 1,
     metrics: Callable[[], dict[str, float]] | None = None,
+    library_bar: bool = False,
 ) -> Iterator[T]:
     """`items` unchanged; after each full step's items, `callback` gets the progress so far.
 
     `items_per_step` > 1 for gradient accumulation (one step per that many micro-batches).
-    `metrics` is read after each step (the latest loss or reward the stage has logged).
+    `metrics` is read after each step (the latest loss or reward the stage has logged);
+    `library_bar` says the training library already draws a bar on a terminal.
     """
     if callback is None:
         yield from items
@@ -86,7 +90,8 @@ def reporting(
         done = consumed // items_per_step
         per_step = (time.perf_counter() - started) / done
         latest = metrics() if metrics is not None else {}
-        callback(ProgressUpdate(stage, start_step + done, total, per_step, latest))
+        step = start_step + done
+        callback(ProgressUpdate(stage, step, total, per_step, latest, library_bar))
 
 
 class ProgressPrinter:
@@ -107,7 +112,8 @@ class ProgressPrinter:
 
     def __call__(self, update: ProgressUpdate) -> None:
         if self.tty:
-            self._draw(update)
+            if not update.library_bar:  # never two bars for one stage
+                self._draw(update)
         elif self._due(update):
             log.info("progress: %s", update.describe())
 

@@ -138,3 +138,29 @@ def test_the_far_executable_with_its_temporary_server(tmp_path: Path) -> None:
     ]
     for unwanted in ("Traceback", "ERROR", "database is locked", "Failed"):
         assert unwanted not in done.stderr + done.stdout, done.stderr
+
+
+def test_a_temporary_server_that_does_not_start_in_time_is_explained(tmp_path: Path) -> None:
+    """The startup timeout is sized for slow machines (300 s); when even that is not enough
+    (here: 1 s), `far` says what happened and what to do instead of a Prefect traceback."""
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        JAX_PLATFORMS="cpu",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1",
+    )
+    env.pop("PREFECT_API_URL", None)
+    root = tmp_path / "runs"
+    done = subprocess.run(
+        [str(BIN / "far"), "run", str(REPO / "recipes" / "smoke.yaml"), "--root", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert done.returncode == cli.EXIT_PREFECT, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "temporary local server did not start within 1 s" in done.stderr
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in done.stderr
+    assert cli.PREFECT_DEFAULTS["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "300"

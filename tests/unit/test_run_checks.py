@@ -185,3 +185,10 @@ def test_overrides_may_follow_options_on_the_command_line() -> None:
         cli.parse_arguments(parser, ["run", "r.yaml", "--no-such-option"])
     with pytest.raises(SystemExit):
         cli.parse_arguments(parser, ["status", "runs/x", "a.b=1"])
+
+
+def test_no_second_bar_where_the_library_draws_one() -> None:
+    stream = io.StringIO()
+    printer = ProgressPrinter(stream, tty=True)
+    printer(ProgressUpdate("sft", 1, 2, 0.25, {"loss": 0.5}, library_bar=True))
+    assert stream.getvalue() == ""
