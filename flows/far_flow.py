@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 
-from flows.progress import stage_progress
+from flows.progress import with_stage_progress
 from flows.ui_artifacts import publish_stage
 from pipeline import manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
@@ -105,6 +105,7 @@ def data_prep_task(recipe: Recipe, ctx: RunContext) -> State[tuple[DatasetArtifa
 def sft_task(
     recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
+    ctx = with_stage_progress(ctx, recipe.name, "sft")
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     return _finish(recipe.name, "sft", outcome)
 
@@ -113,6 +114,7 @@ def sft_task(
 def grpo_task(
     recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
+    ctx = with_stage_progress(ctx, recipe.name, "grpo")
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     return _finish(recipe.name, "grpo", outcome)
 
@@ -173,7 +175,6 @@ def run_recipe(
         cache_dir=cache_dir,
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
-        progress=stage_progress(recipe.name),
     )
     for change in manifest.open_session(recipe, ctx, recipe_source, overrides or ()):
         get_run_logger().warning("continuing with an allowed change: %s", change)

@@ -253,6 +253,7 @@ def _reinforce(
             start_step,
             config.max_steps,
             metrics=history.latest_reward,
+            library_bar=True,  # Tunix's learner draws step/total and loss on a terminal
         )
         with session.mesh:
             session.learner.train(stream)  # ends with close(): saves the last checkpoint
