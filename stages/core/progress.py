@@ -94,6 +94,25 @@ def reporting(
         callback(ProgressUpdate(stage, step, total, per_step, latest, library_bar))
 
 
+def report_end(
+    callback: ProgressCallback | None,
+    stage: str,
+    start_step: int,
+    step: int,
+    total: int,
+    seconds: float,
+    metrics: dict[str, float],
+    library_bar: bool = False,
+) -> None:
+    """The progress at the end of a training session, after the trainer returned: a trainer
+    that reads its data ahead (Tunix's GRPO learner) never asks for the item after its last
+    step, so `reporting` alone would not see the last steps finish."""
+    if callback is None:
+        return
+    per_step = seconds / (step - start_step) if step > start_step else None
+    callback(ProgressUpdate(stage, step, total, per_step, metrics, library_bar))
+
+
 class ProgressPrinter:
     """A ProgressCallback for people: a redrawn bar on a terminal; elsewhere (a log file, CI)
     one log line every `every_seconds` or `every_steps`, and always at the last step."""

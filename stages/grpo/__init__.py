@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import storage
 from stages.core.datasets import check_dataset, load_prompts
-from stages.core.progress import reporting
+from stages.core.progress import report_end, reporting
 from stages.core.runner import (
     RunContext,
     SessionExpired,
@@ -255,8 +256,19 @@ def _reinforce(
             metrics=history.latest_reward,
             library_bar=True,  # Tunix's learner draws step/total and loss on a terminal
         )
+        started = time.perf_counter()
         with session.mesh:
             session.learner.train(stream)  # ends with close(): saves the last checkpoint
+        report_end(
+            ctx.progress,
+            "grpo",
+            start_step,
+            session.steps_done(config),
+            config.max_steps,
+            time.perf_counter() - started,
+            history.latest_reward(),
+            library_bar=True,
+        )
     for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
         # else they keep writing into this stage's directory
         tunix_compat.release_scalar_listeners(logger)

@@ -107,7 +107,7 @@ def test_training_progress_is_shown_in_the_prefect_ui(
     which skipped both stages, made none)."""
     from prefect.artifacts import Artifact
 
-    first, _ = smoke_runs
+    assert smoke_runs[0].complete
     steps = {"sft": 150, "grpo": 4}  # recipes/smoke.yaml
     for stage, total in steps.items():
         artifact = Artifact.get(f"smoke-{stage}-progress")
