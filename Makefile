@@ -1,7 +1,7 @@
 # FAR's two entry points. Both set up their own environment from the pinned lock file.
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
-#   make test   lint, type-check and run every test (installs Debian chromium for the UI test)
+#   make test   lint, type-check and run every test (the UI test needs a chromium: see browser)
 #   make env    the .venv, plus bubblewrap and libseccomp for the reward sandbox (apt-get as root)
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint env browser sandbox clean-runs
+.PHONY: run test lint env browser build-info sandbox clean-runs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,14 +18,19 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-env: $(BIN)/.installed sandbox
-
 # Rewards run model-written code and math under bubblewrap + seccomp (stages/rewards/sandbox.py).
 sandbox:
 	@if command -v bwrap > /dev/null && /sbin/ldconfig -p | grep -q libseccomp.so.2; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2; \
 	else echo "note: no bubblewrap/libseccomp2 and not root: recipes whose rewards run model-written code are refused until 'sudo apt-get install bubblewrap libseccomp2' (or 'sandbox: {isolation: process}' accepts weaker isolation)" >&2; fi
+# The commit the code came from, for records written where there is no .git (an image, a
+# wheel); stages/core/runner.py reads it when `git rev-parse` cannot answer.
+BUILD_INFO ?= stages/_build_info.json
+build-info:
+	@printf '{"git_commit": "%s"}\n' "$$(git rev-parse HEAD 2>/dev/null)" > $(BUILD_INFO)
+
+env: $(BIN)/.installed build-info sandbox
 
 run: env
 	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)
@@ -35,11 +40,18 @@ lint: env
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy schemas stages pipeline
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/deptry .
 
-# The Prefect UI test drives the system's chromium through playwright (no browser download).
+# The Prefect UI test drives a system chromium through playwright (no browser download). With
+# one on PATH nothing is installed; as root Debian's is installed; otherwise the UI test is
+# skipped, and this says so.
 browser:
-	@if [ -x /usr/bin/chromium ]; then echo "chromium: /usr/bin/chromium"; \
-	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+		|| [ -n "$$FAR_CHROMIUM" ]; then echo "chromium: found"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "browser: no chromium and not root: the Prefect UI browser test will be SKIPPED" \
+		"(install Debian's chromium, or set FAR_CHROMIUM to a chromium binary)"; fi
 
 test: lint browser
 	JAX_PLATFORMS=cpu $(BIN)/pytest $(PYTEST_ARGS)

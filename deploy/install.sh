@@ -22,6 +22,10 @@ if ! command -v bwrap > /dev/null || ! /sbin/ldconfig -p | grep -q libseccomp.so
   fi
 fi
 
+# The commit, for records written where there is no .git later (an image keeps this file).
+if commit="$(git -C "$repo" rev-parse HEAD 2>/dev/null)"; then
+  printf '{"git_commit": "%s"}\n' "$commit" > "$repo/stages/_build_info.json"
+fi
 "$python" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade "pip==26.3"
 # The lock's torch (a +cpu build) only serves the tests' comparisons against transformers;

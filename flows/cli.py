@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,9 +20,11 @@ from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run
 from pipeline.recipes import RecipeError, parse_recipe
+from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages.core import storage
-from stages.core.drift import DriftError
+from stages.core.errors import InputError, is_input_error
+from stages.core.runner import RunContext
 from stages.modeling import tunix_version
 from stages.rewards import IsolationUnavailable
 
@@ -42,6 +45,7 @@ that stopped (session over, machine preempted, a failure) continues where it lef
 RUN_EPILOG = """\
 examples:
   far run recipes/smoke.yaml                      tiny random model, about a minute on CPU
+  far run recipes/smoke.yaml sft.max_steps=20 --name smoke-short
   far run recipes/smoke.yaml --root gs://bucket/far --session-budget 9h
 
 Without PREFECT_API_URL, Prefect starts a temporary local server for the run (ephemeral
@@ -49,10 +53,28 @@ mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
 Continuing a run with a changed recipe or stage code is refused with the differences
 (exit 2); start a new run with --name, or accept named changes with --allow-change, e.g.
   far run recipes/smoke.yaml --allow-change sft.max_steps   (continues SFT from its checkpoint)
+Before any stage runs, the recipe, rewards, mesh (against the devices present), model and
+tokenizer, data files, evaluation checkpoints and storage root are checked. An invalid input
+found at any point, bad data included, ends the run with one line naming the field or file
+(-v adds the traceback).
 Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline,
 4 another session holds the run's lease (it names the holder; see --lease-wait).
 """
 EXIT_PROBLEMS = 1
+EXIT_PREFECT = 1
+# Prefect's temporary server (a new SQLite database, migrations, then the API) starts in about
+# 11 s on an idle 2-core machine and took longer than Prefect's 20 s default on a busy one.
+EPHEMERAL_STARTUP_SECONDS = 300
+EPHEMERAL_TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
+PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(EPHEMERAL_STARTUP_SECONDS),
+    # The temporary server's telemetry heartbeat writes to its new SQLite database while the
+    # flow does and fails with "database is locked" (an ERROR and two tracebacks).
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # The client's usage telemetry, and its first-run notice on every new PREFECT_HOME
+    # (FAR runs offline; set DO_NOT_TRACK=0 to keep Prefect's default).
+    "DO_NOT_TRACK": "1",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     run.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
+    _add_override_argument(run)
     run.add_argument("--root", help="override the recipe's storage_root (path or URI)")
     run.add_argument("--name", help="override the recipe's run name")
     run.add_argument(
@@ -99,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common_options(export)
     return parser
+
+
+def _add_override_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="change a recipe field by its dotted path before validation, e.g.\n"
+        "sft.max_steps=20 grpo.rewards='{answer_match: 1.0}' (values are YAML); recorded\n"
+        "in run.json as given; on an existing run the drift guard treats it as a recipe edit",
+    )
 
 
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +223,71 @@ def configure_logging(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "stages,pipeline")
 
 
+def configure_prefect(environ: dict[str, str]) -> None:
+    """Prefect settings `far` needs, unless the user set them; before Prefect is imported."""
+    for key, value in PREFECT_DEFAULTS.items():
+        environ.setdefault(key, value)
+
+
+class HideInputErrorTracebacks(logging.Filter):
+    """Drops Prefect's console lines about a run that failed on an input error (the error is
+    printed once, as one line, by `far`); the Prefect API and UI still get them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            return not is_input_error(record.exc_info[1])
+        message = record.getMessage()  # "Finished in state Failed('... InputError: ...')"
+        return not ("Failed(" in message and any(name in message for name in INPUT_ERROR_NAMES))
+
+
+INPUT_ERROR_NAMES = (
+    "InputError",
+    "MissingInput",
+    "UnreachableInput",
+    "RecipeError",
+    "DriftError",
+)
+
+
+def quiet_prefect_console() -> None:
+    """Attach HideInputErrorTracebacks to the console handlers Prefect's records reach (the
+    root logger's and Prefect's own, as configured once Prefect is imported); never to its API
+    handler, so the UI keeps the whole failure."""
+    for name in (None, "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            hidden = any(isinstance(f, HideInputErrorTracebacks) for f in handler.filters)
+            if isinstance(handler, logging.StreamHandler) and not hidden:
+                handler.addFilter(HideInputErrorTracebacks())
+
+
+def report_input_error(error: BaseException, verbose: bool) -> int:
+    """One line on stderr naming what to fix (the traceback too with -v); exit status 2."""
+    if verbose:
+        traceback.print_exception(error)
+    print(f"far: {_input_error_of(error)}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _input_error_of(error: BaseException) -> BaseException:
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, InputError | tunix_version.UntestedTunixError):
+            return current
+        current = current.__cause__ or current.__context__
+    return error
+
+
+def report_prefect_start_failure(error: RuntimeError) -> int:
+    seconds = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+    print(
+        f"far: Prefect's temporary local server did not start within {seconds} s ({error}). "
+        f"Nothing ran. Allow it longer with PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, "
+        f"or start `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api.",
+        file=sys.stderr,
+    )
+    return EXIT_PREFECT
+
+
 def print_summary(summary: RunSummary) -> None:
     state = "complete" if summary.complete else f"INCOMPLETE ({summary.stopped_reason})"
     print(f"\nFAR run '{summary.run}' at {summary.run_uri}: {state}")
@@ -211,7 +310,7 @@ def print_summary(summary: RunSummary) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        plan = plan_run(args.recipe, args.root, args.name, args.session_budget)
+        plan = plan_run(args.recipe, args.root, args.name, args.session_budget, args.overrides)
     except (RecipeError, IsolationUnavailable) as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -219,12 +318,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) -> int:
-    """Run the flow for a planned run; print the summary; the exit code."""
+    """Validate the planned run, run the flow, print the summary; the exit code.
+
+    Input errors (stages.core.errors.InputError, raised before or during the run) propagate
+    to `main`, which prints them as one line with exit 2.
+    """
+    cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    validate_run(plan.recipe, plan.root, cache_dir)
     try:
         from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
     except tunix_version.UntestedTunixError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
+    if not args.verbose:
+        quiet_prefect_console()  # after Prefect configured its logging on import
     if args.distributed:
         import jax
 
@@ -238,15 +345,17 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             allow_changes=args.allow_change,
             recipe_source=recipe_source,
             lease_wait_seconds=args.lease_wait,
+            overrides=list(getattr(args, "overrides", [])),
         )
-    except DriftError as e:
-        print(f"far: {e}", file=sys.stderr)
-        return EXIT_INVALID
     except LeaseHeld as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_LEASE_HELD
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
         return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
+    except RuntimeError as e:
+        if EPHEMERAL_TIMEOUT_TEXT not in str(e):
+            raise
+        return report_prefect_start_failure(e)
     print_summary(summary)
     return 0 if summary.complete else EXIT_INCOMPLETE
 
@@ -342,7 +451,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from stages.core.runner import RunContext
     from stages.export import export_checkpoint  # deferred: imports JAX and Tunix
 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
@@ -355,10 +463,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_arguments(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """argparse, plus `far run` KEY=VALUE overrides placed anywhere (after options too)."""
+    args, extra = parser.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        unknown = [e for e in extra if e.startswith("-") or "=" not in e]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(getattr(args, "verbose", False))
+    args = parse_arguments(parser, argv)
+    verbose = getattr(args, "verbose", False)
+    configure_logging(verbose)
+    configure_prefect(os.environ)  # type: ignore[arg-type]
     if getattr(args, "allow_untested_tunix", False):
         log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
@@ -370,7 +495,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lineage": cmd_lineage,
         "audit": cmd_audit,
     }
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except (InputError, tunix_version.UntestedTunixError) as e:
+        return report_input_error(e, verbose)
+    except Exception as e:
+        if is_input_error(e):
+            return report_input_error(e, verbose)
+        raise
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ from prefect.states import Completed, State
 
 from flows.far_flow import run_recipe
 from pipeline.plan import plan_run
+from pipeline.validate import validate_run
 from schemas.record import RunSummary
+from stages.core.runner import RunContext
 
 INCOMPLETE_STATE_NAME = "Incomplete"
 
@@ -60,11 +62,13 @@ def far_scheduled(
     }
     reject_unrendered_templates(given)
     plan = plan_run(recipe_uri, storage_root, name, session_budget)
+    cache = cache_dir or os.environ.get("FAR_CACHE_DIR")
+    validate_run(plan.recipe, plan.root, RunContext(root="", run="", cache_dir=cache).model_cache)
     summary = run_recipe(
         plan.recipe,
         plan.root,
         plan.deadline,
-        cache_dir or os.environ.get("FAR_CACHE_DIR"),
+        cache,
         allow_changes,
         recipe_source=recipe_uri,
         lease_wait_seconds=lease_wait_seconds,

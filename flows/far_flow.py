@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 
+from flows.progress import with_stage_progress
 from flows.ui_artifacts import publish_stage
 from pipeline import lease, manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
@@ -105,6 +106,7 @@ def data_prep_task(recipe: Recipe, ctx: RunContext) -> State[tuple[DatasetArtifa
 def sft_task(
     recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
+    ctx = with_stage_progress(ctx, recipe.name, "sft")
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     return _finish(ctx, "sft", outcome)
 
@@ -113,6 +115,7 @@ def sft_task(
 def grpo_task(
     recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
 ) -> State[tuple[CheckpointArtifact, StageSummary]]:
+    ctx = with_stage_progress(ctx, recipe.name, "grpo")
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     return _finish(ctx, "grpo", outcome)
 
@@ -138,17 +141,27 @@ def format_align_reinforce(
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
     lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
+    overrides: list[str] | None = None,
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
     `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
     between stages when the session is over: re-running the same command continues.
     `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
-    the recipe/code changes (dotted paths) accepted when continuing an existing run.
-    `lease_wait_seconds`: how long to wait for another session holding the run's lease.
+    the recipe/code changes (dotted paths) accepted when continuing an existing run;
+    `overrides` the command line's KEY=VALUE assignments (already applied to `recipe`), kept
+    in run.json as given. `lease_wait_seconds`: how long to wait for another session holding
+    the run's lease.
     """
     return run_recipe(
-        recipe, root, deadline, cache_dir, allow_changes, recipe_source, lease_wait_seconds
+        recipe,
+        root,
+        deadline,
+        cache_dir,
+        allow_changes,
+        recipe_source,
+        lease_wait_seconds,
+        overrides,
     )
 
 
@@ -160,6 +173,7 @@ def run_recipe(
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
     lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
+    overrides: list[str] | None = None,
 ) -> RunSummary:
     """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
 
@@ -185,7 +199,8 @@ def run_recipe(
             return _run_stages(recipe, ctx, [], started)
     with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds) as held:
         took_over = None if held.took_over is None else held.took_over.model_dump(mode="json")
-        for change in manifest.open_session(recipe, ctx, recipe_source, took_over):
+        changes = manifest.open_session(recipe, ctx, recipe_source, took_over, overrides or ())
+        for change in changes:
             get_run_logger().warning("continuing with an allowed change: %s", change)
         done: list[StageSummary] = []
         with _sigterm_stops(ctx):

@@ -9,6 +9,7 @@ it works from any machine, with or without the Prefect server that ran them.
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -41,9 +42,11 @@ def open_session(
     ctx: RunContext,
     recipe_source: str,
     took_over: dict[str, Any] | None = None,
+    overrides: Sequence[str] = (),
 ) -> list[drift.Change]:
-    """Check the recipe against the run's manifest, then record this session in it (with the
-    expired lease it took over, if any).
+    """Check the recipe against the run's manifest, then record this session in it: the
+    expired lease it took over, if any, and the command line's KEY=VALUE `overrides` as given
+    (the recipe already has them applied).
 
     Returns the accepted (allowed) changes; raises drift.DriftError for any other change.
     """
@@ -66,6 +69,7 @@ def open_session(
         allowed_changes=list(ctx.allow_changes),
         changes=[str(c) for c in changes],
         took_over=took_over,
+        overrides=list(overrides),
     )
     updated = manifest.model_copy(
         update={

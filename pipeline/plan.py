@@ -9,6 +9,7 @@ recipe is valid, before any stage starts). No Prefect and no JAX here: it stays 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.recipes import load_recipe
@@ -29,13 +30,15 @@ def plan_run(
     storage_root: str | None = None,
     name: str | None = None,
     session_budget: str | None = None,
+    assignments: Sequence[str] = (),
 ) -> RunPlan:
-    """Load and validate `recipe_uri` with overrides (None keeps the recipe's value).
+    """Load and validate `recipe_uri` with overrides (None keeps the recipe's value) and
+    dotted-path `assignments` (`sft.max_steps=20`), validated by the same schema.
 
     Raises pipeline.recipes.RecipeError naming every bad field.
     """
     overrides = {"storage_root": storage_root, "name": name, "session_budget": session_budget}
-    return plan_recipe(load_recipe(recipe_uri, overrides))
+    return plan_recipe(load_recipe(recipe_uri, overrides, assignments))
 
 
 def plan_recipe(recipe: Recipe) -> RunPlan:

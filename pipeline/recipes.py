@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -9,9 +11,10 @@ from pydantic import ValidationError
 
 from schemas.recipe import Recipe
 from stages.core import storage
+from stages.core.errors import InputError
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A recipe that cannot be used; the message lists every bad field."""
 
 
@@ -36,8 +39,51 @@ def parse_recipe(data: Any, source: str, overrides: dict[str, Any] | None = None
         raise RecipeError(f"recipe {source} is invalid:\n{describe(e)}") from e
 
 
-def load_recipe(uri: str, overrides: dict[str, Any] | None = None) -> Recipe:
-    """Read and validate `uri`; `overrides` replace top-level fields (e.g. storage_root)."""
+def parse_assignments(assignments: Sequence[str]) -> list[tuple[list[str], Any]]:
+    """`sft.max_steps=20` -> (["sft", "max_steps"], 20): the value is read as YAML, so numbers,
+    booleans, null, lists ([a, b]) and mappings ({k: v}) work as they do in the recipe file."""
+    parsed = []
+    for item in assignments:
+        path, sep, raw = item.partition("=")
+        keys = path.strip().split(".")
+        if not sep or not all(k.strip() for k in keys):
+            raise RecipeError(
+                f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. sft.max_steps=20"
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise RecipeError(f"override {item!r}: the value is not valid YAML: {e}") from e
+        parsed.append(([k.strip() for k in keys], value))
+    return parsed
+
+
+def apply_assignments(data: Any, assignments: Sequence[str], source: str) -> Any:
+    """The recipe mapping with each `dotted.key=value` set (a copy; the schema checks it)."""
+    if not assignments:
+        return data
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {source} must be a YAML mapping, got {type(data).__name__}")
+    out = copy.deepcopy(data)
+    for keys, value in parse_assignments(assignments):
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                where = ".".join(keys[: depth + 1])
+                raise RecipeError(
+                    f"override {'.'.join(keys)}: {where} is {child!r}, not a mapping of fields"
+                )
+            node = child
+        node[keys[-1]] = value
+    return out
+
+
+def load_recipe(
+    uri: str, overrides: dict[str, Any] | None = None, assignments: Sequence[str] = ()
+) -> Recipe:
+    """Read and validate `uri`; `overrides` replace top-level fields (e.g. storage_root) and
+    `assignments` (`sft.max_steps=20`) any field by its dotted path, before validation."""
     try:
         text = storage.read_text(uri)
     except FileNotFoundError as e:
@@ -46,4 +92,4 @@ def load_recipe(uri: str, overrides: dict[str, Any] | None = None) -> Recipe:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise RecipeError(f"recipe {uri} is not valid YAML: {e}") from e
-    return parse_recipe(data, uri, overrides)
+    return parse_recipe(apply_assignments(data, assignments, uri), uri, overrides)

@@ -136,6 +136,7 @@ class Invocation(Frozen):
     host: str
     allowed_changes: list[str] = Field(default_factory=list)
     changes: list[str] = Field(default_factory=list)  # "path: old -> new" accepted this time
+    overrides: list[str] = Field(default_factory=list)  # `far run` KEY=VALUE, as given
     stages: dict[str, str] = Field(default_factory=dict)  # stage -> ran | skipped, at the end
     outcome: str | None = None  # complete | stopped: <reason>; None while running or crashed
     # the expired lease this session took over: its holder (host, pid, flow run) stopped

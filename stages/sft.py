@@ -26,6 +26,8 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages.core import storage
 from stages.core.datasets import check_dataset, load_sft_arrays
+from stages.core.errors import InputError
+from stages.core.progress import reporting
 from stages.core.runner import (
     RunContext,
     SessionExpired,
@@ -50,7 +52,7 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.
     """A deterministic, endlessly repeating, shuffled batch stream (resume-safe order)."""
     records = [{k: v[i] for k, v in arrays.items()} for i in range(len(arrays["input_tokens"]))]
     if len(records) < batch_size:
-        raise ValueError(f"sft.batch_size {batch_size} exceeds the {len(records)} SFT rows")
+        raise InputError(f"sft.batch_size {batch_size} exceeds the {len(records)} SFT rows")
     return (
         grain.MapDataset.source(records)
         .seed(seed)
@@ -137,12 +139,21 @@ def _train(
     trainer = build_trainer(model, config, local_ckpt, local_logs)
     start_step, clock = trainer.train_steps, StepClock()
     arrays = load_sft_arrays(dataset)
-    stream = guarded(
-        iter(batches(arrays, config.batch_size, config.seed)),
-        ctx.deadline,
-        ctx.stop,
-        config.save_margin_seconds,
-        clock,
+    stream = reporting(
+        guarded(
+            iter(batches(arrays, config.batch_size, config.seed)),
+            ctx.deadline,
+            ctx.stop,
+            config.save_margin_seconds,
+            clock,
+        ),
+        ctx.progress,
+        "sft",
+        start_step,
+        config.max_steps,
+        items_per_step=config.gradient_accumulation_steps,
+        metrics=lambda: latest_loss(trainer),
+        library_bar=True,  # Tunix's trainer draws step/total and loss on a terminal
     )
     with mesh, counting_compilations("_train_step") as compiles:
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
@@ -176,6 +187,15 @@ def _train(
         for name in ("loss", "learning_rate")
     }
     return artifact, metrics, history
+
+
+def latest_loss(trainer: peft_trainer.PeftTrainer) -> dict[str, float]:
+    """The last training loss Tunix's metrics logger holds (empty before the first)."""
+    logged = trainer.metrics_logger
+    if not logged.metric_exists("", "loss", "train"):  # before the first step's metrics
+        return {}
+    losses = logged.get_metric_history("", "loss", "train")
+    return {"loss": float(np.asarray(losses[-1]))} if len(losses) else {}
 
 
 def write_scalars(log_dir: str, step: int, metrics: dict[str, float]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,9 @@ from pipeline.recipes import parse_recipe
 from schemas.recipe import Recipe
 
 REPO = Path(__file__).resolve().parent.parent
+# The project's executables (far, prefect) sit beside the interpreter running the tests,
+# wherever its environment was created.
+BIN = Path(sys.executable).parent
 SMOKE = REPO / "recipes" / "smoke.yaml"
 
 
@@ -165,7 +169,7 @@ def prefect_server_process(home: Path) -> Iterator[tuple[str, subprocess.Popen[b
     log = open(home / "server.log", "w")  # noqa: SIM115  # closed at teardown
     proc = subprocess.Popen(
         [
-            str(REPO / ".venv" / "bin" / "prefect"),
+            str(BIN / "prefect"),
             "server",
             "start",
             "--host",

@@ -14,6 +14,7 @@ import numpy as np
 
 from schemas.artifacts import DatasetArtifact
 from stages.core import storage
+from stages.core.errors import InputError, MissingInput
 from stages.core.runner import RECORD_NAME
 
 # The arrays of sft_train.npz, each [rows, seq_len] int32 (segment_ids 0 = padding).
@@ -47,11 +48,11 @@ def check_dataset(dataset: DatasetArtifact, tokenizer_name: str) -> None:
     """Refuse data that is missing, uncommitted or tokenized for another model, before compute."""
     record_uri = storage.join(dataset.uri, RECORD_NAME)
     if not storage.exists(record_uri):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"dataset {dataset.uri} is not a committed data_prep output (no {record_uri})"
         )
     if dataset.tokenizer != tokenizer_name:
-        raise ValueError(
+        raise InputError(
             f"dataset {dataset.uri} was tokenized with {dataset.tokenizer!r}, "
             f"the model uses {tokenizer_name!r}"
         )

@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stages.core.errors import InputError
+
 # Settings that say where or for how long a run happens, never what it computes.
 NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox")
 # Changes after which a training stage can continue from its previous checkpoints.
@@ -53,7 +55,7 @@ def _show(value: Any) -> str:
 _ABSENT = object()
 
 
-class DriftError(ValueError):
+class DriftError(InputError):
     """Resuming would mix two different recipes, datasets or code versions."""
 
     def __init__(self, what: str, changes: list[Change], refused: list[Change]) -> None:

@@ -39,6 +39,8 @@ from schemas.record import (
     StageRecord,
 )
 from stages.core import drift, storage
+from stages.core.errors import MissingInput
+from stages.core.progress import ProgressCallback
 from stages.core.sessions import StopFlag
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,7 @@ class RunContext:
     # and session notes; every process runs the work (Orbax saves are collective)
     primary: bool = True
     commit_wait_seconds: float = 600.0  # how long other processes wait for process 0's record
+    progress: ProgressCallback | None = None  # per-step progress of training and evaluation
 
     @property
     def model_cache(self) -> str:
@@ -171,7 +174,7 @@ def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
             directory,
         ):
             return found
-    raise FileNotFoundError(
+    raise MissingInput(
         f"no committed FAR checkpoint at {uri}: expected a stage record ({RECORD_NAME}) of an "
         f"sft or grpo stage in it or up to two directories above"
     )
@@ -444,8 +447,14 @@ def code_version(stage_version: int) -> CodeVersion:
     )
 
 
-def _git_commit() -> str | None:
-    repo = Path(__file__).resolve().parent.parent
+# Written at install or image build (`make env`, deploy/install.sh, deploy/Dockerfile) from
+# `git rev-parse HEAD`, for installs without a .git directory (a Docker image, a wheel).
+BUILD_INFO = Path(__file__).resolve().parent.parent / "_build_info.json"
+
+
+def _git_commit(repo: Path | None = None, build_info: Path = BUILD_INFO) -> str | None:
+    """The checkout's HEAD; without git or .git, the commit baked in at install or build."""
+    repo = repo or Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"],
@@ -455,8 +464,18 @@ def _git_commit() -> str | None:
             check=True,
         )
     except (OSError, subprocess.SubprocessError):
-        return None  # not a git checkout (an installed wheel): the far version still identifies
-    return out.stdout.strip() or None
+        return baked_commit(build_info)
+    return out.stdout.strip() or baked_commit(build_info)
+
+
+def baked_commit(build_info: Path = BUILD_INFO) -> str | None:
+    """The git commit recorded in `build_info` at install or image build, if any."""
+    try:
+        info = json.loads(build_info.read_text())
+    except (OSError, ValueError):
+        return None
+    commit = info.get("git_commit") if isinstance(info, dict) else None
+    return commit if isinstance(commit, str) and commit else None
 
 
 def hardware() -> Hardware:

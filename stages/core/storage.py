@@ -16,6 +16,8 @@ from typing import Any
 
 import fsspec
 
+from stages.core.errors import InputError
+
 ORBAX_NATIVE_PROTOCOLS = ("file", "gs")
 
 
@@ -69,6 +71,13 @@ def write_bytes(uri: str, data: bytes) -> None:
         os.replace(tmp, path)
     else:  # object stores and memory:// replace an object in one call
         fs.pipe_file(path, data)
+
+
+def delete(uri: str) -> None:
+    """Remove one file or object; a missing one is not an error."""
+    fs, path = _split(uri)
+    if fs.exists(path):
+        fs.rm_file(path)
 
 
 def read_text(uri: str) -> str:
@@ -265,7 +274,7 @@ def is_transient(error: BaseException) -> bool:
     """
     seen: BaseException | None = error
     for _ in range(8):
-        if seen is None:
+        if seen is None or isinstance(seen, InputError):
             return False
         if isinstance(seen, _TRANSIENT_OS_ERRORS) or _is_transient_library_error(seen):
             return True

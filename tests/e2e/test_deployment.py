@@ -29,10 +29,10 @@ import pytest
 
 from schemas.record import StageRecord
 from stages.core import storage
-from tests.conftest import REPO, prefect_env
+from tests.conftest import BIN, REPO, prefect_env
 
 pytestmark = pytest.mark.slow
-PREFECT = str(REPO / ".venv" / "bin" / "prefect")
+PREFECT = str(BIN / "prefect")
 DEPLOY = REPO / "deploy"
 KAGGLE = DEPLOY / "kaggle" / "run_session.sh"
 RUN_TIMEOUT_S = 600  # the worker's smoke run took up to ~250 s here under heavy load
@@ -159,7 +159,7 @@ def kaggle_first_session(deployed: dict[str, Any]) -> tuple[int, str]:
 
 
 def _kaggle_session(budget: str, deployed: dict[str, Any]) -> tuple[int, str]:
-    env = dict(deployed["env"], FAR_VENV=str(REPO / ".venv"))
+    env = dict(deployed["env"], FAR_VENV=str(BIN.parent))
     done = subprocess.run(
         ["bash", str(KAGGLE), "recipes/smoke.yaml", str(deployed["run_root"]), budget],
         env=env,

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from flows import cli
-from tests.conftest import REPO, prefect_env, prefect_server_process, smoke_data
+from tests.conftest import BIN, REPO, prefect_env, prefect_server_process, smoke_data
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_server_killed_during_sft_the_run_still_completes_on_storage(tmp_path: P
         env = prefect_env(tmp_path / "client", api_url)
         env["PREFECT_CLIENT_MAX_RETRIES"] = "1"  # fail fast once the API is gone
         run = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "far"), "run", str(recipe), "--root", str(root)],
+            [str(BIN / "far"), "run", str(recipe), "--root", str(root)],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

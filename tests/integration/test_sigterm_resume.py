@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from pipeline import manifest
-from tests.conftest import REPO, smoke_data
+from tests.conftest import BIN, REPO, smoke_data
 
 pytestmark = pytest.mark.slow
-FAR = str(REPO / ".venv" / "bin" / "far")
+FAR = str(BIN / "far")
 
 
 def far(*args: str, home: Path) -> subprocess.Popen[str]:

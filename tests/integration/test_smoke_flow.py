@@ -98,3 +98,22 @@ def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]
         float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(*adapters, strict=True)
     ]
     assert len(deltas) > 0 and max(deltas) > 0
+
+
+def test_training_progress_is_shown_in_the_prefect_ui(
+    smoke_runs: tuple[RunSummary, RunSummary],
+) -> None:
+    """Each training stage kept a progress artifact up to date while it ran (the re-run,
+    which skipped both stages, made none)."""
+    from prefect.artifacts import Artifact
+
+    assert smoke_runs[0].complete
+    steps = {"sft": 150, "grpo": 4}  # recipes/smoke.yaml
+    for stage, total in steps.items():
+        artifact = Artifact.get(f"smoke-{stage}-progress")
+        assert artifact is not None, stage
+        assert artifact.type == "progress" and float(artifact.data) == 100.0
+        assert artifact.description.startswith(f"{stage} {total}/{total} (100%)")
+        assert "s/step | ETA 0 s" in artifact.description
+        assert ("loss" if stage == "sft" else "reward") in artifact.description
+        assert artifact.task_run_id is not None

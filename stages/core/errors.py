@@ -1,0 +1,33 @@
+"""The one error type for "the user must fix an input": a recipe field, a data file, a model
+or checkpoint location, the devices asked for.
+
+Whoever runs FAR (the `far` command, the scheduled deployment) turns an InputError into one
+line naming the field or file and what was expected, and exit status 2, wherever in the run it
+was raised; every other exception is a defect or an outage and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """An input or configuration the user must fix; the message names it and what was expected."""
+
+
+class MissingInput(InputError, FileNotFoundError):
+    """A file, directory or checkpoint the run was pointed at does not exist."""
+
+
+class UnreachableInput(InputError, ConnectionError):
+    """A model or dataset host that cannot be reached (offline): never retried."""
+
+
+def is_input_error(error: BaseException) -> bool:
+    """True for an InputError anywhere in the exception's cause/context chain."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, InputError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
