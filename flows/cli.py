@@ -111,6 +111,13 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("FAR_CACHE_DIR"),
         help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
     )
+    parser.add_argument(
+        "--compile-cache",
+        default=os.environ.get("FAR_COMPILE_CACHE"),
+        metavar="DIR",
+        help="JAX's persistent compilation cache, a path or gs:// URI, so a restarted session\n"
+        "skips XLA compilation (default: $FAR_COMPILE_CACHE or the --cache-dir)",
+    )
     _add_common_options(parser)
 
 
@@ -215,6 +222,7 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             args.cache_dir,
             allow_changes=args.allow_change,
             recipe_source=recipe_source,
+            compile_cache=args.compile_cache,
         )
     except DriftError as e:
         print(f"far: {e}", file=sys.stderr)

@@ -34,6 +34,7 @@ def far_scheduled(
     name: str | None = None,
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
+    compile_cache: str | None = None,
 ) -> State[RunSummary]:
     """Run (or continue) the FAR recipe at `recipe_uri`, as `far run` would.
 
@@ -47,6 +48,8 @@ def far_scheduled(
         cache_dir: converted model weights (default: $FAR_CACHE_DIR, else ~/.cache/far)
         allow_changes: recipe/code changes accepted when continuing the run (e.g.
             ["sft.max_steps"]); any other drift from the run's recipe fails the flow run
+        compile_cache: JAX's persistent compilation cache, e.g. gs://bucket/far-xla, so a
+            new session skips XLA compilation (default: $FAR_COMPILE_CACHE, else cache_dir)
     """
     given = {
         "recipe_uri": recipe_uri,
@@ -54,6 +57,7 @@ def far_scheduled(
         "session_budget": session_budget,
         "name": name,
         "cache_dir": cache_dir,
+        "compile_cache": compile_cache,
     }
     reject_unrendered_templates(given)
     plan = plan_run(recipe_uri, storage_root, name, session_budget)
@@ -64,6 +68,7 @@ def far_scheduled(
         cache_dir or os.environ.get("FAR_CACHE_DIR"),
         allow_changes,
         recipe_source=recipe_uri,
+        compile_cache=compile_cache or os.environ.get("FAR_COMPILE_CACHE"),
     )
     return final_state(summary)
 

@@ -32,6 +32,7 @@ from stages import data_prep, evaluate, grpo, sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired, StageOutcome
 from stages.core.sessions import StopFlag, stop_on_sigterm
+from stages.modeling import compile_cache as compile_cache_lib
 
 TRANSIENT_RETRIES = 2
 RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
@@ -136,6 +137,7 @@ def format_align_reinforce(
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    compile_cache: str | None = None,
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
@@ -143,8 +145,11 @@ def format_align_reinforce(
     between stages when the session is over: re-running the same command continues.
     `cache_dir` holds converted model weights (default ~/.cache/far). `allow_changes` are
     the recipe/code changes (dotted paths) accepted when continuing an existing run.
+    `compile_cache` holds JAX's persistent compilation cache (default: under the model cache).
     """
-    return run_recipe(recipe, root, deadline, cache_dir, allow_changes, recipe_source)
+    return run_recipe(
+        recipe, root, deadline, cache_dir, allow_changes, recipe_source, compile_cache
+    )
 
 
 def run_recipe(
@@ -154,6 +159,7 @@ def run_recipe(
     cache_dir: str | None,
     allow_changes: list[str] | None = None,
     recipe_source: str = "",
+    compile_cache: str | None = None,
 ) -> RunSummary:
     """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
 
@@ -169,6 +175,8 @@ def run_recipe(
         stop=StopFlag(),
         allow_changes=tuple(allow_changes or ()),
     )
+    # the one place a run sets JAX's compilation cache: before any stage compiles
+    compile_cache_lib.enable(compile_cache or ctx.model_cache)
     for change in manifest.open_session(recipe, ctx, recipe_source):
         get_run_logger().warning("continuing with an allowed change: %s", change)
     done: list[StageSummary] = []

@@ -20,6 +20,7 @@ from stages import rewards
 ZERO_VARIANCE = "far/zero_variance_groups"
 FORMAT_RATE = "far/format_rate"
 LENGTHS = ("completions/mean_length", "completions/max_length")
+SECONDS_PREFIX = "far/seconds/"  # per-phase step timing (stages/grpo/timing.py)
 
 
 def zero_variance_fraction(scores: np.ndarray, num_generations: int) -> float:
@@ -100,9 +101,12 @@ class MetricsHistory:
         return curves
 
     def summary(self) -> dict[str, float]:
-        """First and last value of every reward metric, and the format rate."""
+        """First and last value of every reward metric and the format rate; the session's
+        total seconds of each timed phase (far/seconds/<phase>, stages/grpo/timing.py)."""
         out: dict[str, float] = {}
         for name, history in sorted(self.values.items()):
             if name.startswith("rewards/") or name == FORMAT_RATE:
                 out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
+            elif name.startswith(SECONDS_PREFIX):
+                out[f"{name}/total"] = float(sum(history))
         return out
