@@ -42,11 +42,13 @@ def child(root: str, run: str, cache: str) -> None:
     if cache != "off":
         compile_cache.enable(cache)
     total = [0.0]
+    log = open(f"{root}/{run}.compile", "a")  # noqa: SIM115  # killed with SIGKILL anyway
 
     def on_compile(event: str, duration: float, **_: object) -> None:
         if event == COMPILE_EVENT:
             total[0] += duration
-            print(f"COMPILE {total[0]:.4f}", flush=True)
+            log.write(f"{os.getpid()} {total[0]:.4f}\n")
+            log.flush()
 
     jax.monitoring.register_event_duration_secs_listener(on_compile)  # type: ignore[arg-type]
     recipe = recipe_with(root, sft={"max_steps": 10_000, "checkpoint_every_steps": 1})
@@ -54,31 +56,28 @@ def child(root: str, run: str, cache: str) -> None:
     sft.train(data.output, recipe.sft, recipe.model, recipe.mesh, RunContext(root=root, run=run))
 
 
-def launch(root: Path, run: str, cache: str) -> subprocess.Popen[str]:
+def launch(root: Path, run: str, cache: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     command = [sys.executable, __file__, "--child", str(root), run, cache]
     return subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
 def time_to_step(root: Path, run: str, cache: str, step: int) -> tuple[float, float, object]:
     """(seconds from launch to checkpoint `step` committed, compile seconds, the process)."""
+    root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     proc = launch(root, run, cache)
-    os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
-    compile_seconds, buffer = 0.0, ""
-    while True:
-        buffer += proc.stdout.read() or ""  # type: ignore[union-attr]
-        if list((root / run).glob(f"sft-*/checkpoints/{step}/_CHECKPOINT_METADATA")):
-            elapsed = time.perf_counter() - started
-            break
+    while not list((root / run).glob(f"sft-*/checkpoints/{step}/_CHECKPOINT_METADATA")):
         if proc.poll() is not None:
-            raise RuntimeError(f"child exited with {proc.returncode}: {buffer[-2000:]}")
+            raise RuntimeError(f"child exited with {proc.returncode}")
         time.sleep(0.02)
-    lines = [line for line in buffer.splitlines() if line.startswith("COMPILE ")]
-    compile_seconds = float(lines[-1].split()[1]) if lines else 0.0
-    return elapsed, compile_seconds, proc
+    elapsed = time.perf_counter() - started
+    log = root / f"{run}.compile"
+    mine = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    seconds = [float(total) for pid, total in mine if int(pid) == proc.pid]
+    return elapsed, (seconds[-1] if seconds else 0.0), proc
 
 
 def kill(proc: object) -> None:

@@ -22,6 +22,7 @@ import itertools
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
 
 
 # --- bare Tunix ------------------------------------------------------------------------------
@@ -202,24 +204,29 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def compare(recipe: Any, reps: int, workdir: Path, cache: str) -> dict[str, list[float]]:
+    from schemas.record import StageRecord
     from stages import data_prep, grpo, sft
+    from stages.core import storage
     from stages.core.datasets import load_prompts, load_sft_arrays
     from stages.core.runner import RunContext
+    from stages.grpo import timing
 
     prepared = data_prep.prepare(recipe.data, recipe.model, RunContext(str(workdir), "data"))
     dataset = prepared.output
     arrays, rows = load_sft_arrays(dataset), load_prompts(dataset, "grpo_train")
     counter = itertools.count()
     sft_ckpt: dict[str, Any] = {}
+    phases: list[dict[str, float]] = []  # FAR's GRPO: mean seconds per step of each phase
 
     def far_sft() -> None:
         ctx = RunContext(str(workdir), f"far{next(counter)}", cache_dir=cache)
         sft_ckpt["far"] = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
-        sft_ckpt["ctx"] = ctx
 
     def far_grpo() -> None:
         ctx = RunContext(str(workdir), f"far{next(counter)}", cache_dir=cache)
-        grpo.reinforce(dataset, sft_ckpt["far"], recipe.grpo, recipe.model, recipe.mesh, ctx)
+        out = grpo.reinforce(dataset, sft_ckpt["far"], recipe.grpo, recipe.model, recipe.mesh, ctx)
+        history = StageRecord.model_validate(storage.read_json(out.record_uri)).history
+        phases.append(timing.step_seconds(history))
 
     def bare_sft_run() -> None:
         out = workdir / f"bare{next(counter)}"
@@ -248,6 +255,8 @@ def compare(recipe: Any, reps: int, workdir: Path, cache: str) -> dict[str, list
             seconds.setdefault(key, []).append(value)
         ratios["sft"].append(got["far_sft"] / got["bare_sft"])
         ratios["grpo"].append(got["far_grpo"] / got["bare_grpo"])
+    for phase in phases[0]:
+        seconds[f"far_grpo_step_{phase}"] = [p[phase] for p in phases[1:]]
     return {**{f"ratio_{k}": v for k, v in ratios.items()}, **seconds}
 
 
@@ -278,7 +287,7 @@ def main() -> None:
     for name, values in results.items():
         unit = "" if name.startswith("ratio") else " s"
         print(
-            f"{name:<12} median {statistics.median(values):.3f}{unit}  "
+            f"{name:<34} median {statistics.median(values):.3f}{unit}  "
             f"min {min(values):.3f}  max {max(values):.3f}"
         )
 

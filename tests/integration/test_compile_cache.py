@@ -37,8 +37,10 @@ def test_a_second_process_hits_the_cache_and_trains_the_same(tmp_path: Path) -> 
     cache = tmp_path / "cache"
     first = train_in_a_new_process(tmp_path / "first", cache)
     second = train_in_a_new_process(tmp_path / "second", cache)
-    assert first["hits"] == 0 and first["misses"] > 0  # an empty cache: everything compiled
-    assert second["hits"] > 0 and second["misses"] < first["misses"]
+    # an empty cache: the first process compiles (its hits are computations it compiled
+    # earlier itself, e.g. the same sampler step for another model instance)
+    assert first["misses"] > 0
+    assert second["misses"] < first["misses"] and second["hits"] > first["hits"], (first, second)
     assert second["lora_sha256"] == first["lora_sha256"]
     assert second["final_loss"] == first["final_loss"]
     # keyed by the JAX/jaxlib versions and the device kind, under the configured root
