@@ -163,6 +163,13 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         help="one of several hosts of a TPU slice running this same command: join them with\n"
         "jax.distributed (process 0 alone writes records, run.json and the lease)",
     )
+    parser.add_argument(
+        "--compile-cache",
+        default=os.environ.get("FAR_COMPILE_CACHE"),
+        metavar="DIR",
+        help="JAX's persistent compilation cache, a path or gs:// URI, so a restarted session\n"
+        "skips XLA compilation (default: $FAR_COMPILE_CACHE or the --cache-dir)",
+    )
     _add_common_options(parser)
 
 
@@ -346,6 +353,7 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             recipe_source=recipe_source,
             lease_wait_seconds=args.lease_wait,
             overrides=list(getattr(args, "overrides", [])),
+            compile_cache=args.compile_cache,
         )
     except LeaseHeld as e:
         print(f"far: {e}", file=sys.stderr)

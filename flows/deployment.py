@@ -37,6 +37,7 @@ def far_scheduled(
     cache_dir: str | None = None,
     allow_changes: list[str] | None = None,
     lease_wait_seconds: float = 0.0,
+    compile_cache: str | None = None,
 ) -> State[RunSummary]:
     """Run (or continue) the FAR recipe at `recipe_uri`, as `far run` would.
 
@@ -52,6 +53,8 @@ def far_scheduled(
             ["sft.max_steps"]); any other drift from the run's recipe fails the flow run
         lease_wait_seconds: if another session holds the run's lease, wait this long for
             it, then fail naming the holder (one writer per run)
+        compile_cache: JAX's persistent compilation cache, e.g. gs://bucket/far-xla, so a
+            new session skips XLA compilation (default: $FAR_COMPILE_CACHE, else cache_dir)
     """
     given = {
         "recipe_uri": recipe_uri,
@@ -59,6 +62,7 @@ def far_scheduled(
         "session_budget": session_budget,
         "name": name,
         "cache_dir": cache_dir,
+        "compile_cache": compile_cache,
     }
     reject_unrendered_templates(given)
     plan = plan_run(recipe_uri, storage_root, name, session_budget)
@@ -72,6 +76,7 @@ def far_scheduled(
         allow_changes,
         recipe_source=recipe_uri,
         lease_wait_seconds=lease_wait_seconds,
+        compile_cache=compile_cache or os.environ.get("FAR_COMPILE_CACHE"),
     )
     return final_state(summary)
 

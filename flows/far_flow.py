@@ -33,6 +33,7 @@ from stages import data_prep, evaluate, grpo, sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
 from stages.core.sessions import StopFlag, stop_on_sigterm
+from stages.modeling import compile_cache as compile_cache_lib
 
 TRANSIENT_RETRIES = 2
 RETRY_DELAYS = [10, 60]  # seconds before the first and second retry
@@ -142,6 +143,7 @@ def format_align_reinforce(
     recipe_source: str = "",
     lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
     overrides: list[str] | None = None,
+    compile_cache: str | None = None,
 ) -> RunSummary:
     """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
 
@@ -151,7 +153,8 @@ def format_align_reinforce(
     the recipe/code changes (dotted paths) accepted when continuing an existing run;
     `overrides` the command line's KEY=VALUE assignments (already applied to `recipe`), kept
     in run.json as given. `lease_wait_seconds`: how long to wait for another session holding
-    the run's lease.
+    the run's lease. `compile_cache` holds JAX's persistent compilation cache (default:
+    under the model cache).
     """
     return run_recipe(
         recipe,
@@ -162,6 +165,7 @@ def format_align_reinforce(
         recipe_source,
         lease_wait_seconds,
         overrides,
+        compile_cache,
     )
 
 
@@ -174,6 +178,7 @@ def run_recipe(
     recipe_source: str = "",
     lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
     overrides: list[str] | None = None,
+    compile_cache: str | None = None,
 ) -> RunSummary:
     """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
 
@@ -194,6 +199,8 @@ def run_recipe(
         sandbox_workers=recipe.sandbox.workers,
         primary=is_primary_process(),
     )
+    # the one place a run sets JAX's compilation cache: before any stage compiles
+    compile_cache_lib.enable(compile_cache or ctx.model_cache)
     if not ctx.primary:  # process 0 holds the lease and writes the manifest for all
         with _sigterm_stops(ctx):
             return _run_stages(recipe, ctx, [], started)

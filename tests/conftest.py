@@ -139,6 +139,16 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
     raise TimeoutError(f"fake-gcs-server did not listen on 127.0.0.1:{port} in {timeout} s")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """JAX's persistent compilation cache for the test session, set once here (the tests'
+    entry point): later tests load the executables earlier ones compiled. Flows called by
+    tests keep it (a process's cache directory is fixed at its first compilation)."""
+    from stages.modeling import compile_cache
+
+    return compile_cache.enable(str(tmp_path_factory.mktemp("xla-cache")))
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Converted model weights for the whole test session (the GGUF converts once, ~20 s)."""

@@ -49,7 +49,7 @@ from stages.core.runner import (
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded
-from stages.grpo import metrics, rollouts
+from stages.grpo import metrics, rollouts, timing
 from stages.modeling import models, tunix_compat
 from stages.modeling.tokenizers import build_tokenizer
 
@@ -242,6 +242,7 @@ def _reinforce(
     if start_step:
         tunix_compat.resync_after_restore(session.cluster, session.learner, start_step)
     tunix_compat.skip_tunix_fast_forward(session.learner)
+    timing.instrument(session.cluster, session.learner)  # far/seconds/<phase> per step
     if start_step < config.max_steps:  # Tunix would train one more step on a finished run
         rows = load_prompts(dataset, "grpo_train")
         batches = itertools.islice(

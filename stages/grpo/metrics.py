@@ -21,6 +21,7 @@ ZERO_VARIANCE = "far/zero_variance_groups"
 FORMAT_RATE = "far/format_rate"
 TOTAL_REWARD = "rewards/score/mean"  # Tunix: the per-step mean of the summed rewards
 LENGTHS = ("completions/mean_length", "completions/max_length")
+SECONDS_PREFIX = "far/seconds/"  # per-phase step timing (stages/grpo/timing.py)
 
 
 def zero_variance_fraction(scores: np.ndarray, num_generations: int) -> float:
@@ -106,9 +107,12 @@ class MetricsHistory:
         return curves
 
     def summary(self) -> dict[str, float]:
-        """First and last value of every reward metric, and the format rate."""
+        """First and last value of every reward metric and the format rate; the session's
+        total seconds of each timed phase (far/seconds/<phase>, stages/grpo/timing.py)."""
         out: dict[str, float] = {}
         for name, history in sorted(self.values.items()):
             if name.startswith("rewards/") or name == FORMAT_RATE:
                 out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
+            elif name.startswith(SECONDS_PREFIX):
+                out[f"{name}/total"] = float(sum(history))
         return out

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from flax import nnx
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from stages.modeling import tunix_version
@@ -59,6 +60,36 @@ def cluster_metrics_loggers(cluster: Any) -> list[Any]:
     return [cluster._rl_metrics_logger, cluster.actor_trainer.metrics_logger]
 
 
+# --- GRPO phase timing ------------------------------------------------------------------------
+
+
+def wrap_grpo_phases(cluster: Any, learner: Any, wrap: Callable[..., Callable[..., Any]]) -> None:
+    """Replace, on these two instances only, the methods Tunix 0.1.7 calls for each GRPO phase
+    by `wrap(phase, method[, settle])` (stages/grpo/timing.py times them).
+
+    Tunix's own tracer (RLCluster perf_config) reports rollout, reference inference, actor
+    training and weight sync, but not rewards or checkpoint saves, and its spans are private
+    structures; these are the calls the learner makes through instance attribute lookups,
+    so shadowing them on the instance changes nothing else. Rewards are computed in the
+    learner's private `_compute_rewards`; the actor's checkpoint saves go through its
+    trainer's `checkpoint_manager.save`. Test: tests/unit/test_grpo_timing.py trains two tiny
+    GRPO steps and finds every phase's seconds in the step metrics.
+    """
+    actor = cluster.actor_trainer
+
+    def settle_actor(_: Any) -> Any:
+        return jax.block_until_ready(nnx.state(actor.model, nnx.Param))
+
+    cluster.generate = wrap("rollout", cluster.generate)
+    cluster.get_ref_per_token_logps = wrap("reference_logps", cluster.get_ref_per_token_logps)
+    cluster.get_old_per_token_logps = wrap("old_logps", cluster.get_old_per_token_logps)
+    cluster.update_actor = wrap("actor_update", cluster.update_actor, settle_actor)
+    cluster.sync_weights = wrap("weight_sync", cluster.sync_weights, settle_actor)
+    learner._compute_rewards = wrap("rewards", learner._compute_rewards)
+    manager = actor.checkpoint_manager
+    manager.save = wrap("checkpoint_save", manager.save)
+
+
 # --- jax.monitoring listeners ----------------------------------------------------------------
 
 
@@ -70,6 +101,15 @@ def unregister_duration_listener(listener: Callable[..., None]) -> None:
     then training, and so the listening, is over."""
     try:
         jax.monitoring.unregister_event_duration_listener(listener)
+    except AssertionError:
+        return
+
+
+def unregister_event_listener(listener: Callable[..., None]) -> None:
+    """Remove a jax.monitoring event listener that Tunix may already have removed (the same
+    MetricsLogger.close() clears event listeners too; see unregister_duration_listener)."""
+    try:
+        jax.monitoring.unregister_event_listener(listener)
     except AssertionError:
         return
 

@@ -1,0 +1,55 @@
+"""Per-phase GRPO timing on the tiny model: every phase's seconds per step land in the
+record's history and in TensorBoard."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from schemas.record import StageRecord
+from stages import data_prep, grpo, sft
+from stages.core import storage
+from stages.core.runner import RunContext
+from tests.conftest import recipe_with
+
+pytestmark = pytest.mark.slow
+STEPS = 2
+TIMED = ("rollout", "reference_logps", "old_logps", "rewards", "actor_update", "checkpoint_save")
+
+
+def test_each_phase_is_timed_per_step(tmp_path: Path) -> None:
+    recipe = recipe_with(
+        str(tmp_path),
+        sft={"max_steps": 4},
+        grpo={"max_steps": STEPS, "num_iterations": 2, "checkpoint_every_steps": 1},
+    )
+    ctx = RunContext(str(tmp_path), "t")
+    dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
+    policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
+    outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
+    history = StageRecord.model_validate(storage.read_json(outcome.record_uri)).history
+    for phase in TIMED:
+        seconds = history[f"far/seconds/{phase}"]
+        assert len(seconds) == STEPS and all(np.isfinite(s) and s >= 0 for s in seconds), phase
+    assert min(history["far/seconds/rollout"]) > 0 and min(history["far/seconds/actor_update"]) > 0
+    # one mesh: the rollout shares the actor's weights, so no weight sync ever runs
+    assert "far/seconds/weight_sync" not in history
+    tags = scalar_tags(Path(outcome.output.uri).parents[1] / "tensorboard")
+    assert any(tag.endswith("seconds/rollout") for tag in tags), tags
+
+
+def scalar_tags(log_dir: Path) -> set[str]:
+    """Every summary tag in the TensorBoard event files (TFRecord framing) under `log_dir`."""
+    tags: set[str] = set()
+    for path in log_dir.rglob("events.out.tfevents*"):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            tags |= {value.tag for value in event.summary.value}
+            at += 12 + length + 4
+    return tags
