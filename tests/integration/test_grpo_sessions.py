@@ -62,7 +62,7 @@ def test_gspo_token_loss_runs(tmp_path: Path) -> None:
     recipe = recipe_with(
         str(tmp_path),
         sft={"max_steps": 4},
-        grpo={"max_steps": 1, "loss_variant": "gspo-token", "num_iterations": 2},
+        grpo={"max_steps": 1, "algorithm": "gspo-token", "num_iterations": 2},
     )
     ctx = RunContext(str(tmp_path), "gs")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
