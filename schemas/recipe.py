@@ -389,10 +389,15 @@ class EvalConfig(Frozen):
 
     models: 'base', 'sft', 'grpo' (this run's stages) or any checkpoint URI.
     temperature 0 is greedy (batched outputs equal batch-size-1 outputs); with a temperature,
-    `samples` completions per prompt give pass@k and majority-vote accuracy.
+    `samples` completions per prompt give pass@k and majority-vote accuracy. Every rate gets
+    a Wilson 95% interval and each model is compared with the one listed before it on the
+    same prompts (exact McNemar test).
     """
 
     models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
+    # 'base' is also evaluated with this many worked examples from the SFT training split
+    # before each prompt (never from the evaluation split); 0: zero-shot only
+    base_shots: Annotated[int, Field(ge=0, le=16)] = 3
     max_generation_tokens: PositiveInt = 32
     batch_size: PositiveInt = 8
     temperature: Annotated[float, Field(ge=0)] = 0.0

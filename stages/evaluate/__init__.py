@@ -6,8 +6,10 @@ Generation is batched with fixed shapes (prompts padded to the dataset's prompt 
 last batch filled with repeats) and, when greedy, gives exactly the batch-size-1 outputs
 (tested). Scores come from the registered rewards: format compliance, math answers equal
 numerically or symbolically (SymPy, sandboxed), code passing its tests (sandboxed): pass@1,
-pass@k and majority vote with sampling. Outputs: report.json, report.md (base vs SFT vs GRPO,
-per domain), metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
+pass@k and majority vote with sampling; the base model also k-shot. Each rate carries a
+Wilson 95% interval and each model a paired exact McNemar comparison with the one before it
+(stages/evaluate/stats.py). Outputs: report.json, report.md (base vs SFT vs GRPO, per domain),
+metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
 record gets these scores appended.
 """
 
@@ -25,7 +27,7 @@ from tunix.generate import sampler as tunix_sampler
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
 from stages import rewards
-from stages.core.datasets import check_dataset, load_prompts
+from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -34,12 +36,12 @@ from stages.core.runner import (
     run_stage,
     with_uris,
 )
-from stages.evaluate import reports
+from stages.evaluate import fewshot, reports
 from stages.modeling import models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 2
+STAGE_VERSION = 3  # 3: k-shot base row, Wilson intervals, paired McNemar comparisons
 
 
 def generate(
@@ -186,6 +188,18 @@ def _networks(
         yield name, artifact, models.restore_policy(artifact, own_base, mesh)
 
 
+def few_shot_prompts(
+    dataset: DatasetArtifact, tokenizer: Tokenizer, prompts: Sequence[str], k: int
+) -> tuple[list[str], int]:
+    """`prompts` behind k worked SFT examples, and the prompt length that holds them all."""
+    drop = {tokenizer.bos_id(), tokenizer.eos_id(), tokenizer.pad_id()}
+    examples = fewshot.worked_examples(load_sft_arrays(dataset), k)
+    shots = [fewshot.shot_text(e, tokenizer.decode, drop) for e in examples]
+    shown = [fewshot.few_shot_prompt(shots, p) for p in prompts]
+    longest = max(len(tokenizer.encode(p)) for p in shown) + 1  # + BOS
+    return shown, -(-longest // 16) * 16
+
+
 def _evaluate(
     directory: str,
     dataset: DatasetArtifact,
@@ -202,20 +216,26 @@ def _evaluate(
     all_scores, all_samples = [], []
     with mesh:
         for name, artifact, network in _networks(config.models, checkpoints, spec, mesh, cache_dir):
-            completions = generate(network, tokenizer, prompts, config, dataset.prompt_len, spec)
-            scores, sample_rows = score(
-                name, artifact.uri if artifact else None, rows, completions, config.samples
-            )
-            all_scores.append(scores)
-            all_samples += sample_rows
-            log.info(
-                "evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate, scores.accuracy
-            )
+            variants = [(name, prompts, dataset.prompt_len)]
+            if name == "base" and config.base_shots:
+                shown, length = few_shot_prompts(dataset, tokenizer, prompts, config.base_shots)
+                variants.append((f"base-{config.base_shots}shot", shown, length))
+            for label, inputs, length in variants:
+                completions = generate(network, tokenizer, inputs, config, length, spec)
+                scores, sample_rows = score(
+                    label, artifact.uri if artifact else None, rows, completions, config.samples
+                )
+                all_scores.append(scores)
+                all_samples += sample_rows
+                log.info(
+                    "evaluated %s: format %.3f accuracy %.3f",
+                    label,
+                    scores.format_rate,
+                    scores.accuracy,
+                )
+    all_scores = reports.with_statistics(all_scores, all_samples, config.samples)
     report = reports.write_report(directory, all_scores, all_samples, checkpoints)
-    metrics = {
-        f"{s.name}/{m}": getattr(s, m) for s in all_scores for m in ("format_rate", "accuracy")
-    }
-    return report, metrics, {}
+    return report, reports.record_metrics(all_scores), {}
 
 
 def identity(
