@@ -231,7 +231,7 @@ def test_lora_grpo_learns_a_learnable_reward(
             "rewards": {"letter_fraction": 1.0, "format_strict": 0.0, "answer_match": 0.0},
         },
     )
-    ctx = RunContext(root, "sft")
+    ctx = RunContext(root, f"learn-{seed}")  # one run per seed (the drift guard)
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
     curve = record.history["rewards/letter_fraction"]
