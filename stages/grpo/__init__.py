@@ -303,7 +303,8 @@ def _results(
     actor_uri = storage.join(session.ckpt_uri, ACTOR_SUBDIR)
     artifact = CheckpointArtifact(
         uri=actor_uri,
-        step=config.max_steps,
+        # Tunix numbers checkpoints by optimizer update: num_iterations per GRPO step
+        step=config.max_steps * config.num_iterations,
         model=spec,
         tokenizer=session.tokenizer_name,
         lora=sft.lora,

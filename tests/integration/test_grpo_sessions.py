@@ -57,7 +57,7 @@ def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> 
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
     assert record.metrics["resumed_from_step"] == saved
-    assert outcome.output.step == 6
+    assert outcome.output.step == 6  # num_iterations 1: one update per step
     assert any(f.startswith("6/") for f in storage.list_files(outcome.output.uri))
     # equality with an uninterrupted run (bitwise): test_grpo_full.py's kill -9 test
 
