@@ -301,22 +301,62 @@ def _expand_reward_preset(value: object) -> object:
     return dict(REWARD_PRESETS[name])
 
 
+GRPOAlgorithm = Literal["grpo", "gspo-token", "dapo", "dr-grpo"]
+
+
+class OverlongPenalty(Frozen):
+    """DAPO's soft overlong punishment: a completion longer than `max_chars - buffer_chars`
+    loses up to `penalty` reward, linearly over the buffer. Tunix measures the length in
+    characters of the decoded completion, not in tokens."""
+
+    buffer_chars: PositiveInt
+    max_chars: PositiveInt
+    penalty: Annotated[float, Field(ge=0)] = 1.0
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> OverlongPenalty:
+        if self.buffer_chars >= self.max_chars:
+            raise ValueError(
+                f"buffer_chars must be < max_chars, got {self.buffer_chars} >= {self.max_chars}"
+            )
+        return self
+
+
 class GRPOConfig(Frozen):
-    """Reinforcement with Tunix GRPOLearner: rollout, rewards (by registered name), loss."""
+    """Reinforcement with Tunix's RL learners: rollout, rewards (by registered name), loss.
+
+    algorithm: grpo (GRPOLearner), gspo-token (GRPOLearner with the sequence-level GSPO
+    loss), dapo (DAPOLearner: no KL term, so beta must be 0; asymmetric clipping with
+    `epsilon_high`; optional overlong penalty) or dr-grpo (DrGRPOLearner: advantages without
+    the per-group std division, loss scaled by a constant token count). Tunix 0.1.7's
+    DAPOConfig.dynamic_sampling is a flag its learner never reads, so it is not offered here.
+
+    The optimizer defaults are those of Tunix's GRPO examples: AdamW at 3e-6 with b1 0.9,
+    b2 0.99, weight decay 0.1, a linear warmup over the first 10% of the updates then a
+    cosine decay (to 10% of the peak), gradients clipped to global norm 0.1.
+    """
 
     max_steps: PositiveInt
     batch_size: PositiveInt  # prompts per step; each gets num_generations completions
     train_micro_batch_size: PositiveInt | None = None  # prompts per backward pass
     num_generations: Annotated[int, Field(ge=2)] = 4
     num_iterations: PositiveInt = 1  # policy updates per batch (mu in the GRPO paper)
-    loss_variant: Literal["grpo", "gspo-token"] = "grpo"
+    algorithm: GRPOAlgorithm = "grpo"
     max_generation_tokens: PositiveInt = 32
     temperature: PositiveFloat = 0.9
     top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
     top_k: PositiveInt | None = None
     beta: Annotated[float, Field(ge=0)] = 0.04
     epsilon: PositiveFloat = 0.2
-    learning_rate: PositiveFloat = 1e-4
+    epsilon_high: PositiveFloat | None = None  # dapo only: upper clip (DAPO paper: 0.28)
+    overlong_penalty: OverlongPenalty | None = None  # dapo only
+    learning_rate: PositiveFloat = 3e-6  # the peak, with lr_schedule
+    lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1  # of the optimizer updates
+    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    adam_b1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    adam_b2: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    max_grad_norm: PositiveFloat | None = 0.1  # null: no clipping
     # reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS
     rewards: Annotated[dict[str, float], BeforeValidator(_expand_reward_preset)] = Field(
         default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
@@ -334,16 +374,39 @@ class GRPOConfig(Frozen):
             raise ValueError("rewards must name at least one registered reward, got {}")
         return value
 
+    @model_validator(mode="after")
+    def _algorithm_knobs(self) -> GRPOConfig:
+        if self.algorithm != "dapo":
+            for name in ("epsilon_high", "overlong_penalty"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} is a DAPO knob; algorithm is {self.algorithm!r} (set "
+                        f"algorithm: dapo or remove {name})"
+                    )
+            return self
+        if self.beta != 0:
+            raise ValueError(f"dapo has no KL term: set beta: 0 (got beta={self.beta})")
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(
+                f"epsilon_high must be >= epsilon, got {self.epsilon_high} < {self.epsilon}"
+            )
+        return self
+
 
 class EvalConfig(Frozen):
     """Generation on the held-out prompts for each listed model, then metrics.
 
     models: 'base', 'sft', 'grpo' (this run's stages) or any checkpoint URI.
     temperature 0 is greedy (batched outputs equal batch-size-1 outputs); with a temperature,
-    `samples` completions per prompt give pass@k and majority-vote accuracy.
+    `samples` completions per prompt give pass@k and majority-vote accuracy. Every rate gets
+    a Wilson 95% interval and each model is compared with the one listed before it on the
+    same prompts (exact McNemar test).
     """
 
     models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
+    # 'base' is also evaluated with this many worked examples from the SFT training split
+    # before each prompt (never from the evaluation split); 0: zero-shot only
+    base_shots: Annotated[int, Field(ge=0, le=16)] = 3
     max_generation_tokens: PositiveInt = 32
     batch_size: PositiveInt = 8
     temperature: Annotated[float, Field(ge=0)] = 0.0

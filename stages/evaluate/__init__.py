@@ -6,8 +6,10 @@ Generation is batched with fixed shapes (prompts padded to the dataset's prompt 
 last batch filled with repeats) and, when greedy, gives exactly the batch-size-1 outputs
 (tested). Scores come from the registered rewards: format compliance, math answers equal
 numerically or symbolically (SymPy, sandboxed), code passing its tests (sandboxed): pass@1,
-pass@k and majority vote with sampling. Outputs: report.json, report.md (base vs SFT vs GRPO,
-per domain), metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
+pass@k and majority vote with sampling; the base model also k-shot. Each rate carries a
+Wilson 95% interval and each model a paired exact McNemar comparison with the one before it
+(stages/evaluate/stats.py). Outputs: report.json, report.md (base vs SFT vs GRPO, per domain),
+metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
 record gets these scores appended.
 """
 
@@ -25,7 +27,7 @@ from tunix.generate import sampler as tunix_sampler
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
 from stages import rewards
-from stages.core.datasets import check_dataset, load_prompts
+from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -34,13 +36,13 @@ from stages.core.runner import (
     run_stage,
     with_uris,
 )
-from stages.evaluate import reports
+from stages.evaluate import fewshot, reports
 from stages.evaluate.progress import EvalProgress
 from stages.modeling import models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 2
+STAGE_VERSION = 3  # 3: k-shot base row, Wilson intervals, paired McNemar comparisons
 
 
 def generate(
@@ -221,6 +223,44 @@ def _networks(
         yield name, artifact, models.restore_policy(artifact, own_base, mesh)
 
 
+def few_shot_prompts(
+    dataset: DatasetArtifact, tokenizer: Tokenizer, prompts: Sequence[str], k: int
+) -> tuple[list[str], int]:
+    """`prompts` behind k worked SFT examples, and the prompt length that holds them all."""
+    drop = {tokenizer.bos_id(), tokenizer.eos_id(), tokenizer.pad_id()}
+    examples = fewshot.worked_examples(load_sft_arrays(dataset), k)
+    shots = [fewshot.shot_text(e, tokenizer.decode, drop) for e in examples]
+    shown = [fewshot.few_shot_prompt(shots, p) for p in prompts]
+    longest = max(len(tokenizer.encode(p)) for p in shown) + 1  # + BOS
+    return shown, -(-longest // 16) * 16
+
+
+def _variant_labels(name: str, config: EvalConfig) -> list[tuple[str, bool, int]]:
+    """The rows one model gives: itself and, for the base model, its k-shot variant."""
+    labels = [(name, False, 0)]
+    if name == "base" and config.base_shots:
+        labels.append((f"base-{config.base_shots}shot", True, config.base_shots))
+    return labels
+
+
+def _variants(
+    name: str,
+    prompts: list[str],
+    dataset: DatasetArtifact,
+    tokenizer: Tokenizer,
+    config: EvalConfig,
+) -> list[tuple[str, list[str], int]]:
+    """(row label, prompts, prompt length) for each row of model `name`."""
+    out = []
+    for label, shot, k in _variant_labels(name, config):
+        if shot:
+            shown, length = few_shot_prompts(dataset, tokenizer, prompts, k)
+            out.append((label, shown, length))
+        else:
+            out.append((label, prompts, dataset.prompt_len))
+    return out
+
+
 def _evaluate(
     directory: str,
     dataset: DatasetArtifact,
@@ -236,35 +276,48 @@ def _evaluate(
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, "eval")
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
-    progress = {m: EvalProgress(directory, m, ctx.deadline, ctx.stop) for m in config.models}
+    progress: dict[str, EvalProgress] = {}
     batches = -(-len(prompts) // config.batch_size)
+
+    def progress_of(label: str) -> EvalProgress:
+        if label not in progress:
+            progress[label] = EvalProgress(directory, label, ctx.deadline, ctx.stop)
+        return progress[label]
+
+    def finished(name: str, progress_of: Callable[[str], EvalProgress]) -> bool:
+        labels = [label for label, _, _ in _variant_labels(name, config)]
+        return all(progress_of(label).complete(batches) for label in labels)
+
     all_scores, all_samples = [], []
     with mesh:
         for name, artifact, network in _networks(
-            config.models,
-            checkpoints,
-            spec,
-            mesh,
-            cache_dir,
-            lambda m: progress[m].complete(batches),
+            config.models, checkpoints, spec, mesh, cache_dir, lambda m: finished(m, progress_of)
         ):
-            completions = generate(
-                network, tokenizer, prompts, config, dataset.prompt_len, spec, progress[name]
-            )
-            scores, sample_rows = score(
-                name, artifact.uri if artifact else None, rows, completions, config.samples, sandbox
-            )
-            all_scores.append(scores)
-            all_samples += sample_rows
-            log.info(
-                "evaluated %s: format %.3f accuracy %.3f", name, scores.format_rate, scores.accuracy
-            )
+            for label, inputs, length in _variants(name, prompts, dataset, tokenizer, config):
+                completions = generate(
+                    network, tokenizer, inputs, config, length, spec, progress_of(label)
+                )
+                scores, sample_rows = score(
+                    label,
+                    artifact.uri if artifact else None,
+                    rows,
+                    completions,
+                    config.samples,
+                    sandbox,
+                )
+                all_scores.append(scores)
+                all_samples += sample_rows
+                log.info(
+                    "evaluated %s: format %.3f accuracy %.3f",
+                    label,
+                    scores.format_rate,
+                    scores.accuracy,
+                )
+    all_scores = reports.with_statistics(all_scores, all_samples, config.samples)
     report = reports.write_report(directory, all_scores, all_samples, checkpoints)
     if ctx.primary:  # evaluation files are records: one process (JAX process 0) writes them
         reports.record_scores(report, checkpoints, directory)
-    metrics = {
-        f"{s.name}/{m}": getattr(s, m) for s in all_scores for m in ("format_rate", "accuracy")
-    }
+    metrics = reports.record_metrics(all_scores)
     metrics.update(rewards.isolation_metrics(sandbox))
     return report, metrics, {}
 

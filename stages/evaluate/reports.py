@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -15,19 +16,99 @@ from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
 from schemas.record import Evaluation
 from stages.core import storage
 from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
+from stages.evaluate import stats
+
+VS_PREVIOUS = "vs_previous"  # metric prefix of the paired comparison with the model before
+
+
+def per_prompt(samples: Sequence[dict[str, Any]], name: str, key: str, k: int) -> list[float]:
+    """One model's `key` outcome per prompt, in prompt order (its first sample of k)."""
+    return [float(r[key]) for r in [r for r in samples if r["model"] == name][::k]]
+
+
+def with_statistics(
+    scores: Sequence[ModelScores], samples: Sequence[dict[str, Any]], k: int
+) -> list[ModelScores]:
+    """Scores with Wilson 95% intervals of format rate and accuracy (per completion) and,
+    from the second model on, the exact McNemar comparison with the model before it."""
+    out: list[ModelScores] = []
+    for i, s in enumerate(scores):
+        rows = [r for r in samples if r["model"] == s.name]
+        extra: dict[str, float] = {}
+        for metric, key in (("format_rate", "format"), ("accuracy", "correct")):
+            low, high = stats.rate_interval([float(r[key]) for r in rows])
+            extra |= {f"{metric}_ci_low": low, f"{metric}_ci_high": high}
+        if i:
+            before = scores[i - 1].name
+            paired = stats.paired_comparison(
+                before,
+                per_prompt(samples, before, "correct", k),
+                s.name,
+                per_prompt(samples, s.name, "correct", k),
+            )
+            extra |= {
+                f"{VS_PREVIOUS}/difference": paired.difference,
+                f"{VS_PREVIOUS}/only_this_right": float(paired.candidate_only),
+                f"{VS_PREVIOUS}/only_previous_right": float(paired.baseline_only),
+                f"{VS_PREVIOUS}/p_value": paired.p_value,
+            }
+        out.append(s.model_copy(update={"metrics": {**s.metrics, **extra}}))
+    return out
+
+
+def record_metrics(scores: Sequence[ModelScores]) -> dict[str, float]:
+    """The evaluation record's metrics: each model's rates, intervals and comparison."""
+    keys = ("format_rate_ci_low", "format_rate_ci_high", "accuracy_ci_low", "accuracy_ci_high")
+    metrics: dict[str, float] = {}
+    for s in scores:
+        metrics |= {f"{s.name}/format_rate": s.format_rate, f"{s.name}/accuracy": s.accuracy}
+        metrics |= {f"{s.name}/{k}": s.metrics[k] for k in keys if k in s.metrics}
+        metrics |= {
+            f"{s.name}/{k}": v for k, v in s.metrics.items() if k.startswith(VS_PREVIOUS + "/")
+        }
+    return metrics
+
+
+def _interval(s: ModelScores, metric: str) -> str:
+    low, high = s.metrics.get(f"{metric}_ci_low"), s.metrics.get(f"{metric}_ci_high")
+    value = getattr(s, metric)
+    return f"{value:.3f}" if low is None else f"{value:.3f} [{low:.2f}, {high:.2f}]"
+
+
+def comparison_table(scores: Sequence[ModelScores]) -> str:
+    """Each model against the one before it on the same prompts (exact McNemar)."""
+    lines = [
+        "| model | vs | accuracy change | only this right | only previous right | p (McNemar) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for before, s in itertools.pairwise(scores):
+        m = s.metrics
+        if f"{VS_PREVIOUS}/p_value" not in m:
+            continue
+        lines.append(
+            f"| {s.name} | {before.name} | {m[f'{VS_PREVIOUS}/difference']:+.3f} | "
+            f"{m[f'{VS_PREVIOUS}/only_this_right']:.0f} | "
+            f"{m[f'{VS_PREVIOUS}/only_previous_right']:.0f} | {m[f'{VS_PREVIOUS}/p_value']:.3g} |"
+        )
+    note = (
+        "\nRates with Wilson 95% intervals. A change whose p-value is above 0.05 is within the"
+        " noise of this many prompts.\n"
+    )
+    return "\n".join(lines) + "\n" + note
 
 
 def markdown_table(scores: Sequence[ModelScores]) -> str:
     """Base vs SFT vs GRPO (and any other model) overall, then per domain."""
     lines = [
-        "| model | prompts | format rate | accuracy | exact | pass@1 | majority | "
-        "mean completion chars |",
+        "| model | prompts | format rate [95% CI] | accuracy [95% CI] | exact | pass@1 | "
+        "majority | mean completion chars |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in scores:
         m = s.metrics
         lines.append(
-            f"| {s.name} | {s.num_prompts} | {s.format_rate:.3f} | {s.accuracy:.3f} | "
+            f"| {s.name} | {s.num_prompts} | {_interval(s, 'format_rate')} | "
+            f"{_interval(s, 'accuracy')} | "
             f"{m.get('exact_accuracy', float('nan')):.3f} | {m.get('pass@1', float('nan')):.3f}"
             f" | {m.get('majority_accuracy', float('nan')):.3f} | {s.mean_completion_chars:.1f} |"
         )
@@ -75,20 +156,85 @@ def metrics_plot(scores: Sequence[ModelScores]) -> bytes:
     return _png(figure)
 
 
+# Tunix's aggregate reward series: not one reward's mean
+_REWARD_AGGREGATES = ("rewards/sum", "rewards/mean", "rewards/min", "rewards/max")
+
+
+def training_panels(
+    histories: dict[str, dict[str, list[float]]],
+) -> list[tuple[str, list[str], str | None]]:
+    """(title, series, band) per panel: one quantity per panel, each on its own scale.
+
+    `band` names a series pair "low|high" drawn as the spread around the first series."""
+    panels: list[tuple[str, list[str], str | None]] = [
+        ("sft: loss", ["sft:loss"], None),
+        ("sft: learning rate", ["sft:learning_rate"], None),
+        (
+            "grpo: reward (mean, min-max)",
+            ["grpo:rewards/mean"],
+            "grpo:rewards/min|grpo:rewards/max",
+        ),
+    ]
+    grpo = histories.get("grpo", {})
+    each = sorted(
+        n
+        for n in grpo
+        if n.startswith("rewards/") and n not in _REWARD_AGGREGATES and "/score/" not in n
+    )
+    panels += [
+        ("grpo: each reward's mean", [f"grpo:{n}" for n in each], None),
+        ("grpo: KL to the reference", ["grpo:kl"], None),
+        (
+            "grpo: zero-variance groups, strict format",
+            ["grpo:far/zero_variance_groups", "grpo:far/format_rate"],
+            None,
+        ),
+        (
+            "grpo: completion length (tokens)",
+            ["grpo:completions/mean_length", "grpo:completions/max_length"],
+            None,
+        ),
+    ]
+
+    def present(key: str) -> bool:
+        stage, name = key.split(":", 1)
+        return bool(histories.get(stage, {}).get(name))
+
+    return [
+        (title, [k for k in series if present(k)], band)
+        for title, series, band in panels
+        if any(present(k) for k in series)
+    ]
+
+
 def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
-    """One panel per stage: its per-step curves (SFT loss, GRPO rewards)."""
-    figure = Figure(figsize=(10, 3.5))
-    stages = [s for s, h in histories.items() if h] or ["(no training curves)"]
-    for i, stage in enumerate(stages, start=1):
-        axes = figure.add_subplot(1, len(stages), i)
-        for name, values in sorted(histories.get(stage, {}).items()):
-            # rewards, rates, KL, loss; not step counters or token lengths (other scales)
-            if name not in ("learning_rate", "global_step") and not name.startswith("completions/"):
-                axes.plot(range(1, len(values) + 1), values, label=name)
-        axes.set_title(stage)
-        axes.set_xlabel("step")
-        if histories.get(stage):
-            axes.legend(fontsize=7)
+    """SFT loss and learning rate; GRPO reward with its spread, each reward, KL,
+    zero-variance groups and format rate, completion length: each in its own panel."""
+    panels = training_panels(histories)
+    columns = 3
+    rows = max(1, -(-len(panels) // columns))
+    figure = Figure(figsize=(4.2 * columns, 2.8 * rows))
+
+    def values(key: str) -> list[float]:
+        stage, name = key.split(":", 1)
+        return histories[stage][name]
+
+    for i, (title, series, band) in enumerate(panels, start=1):
+        axes = figure.add_subplot(rows, columns, i)
+        for key in series:
+            ys = values(key)
+            axes.plot(range(1, len(ys) + 1), ys, label=key.split(":", 1)[1])
+        if band:
+            low, high = (values(k) for k in band.split("|"))
+            axes.fill_between(range(1, len(low) + 1), low, high, alpha=0.25, label="min-max")
+        axes.set_title(title, fontsize=9)
+        axes.set_xlabel("step", fontsize=8)
+        axes.tick_params(labelsize=7)
+        if len(series) > 1 or band:
+            axes.legend(fontsize=6)
+    if not panels:
+        figure.add_subplot().set_title("(no training curves)")
+    figure.tight_layout()
     return _png(figure)
 
 
@@ -101,7 +247,10 @@ def write_report(
     samples_bytes = "".join(json.dumps(s, sort_keys=True) + "\n" for s in samples).encode()
     samples_uri = storage.join(directory, "samples.jsonl")
     storage.write_bytes(samples_uri, samples_bytes)
-    storage.write_text(storage.join(directory, "report.md"), markdown_table(scores))
+    storage.write_text(
+        storage.join(directory, "report.md"),
+        markdown_table(scores) + "\n" + comparison_table(scores),
+    )
     storage.write_bytes(storage.join(directory, "metrics.png"), metrics_plot(scores))
     histories = {name: find_checkpoint_record(a.uri)[1].history for name, a in checkpoints.items()}
     storage.write_bytes(storage.join(directory, "training.png"), training_plot(histories))

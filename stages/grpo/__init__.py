@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.rl.grpo import grpo_learner
+from tunix.rl.grpo import dapo_learner, drgrpo_learner, grpo_learner
 from tunix.rl.rollout import base_rollout
 from tunix.sft import metrics_logger
 
@@ -50,11 +49,13 @@ from stages.core.runner import (
 )
 from stages.core.sessions import StepClock, guarded
 from stages.grpo import metrics, rollouts, timing
-from stages.modeling import models, tunix_compat
+from stages.modeling import models, optim, tunix_compat
 from stages.modeling.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 2  # 2: per-step rollout seeds, exact resume position, TensorBoard, samples
+# 2: per-step rollout seeds, exact resume position, TensorBoard, samples
+# 3: the optimizer from the recipe (schedule, clipping, weight decay, betas); algorithms
+STAGE_VERSION = 3
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "tensorboard"
 SAMPLES_FILE = "samples.jsonl"
@@ -88,7 +89,7 @@ def _cluster_config(
     """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
     updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
     training = rl_cluster_lib.RLTrainingConfig(
-        actor_optimizer=optax.adamw(config.learning_rate),
+        actor_optimizer=optim.grpo_adamw(config),
         eval_every_n_steps=10**9,
         max_steps=config.max_steps * updates,
         mini_batch_size=config.batch_size,
@@ -127,22 +128,50 @@ def _cluster_config(
     )
 
 
+def algorithm_config(config: GRPOConfig) -> grpo_learner.GRPOConfig:
+    """Tunix's algorithm config for the recipe's algorithm (its learner takes it)."""
+    shared = {
+        "num_generations": config.num_generations,
+        "num_iterations": config.num_iterations,
+        "epsilon": config.epsilon,
+    }
+    if config.algorithm == "dapo":
+        penalty = config.overlong_penalty
+        return dapo_learner.DAPOConfig(
+            **shared,
+            beta=None,
+            epsilon_high=config.epsilon_high or config.epsilon,
+            overlong_buffer=None
+            if penalty is None
+            else {
+                "enable": True,
+                "overlong_buffer_length": penalty.buffer_chars,
+                "overlong_buffer_penalty": penalty.penalty,
+                "max_response_length": penalty.max_chars,
+            },
+        )
+    if config.algorithm == "dr-grpo":
+        return drgrpo_learner.DrGRPOConfig(**shared, beta=config.beta)
+    return grpo_learner.GRPOConfig(**shared, beta=config.beta, loss_algo=config.algorithm)
+
+
+_LEARNERS: dict[str, type[grpo_learner.GRPOLearner]] = {
+    "grpo": grpo_learner.GRPOLearner,
+    "gspo-token": grpo_learner.GRPOLearner,
+    "dapo": dapo_learner.DAPOLearner,
+    "dr-grpo": drgrpo_learner.DrGRPOLearner,
+}
+
+
 def _learner(
     cluster: rl_cluster_lib.RLCluster,
     config: GRPOConfig,
     sandbox: rewards.SandboxStats,
     observer: metrics.StepObserver,
 ) -> grpo_learner.GRPOLearner:
-    algo = grpo_learner.GRPOConfig(
-        num_generations=config.num_generations,
-        num_iterations=config.num_iterations,
-        beta=config.beta,
-        epsilon=config.epsilon,
-        loss_algo=config.loss_variant,
-    )
-    return grpo_learner.GRPOLearner(
+    return _LEARNERS[config.algorithm](
         rl_cluster=cluster,
-        algo_config=algo,
+        algo_config=algorithm_config(config),
         reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
         metric_fns=[observer],
     )
@@ -296,7 +325,8 @@ def _results(
     actor_uri = storage.join(session.ckpt_uri, ACTOR_SUBDIR)
     artifact = CheckpointArtifact(
         uri=actor_uri,
-        step=config.max_steps,
+        # Tunix numbers checkpoints by optimizer update: num_iterations per GRPO step
+        step=config.max_steps * config.num_iterations,
         model=spec,
         tokenizer=session.tokenizer_name,
         lora=sft.lora,

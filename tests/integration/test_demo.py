@@ -51,7 +51,7 @@ def test_demo_runs_all_stages_on_the_real_model(demo_run: RunSummary) -> None:
     assert [s.stage for s in demo_run.stages] == ["data_prep", "sft", "grpo", "evaluate"]
     report = _output(demo_run, "evaluate")
     assert report.kind == "eval_report"  # type: ignore[attr-defined]
-    assert {s.name for s in report.scores} == {"base", "sft", "grpo"}  # type: ignore[attr-defined]
+    assert [s.name for s in report.scores] == ["base", "base-3shot", "sft", "grpo"]  # type: ignore[attr-defined]
     sft = _output(demo_run, "sft")
     assert isinstance(sft, CheckpointArtifact) and sft.model.source == "gguf"
     assert sft.tokenizer.startswith("sp-")

@@ -11,6 +11,7 @@ from PIL import Image
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
+from schemas.record import StageRecord
 from stages import data_prep, evaluate, sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
@@ -88,13 +89,22 @@ def test_report_files_scores_and_records(trained) -> None:
     assert by_name["sft"].format_rate > by_name["base"].format_rate
     assert set(by_name["sft"].by_domain) == {"math"}
     table = storage.read_text(f"{directory}/report.md")
-    assert table.startswith("| model | prompts | format rate | accuracy")
-    assert all(f"| {name} |" in table for name in ("base", "sft"))
+    assert table.startswith("| model | prompts | format rate [95% CI] | accuracy [95% CI]")
+    assert all(f"| {name} |" in table for name in ("base", "base-3shot", "sft"))
+    # the base model also sees 3 worked SFT examples; each row is compared with the previous
+    assert [s.name for s in report.scores][:3] == ["base", "base-3shot", "sft"]
+    assert "| sft | base-3shot |" in table and "p (McNemar)" in table
+    sft_metrics = by_name["sft"].metrics
+    assert 0 <= sft_metrics["vs_previous/p_value"] <= 1
+    assert sft_metrics["format_rate_ci_low"] <= by_name["sft"].format_rate
+    assert by_name["sft"].format_rate <= sft_metrics["format_rate_ci_high"]
+    eval_record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
+    assert "sft/vs_previous/p_value" in eval_record.metrics
     for png in ("metrics.png", "training.png"):
         with Image.open(Path(directory, png)) as image:
             assert image.format == "PNG" and image.size[0] > 200
     samples = storage.read_text(report.samples_uri).splitlines()
-    assert len(samples) == 3 * recipe.data.eval.size
+    assert len(samples) == 4 * recipe.data.eval.size
     assert {"model", "completion", "correct", "format"} <= set(json.loads(samples[0]))
     record_uri, record = find_checkpoint_record(checkpoint.uri)
     assert record.evaluations == []  # the checkpoint's record is never rewritten

@@ -1,12 +1,15 @@
 """GRPO across sessions on the tiny model: a stop request saves and stops, the next session
-resumes at the saved step (and the next prompt batch) and finishes; gspo-token loss runs."""
+resumes at the saved step (and the next prompt batch) and finishes; each of Tunix's other
+algorithms (gspo-token, dapo, dr-grpo) stops and resumes to bitwise-equal adapters."""
 
 from __future__ import annotations
 
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from schemas.record import StageRecord
@@ -15,6 +18,7 @@ from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from tests.conftest import recipe_with
+from tests.integration.test_sft_full import lora_leaves
 
 pytestmark = pytest.mark.slow
 
@@ -53,19 +57,54 @@ def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> 
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
     assert record.metrics["resumed_from_step"] == saved
-    assert outcome.output.step == 6
+    assert outcome.output.step == 6  # num_iterations 1: one update per step
     assert any(f.startswith("6/") for f in storage.list_files(outcome.output.uri))
     # equality with an uninterrupted run (bitwise): test_grpo_full.py's kill -9 test
 
 
-def test_gspo_token_loss_runs(tmp_path: Path) -> None:
-    recipe = recipe_with(
-        str(tmp_path),
-        sft={"max_steps": 4},
-        grpo={"max_steps": 1, "loss_variant": "gspo-token", "num_iterations": 2},
-    )
-    ctx = RunContext(str(tmp_path), "gs")
+@pytest.fixture(scope="module")
+def small_sft(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path]:
+    root = tmp_path_factory.mktemp("algorithms")
+    recipe = recipe_with(str(root), sft={"max_steps": 4})
+    ctx = RunContext(str(root), "sft")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
-    policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
-    outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-    assert outcome.output.step == 1
+    return dataset, sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output, root
+
+
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "gspo-token": {"algorithm": "gspo-token", "num_iterations": 2},
+    "dapo": {
+        "algorithm": "dapo",
+        "beta": 0.0,
+        "epsilon_high": 0.28,
+        "overlong_penalty": {"buffer_chars": 8, "max_chars": 24},
+    },
+    "dr-grpo": {"algorithm": "dr-grpo"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_each_algorithm_stops_and_resumes_to_bitwise_equal_adapters(
+    name: str, small_sft: tuple[Any, Any, Path]
+) -> None:
+    """grpo itself: test_grpo_full.py's kill -9 test."""
+    dataset, policy, root = small_sft
+    fields = {"max_steps": 3, "checkpoint_every_steps": 1, "learning_rate": 1e-3}
+    recipe = recipe_with(str(root), sft={"max_steps": 4}, grpo={**fields, **ALGORITHMS[name]})
+    straight = grpo.reinforce(
+        dataset, policy, recipe.grpo, recipe.model, recipe.mesh, RunContext(str(root), f"{name}-a")
+    )
+    flag = StopFlag()
+    watcher = _stop_when(f"{name}-b/grpo-*/checkpoints/actor/1", root, flag)
+    stopping = RunContext(str(root), f"{name}-b", stop=flag)
+    with pytest.raises(SessionExpired, match=r"GRPO stopped at step \d of 3"):
+        grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, stopping)
+    watcher.join()
+    resumed = grpo.reinforce(
+        dataset, policy, recipe.grpo, recipe.model, recipe.mesh, RunContext(str(root), f"{name}-b")
+    )
+    record = StageRecord.model_validate(storage.read_json(resumed.record_uri))
+    assert 1 <= record.metrics["resumed_from_step"] < 3
+    expected, got = lora_leaves(straight.output), lora_leaves(resumed.output)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(lora_leaves(policy), got, strict=True))

@@ -70,7 +70,7 @@ def test_sft_teaches_the_format(smoke_runs: tuple[RunSummary, RunSummary]) -> No
     assert scores["base"].format_rate == 0.0
     assert scores["sft"].format_rate >= 0.5
     samples = storage.read_text(report.samples_uri).splitlines()
-    assert len(samples) == 3 * scores["base"].num_prompts
+    assert len(samples) == 4 * scores["base"].num_prompts  # base, base-3shot, sft, grpo
 
 
 def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]) -> None:

@@ -39,6 +39,9 @@ CHANGES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("grpo", {"rewards": {"format_strict": 2.0}}, {"grpo"}),
     ("grpo", {"seed": 1}, {"grpo"}),  # prompt order and every step's rollout seed
     ("grpo", {"samples_per_step": 8}, {"grpo"}),
+    ("grpo", {"algorithm": "dr-grpo"}, {"grpo"}),
+    ("grpo", {"max_grad_norm": None}, {"grpo"}),
+    ("grpo", {"warmup_fraction": 0.0, "adam_b2": 0.999}, {"grpo"}),
     ("eval", {"max_generation_tokens": 16}, {"evaluate"}),
     ("model", {"init_seed": 7}, {"sft", "grpo", "evaluate"}),
     ("model", {"dtype": "bfloat16"}, {"sft", "grpo", "evaluate"}),

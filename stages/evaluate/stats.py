@@ -1,0 +1,108 @@
+"""Statistics that tell an evaluation gain from noise: pure functions, no I/O.
+
+A rate measured on a few dozen prompts moves by several points between two equally good
+models, so every rate in a report carries a Wilson 95% interval, and two models evaluated on
+the same prompts are compared pairwise with the exact McNemar test (only the prompts on which
+they disagree carry information about which is better).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson_interval(successes: float, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; (0, 1) when there are no trials."""
+    if trials <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes must lie in [0, {trials}], got {successes}")
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate_interval(outcomes: Sequence[float]) -> tuple[float, float]:
+    """Wilson interval of the mean of 0/1 outcomes (fractions count as partial successes)."""
+    return wilson_interval(float(sum(outcomes)), len(outcomes))
+
+
+def mcnemar_exact_p(only_first: int, only_second: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts.
+
+    `only_first`: items the first model got right and the second wrong; `only_second` the
+    reverse. Under the null both are equally likely, so the smaller count is binomial(n, 1/2).
+    """
+    if only_first < 0 or only_second < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {only_first}, {only_second}")
+    n = only_first + only_second
+    if n == 0:
+        return 1.0
+    k = min(only_first, only_second)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Model B against model A on the same prompts (0/1 outcome per prompt)."""
+
+    baseline: str
+    candidate: str
+    n: int
+    baseline_rate: float
+    candidate_rate: float
+    candidate_only: int  # prompts only the candidate got right
+    baseline_only: int  # prompts only the baseline got right
+    p_value: float  # exact McNemar, two-sided
+
+    @property
+    def difference(self) -> float:
+        return self.candidate_rate - self.baseline_rate
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "n": self.n,
+            "baseline_rate": self.baseline_rate,
+            "candidate_rate": self.candidate_rate,
+            "difference": self.difference,
+            "candidate_only": self.candidate_only,
+            "baseline_only": self.baseline_only,
+            "p_value": self.p_value,
+        }
+
+
+def paired_comparison(
+    baseline: str,
+    baseline_outcomes: Sequence[float],
+    candidate: str,
+    candidate_outcomes: Sequence[float],
+) -> PairedComparison:
+    """Exact McNemar comparison of two models' 0/1 outcomes on the same prompts, in order."""
+    if len(baseline_outcomes) != len(candidate_outcomes):
+        raise ValueError(
+            f"paired outcomes need the same prompts: {baseline} has {len(baseline_outcomes)}, "
+            f"{candidate} has {len(candidate_outcomes)}"
+        )
+    pairs = [(bool(a), bool(b)) for a, b in zip(baseline_outcomes, candidate_outcomes, strict=True)]
+    candidate_only = sum(1 for a, b in pairs if b and not a)
+    baseline_only = sum(1 for a, b in pairs if a and not b)
+    n = len(pairs)
+    return PairedComparison(
+        baseline=baseline,
+        candidate=candidate,
+        n=n,
+        baseline_rate=sum(a for a, _ in pairs) / n if n else 0.0,
+        candidate_rate=sum(b for _, b in pairs) / n if n else 0.0,
+        candidate_only=candidate_only,
+        baseline_only=baseline_only,
+        p_value=mcnemar_exact_p(candidate_only, baseline_only),
+    )

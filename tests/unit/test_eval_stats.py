@@ -1,0 +1,121 @@
+"""Evaluation statistics (Wilson intervals, exact McNemar), few-shot examples from the SFT
+split, and the training plot's panels: pure functions, table-driven."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.artifacts import ModelScores
+from stages.evaluate import fewshot, reports, stats
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "low", "high"),
+    [
+        (0, 10, 0.0, 0.2775),  # a zero rate still has an upper bound
+        (5, 10, 0.2366, 0.7634),
+        (10, 10, 0.7225, 1.0),
+        (15, 32, 0.3087, 0.6355),  # 0.469 on 32 prompts (the demo's SFT row)
+        (0, 0, 0.0, 1.0),
+    ],
+)
+def test_wilson_interval(successes: int, trials: int, low: float, high: float) -> None:
+    assert stats.wilson_interval(successes, trials) == pytest.approx((low, high), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("only_first", "only_second", "p"),
+    [
+        (0, 0, 1.0),
+        (0, 6, 2 / 64),  # six discordant prompts all one way
+        (1, 5, 2 * 7 / 64),
+        (3, 3, 1.0),
+        (5, 1, 2 * 7 / 64),  # symmetric
+        (0, 5, 2 / 32),  # five all one way is not enough at 0.05
+    ],
+)
+def test_mcnemar_exact_p(only_first: int, only_second: int, p: float) -> None:
+    assert stats.mcnemar_exact_p(only_first, only_second) == pytest.approx(p)
+
+
+def test_paired_comparison_counts_only_discordant_prompts() -> None:
+    sft = [1, 1, 0, 0, 1, 0, 0, 0]
+    grpo = [1, 0, 1, 1, 1, 1, 0, 0]
+    c = stats.paired_comparison("sft", sft, "grpo", grpo)
+    assert (c.candidate_only, c.baseline_only, c.n) == (3, 1, 8)
+    assert c.difference == pytest.approx(0.25) and c.p_value == pytest.approx(2 * 5 / 16)
+    with pytest.raises(ValueError, match="same prompts: a has 2, b has 1"):
+        stats.paired_comparison("a", [1, 0], "b", [1])
+
+
+def test_with_statistics_adds_intervals_and_comparison_with_the_previous_model() -> None:
+    samples = [
+        {"model": m, "format": 1.0, "correct": c}
+        for m, outcomes in (("sft", [0, 0, 0, 0, 0, 0]), ("grpo", [1, 1, 1, 1, 1, 1]))
+        for c in outcomes
+    ]
+    scores = [
+        ModelScores(
+            name=m,
+            checkpoint_uri=None,
+            num_prompts=6,
+            format_rate=1.0,
+            accuracy=a,
+            mean_completion_chars=1.0,
+        )
+        for m, a in (("sft", 0.0), ("grpo", 1.0))
+    ]
+    sft, grpo = reports.with_statistics(scores, samples, 1)
+    assert "vs_previous/p_value" not in sft.metrics
+    assert grpo.metrics["vs_previous/p_value"] == pytest.approx(2 / 64)
+    assert grpo.metrics["accuracy_ci_low"] == pytest.approx(0.6097, abs=1e-4)
+    metrics = reports.record_metrics([sft, grpo])
+    assert metrics["grpo/vs_previous/only_this_right"] == 6 and "sft/accuracy_ci_high" in metrics
+    table = reports.comparison_table([sft, grpo])
+    assert "| grpo | sft | +1.000 | 6 | 0 | 0.0312 |" in table
+
+
+def test_worked_examples_come_from_segments_of_the_sft_split() -> None:
+    # row 0 packs two examples (segments 1, 2), row 1 one example and padding
+    arrays = {
+        "input_tokens": np.asarray([[2, 10, 11, 20, 1, 2, 12, 21], [2, 13, 22, 23, 1, 0, 0, 0]]),
+        "input_mask": np.asarray([[0, 0, 0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 1, 0, 0, 0]]),
+        "segment_ids": np.asarray([[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 1, 0, 0, 0]]),
+    }
+    assert fewshot.worked_examples(arrays, 3) == [
+        ([2, 10, 11], [20, 1]),
+        ([2, 12], [21]),
+        ([2, 13], [22, 23, 1]),
+    ]
+    with pytest.raises(ValueError, match="holds 3 examples, eval asks for 4 shots"):
+        fewshot.worked_examples(arrays, 4)
+    text = fewshot.shot_text(([2, 10], [20, 1]), lambda ids: "".join(map(chr, ids)), {1, 2})
+    assert text == "\n\x14\n" and fewshot.few_shot_prompt(["a\n", "b\n"], "Q") == "a\nb\nQ"
+
+
+def test_training_plot_puts_each_quantity_in_its_own_panel() -> None:
+    histories = {
+        "sft": {"loss": [3.0, 2.0], "learning_rate": [1e-3, 1e-3]},
+        "grpo": {
+            "rewards/mean": [0.2, 0.4],
+            "rewards/min": [0.0, 0.1],
+            "rewards/max": [0.5, 0.9],
+            "rewards/sum": [0.2, 0.4],
+            "rewards/format_strict": [0.1, 0.2],
+            "rewards/answer_match": [0.1, 0.2],
+            "kl": [0.0, 0.01],
+            "far/zero_variance_groups": [1.0, 0.5],
+            "completions/mean_length": [10.0, 12.0],
+            "global_step": [0.0, 1.0],
+        },
+    }
+    titles = {title: series for title, series, _ in reports.training_panels(histories)}
+    assert titles["grpo: each reward's mean"] == [
+        "grpo:rewards/answer_match",
+        "grpo:rewards/format_strict",
+    ]
+    assert titles["grpo: KL to the reference"] == ["grpo:kl"]
+    assert len(titles) == 7 and not any("global_step" in s for v in titles.values() for s in v)
+    assert reports.training_plot(histories).startswith(b"\x89PNG")
+    assert reports.training_plot({}).startswith(b"\x89PNG")
