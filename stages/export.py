@@ -1,8 +1,9 @@
 """Export a FAR checkpoint as a Hugging Face model directory that `transformers` loads.
 
 Gemma 3 and Gemma 2 checkpoints are supported. LoRA checkpoints are merged into their base
-weights (Tunix's Gemma 3 merge); full-weight checkpoints are converted directly. The base weights come from the model's source directory
-(gguf/safetensors/hub) or, for random-init test models, are written from the network itself.
+weights (Tunix's Gemma 3 merge); full-weight checkpoints are converted directly. The base
+weights come from the model's source directory (gguf/safetensors/hub) or, for random-init test
+models, are written from the network itself.
 Output: model.safetensors, config.json and, for sentencepiece models, the tokenizer files.
 """
 

@@ -89,7 +89,9 @@ def test_gemma2_lora_export_merges_adapters(tiny_gemma2, tmp_path: Path) -> None
     adapters = nnx.state(policy, nnx.LoRAParam)
     leaves, tree = jax.tree.flatten(adapters)
     keys = jax.random.split(jax.random.key(1), len(leaves))
-    noisy = [0.05 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    noisy = [
+        0.05 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)
+    ]
     nnx.update(policy, jax.tree.unflatten(tree, noisy))
     out = tmp_path / "hf"
     export_network(spec, base, policy, lora, str(tmp_path), str(out))
