@@ -19,6 +19,8 @@ from stages.export import export_network
 from stages.modeling import models
 from tests.conftest import smoke_data
 
+pytestmark = pytest.mark.slow  # ~45 s: two transformers loads and the LoRA clone's compiles
+
 WINDOW = 4  # shorter than every prompt below, so the sliding layers' masks matter
 PROMPTS = [
     [2, 17, 300, 45, 45, 9, 511, 3, 88, 120, 7],
@@ -26,9 +28,11 @@ PROMPTS = [
     [2, 400, 401, 402, 60, 61],
 ]
 # Both sides compute in f32 with the same weights; only op order differs (XLA vs torch
-# kernels) over two layers. Misplacing a tensor, a norm, the softcaps, the query scale or the
-# sliding window moves logits by far more than this (see the LoRA test's own check).
-ATOL = 1e-4
+# kernels) over two layers: the gap measured 8e-7. With the exported config altered, it
+# measured 0.93 (sliding window 512), 0.033 (query_pre_attn_scalar 256), 2.2e-4 (no final
+# logit softcap). Dropping the attention softcap (50) changes nothing at random init, where
+# attention logits stay far below it, so that one is checked in config.json only.
+ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
