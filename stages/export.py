@@ -1,8 +1,9 @@
 """Export a FAR checkpoint as a Hugging Face model directory that `transformers` loads.
 
-LoRA checkpoints are merged into their base weights (Tunix's Gemma3 merge); full-weight
-checkpoints are converted directly. The base weights come from the model's source directory
-(gguf/safetensors/hub) or, for random-init test models, are written from the network itself.
+Gemma 3 and Gemma 2 checkpoints are supported. LoRA checkpoints are merged into their base
+weights (Tunix's Gemma 3 merge); full-weight checkpoints are converted directly. The base
+weights come from the model's source directory (gguf/safetensors/hub) or, for random-init test
+models, are written from the network itself.
 Output: model.safetensors, config.json and, for sentencepiece models, the tokenizer files.
 """
 
@@ -17,10 +18,11 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
+from tunix.models.gemma import model as gemma2_model
 from tunix.models.gemma3 import params as gemma3_params
 
 from schemas.artifacts import CheckpointArtifact
-from schemas.recipe import MeshSpec, ModelSpec
+from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.runner import find_checkpoint_record
 from stages.modeling import hf_config as hf
@@ -37,47 +39,98 @@ def find_checkpoint(uri: str) -> CheckpointArtifact:
     return record.output
 
 
-def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
-    """Tunix Gemma3 parameters -> Hugging Face Gemma3ForCausalLM tensors (inverse of the
-    mapping in tunix.models.gemma3.params_safetensors)."""
+# Tunix's Gemma 1/2 attention applies RoPE with its default base wavelength, not a config field
+GEMMA2_ROPE_THETA = 10_000.0
+_HF_LAYER_TYPES = {
+    gemma2_model.AttentionType.LOCAL_SLIDING: "sliding_attention",
+    gemma2_model.AttentionType.GLOBAL: "full_attention",
+}
+
+
+def _arr(param: Any) -> np.ndarray:
+    return np.asarray(param.get_value(), dtype=np.float32)
+
+
+def _attention_tensors(attn: Any, config: Any) -> dict[str, np.ndarray]:
+    """q/k/v/o projections of one Tunix Gemma attention block (same layout in Gemma 2 and 3)."""
     n, h, d, k = config.num_heads, config.head_dim, config.embed_dim, config.num_kv_heads
+    if hasattr(attn, "qkv_einsum"):  # num_heads == num_kv_heads: fused (3, N, D, H)
+        qkv = _arr(attn.qkv_einsum.w)
+        q, kv = qkv[0], qkv[1:]
+    else:
+        q = _arr(attn.q_einsum.w)  # (N, D, H)
+        kv = _arr(attn.kv_einsum.w)  # (2, K, D, H)
+    return {
+        "self_attn.q_proj.weight": q.transpose(1, 0, 2).reshape(d, n * h).T,
+        "self_attn.k_proj.weight": kv[0].transpose(1, 0, 2).reshape(d, k * h).T,
+        "self_attn.v_proj.weight": kv[1].transpose(1, 0, 2).reshape(d, k * h).T,
+        "self_attn.o_proj.weight": _arr(attn.attn_vec_einsum.w).reshape(n * h, d).T,
+    }
 
-    def arr(param: Any) -> np.ndarray:
-        return np.asarray(param.get_value(), dtype=np.float32)
 
+def _mlp_tensors(mlp: Any) -> dict[str, np.ndarray]:
+    return {
+        "mlp.gate_proj.weight": _arr(mlp.gate_proj.kernel).T,
+        "mlp.up_proj.weight": _arr(mlp.up_proj.kernel).T,
+        "mlp.down_proj.weight": _arr(mlp.down_proj.kernel).T,
+    }
+
+
+def _gemma3_layer(layer: Any, config: Any) -> dict[str, np.ndarray]:
+    q_norm, k_norm = tunix_compat.gemma3_qk_norm_scales(layer.attn)
+    return {
+        **_attention_tensors(layer.attn, config),
+        **_mlp_tensors(layer.mlp),
+        "self_attn.q_norm.weight": _arr(q_norm),
+        "self_attn.k_norm.weight": _arr(k_norm),
+        "input_layernorm.weight": _arr(layer.pre_attention_norm.scale),
+        "post_attention_layernorm.weight": _arr(layer.post_attention_norm.scale),
+        "pre_feedforward_layernorm.weight": _arr(layer.pre_ffw_norm.scale),
+        "post_feedforward_layernorm.weight": _arr(layer.post_ffw_norm.scale),
+    }
+
+
+def _gemma2_layer(layer: Any, config: Any) -> dict[str, np.ndarray]:
+    """Inverse of tunix.models.gemma.params_safetensors (Gemma 2 names its norm post_attn_norm)."""
+    return {
+        **_attention_tensors(layer.attn, config),
+        **_mlp_tensors(layer.mlp),
+        "input_layernorm.weight": _arr(layer.pre_attention_norm.scale),
+        "post_attention_layernorm.weight": _arr(layer.post_attn_norm.scale),
+        "pre_feedforward_layernorm.weight": _arr(layer.pre_ffw_norm.scale),
+        "post_feedforward_layernorm.weight": _arr(layer.post_ffw_norm.scale),
+    }
+
+
+def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
+    """Tunix Gemma 3 or Gemma 2 parameters -> Hugging Face Gemma3ForCausalLM /
+    Gemma2ForCausalLM tensors (inverse of the mapping in Tunix's params_safetensors)."""
+    layer_tensors = _gemma2_layer if _is_gemma2(config) else _gemma3_layer
     out = {
-        "model.embed_tokens.weight": arr(network.embedder.input_embedding),
-        "model.norm.weight": arr(network.final_norm.scale),
+        "model.embed_tokens.weight": _arr(network.embedder.input_embedding),
+        "model.norm.weight": _arr(network.final_norm.scale),
     }
     for i, layer in enumerate(network.layers):
-        p, attn = f"model.layers.{i}.", layer.attn
-        q_norm, k_norm = tunix_compat.gemma3_qk_norm_scales(attn)
-        if hasattr(attn, "qkv_einsum"):  # num_heads == num_kv_heads: fused (3, N, D, H)
-            qkv = arr(attn.qkv_einsum.w)
-            q, kv = qkv[0], qkv[1:]
-        else:
-            q = arr(attn.q_einsum.w)  # (N, D, H)
-            kv = arr(attn.kv_einsum.w)  # (2, K, D, H)
-        out |= {
-            p + "self_attn.q_proj.weight": q.transpose(1, 0, 2).reshape(d, n * h).T,
-            p + "self_attn.k_proj.weight": kv[0].transpose(1, 0, 2).reshape(d, k * h).T,
-            p + "self_attn.v_proj.weight": kv[1].transpose(1, 0, 2).reshape(d, k * h).T,
-            p + "self_attn.o_proj.weight": arr(attn.attn_vec_einsum.w).reshape(n * h, d).T,
-            p + "self_attn.q_norm.weight": arr(q_norm),
-            p + "self_attn.k_norm.weight": arr(k_norm),
-            p + "mlp.gate_proj.weight": arr(layer.mlp.gate_proj.kernel).T,
-            p + "mlp.up_proj.weight": arr(layer.mlp.up_proj.kernel).T,
-            p + "mlp.down_proj.weight": arr(layer.mlp.down_proj.kernel).T,
-            p + "input_layernorm.weight": arr(layer.pre_attention_norm.scale),
-            p + "post_attention_layernorm.weight": arr(layer.post_attention_norm.scale),
-            p + "pre_feedforward_layernorm.weight": arr(layer.pre_ffw_norm.scale),
-            p + "post_feedforward_layernorm.weight": arr(layer.post_ffw_norm.scale),
-        }
+        out |= {f"model.layers.{i}.{name}": t for name, t in layer_tensors(layer, config).items()}
     return {name: np.ascontiguousarray(t) for name, t in out.items()}
 
 
+def _is_gemma2(config: Any) -> bool:
+    if isinstance(config, gemma2_model.ModelConfig):
+        if not (config.use_post_attn_norm and config.use_post_ffw_norm):
+            raise ValueError(
+                "export supports Gemma 2 (post-attention and post-FFW norms); this Tunix "
+                "gemma config has use_post_attn_norm="
+                f"{config.use_post_attn_norm}, use_post_ffw_norm={config.use_post_ffw_norm}"
+            )
+        return True
+    return False
+
+
 def hf_config(config: Any) -> dict[str, Any]:
-    """A transformers gemma3_text config for a Tunix Gemma3 ModelConfig."""
+    """A transformers config (gemma3_text or gemma2) for a Tunix Gemma ModelConfig."""
+    if _is_gemma2(config):
+        return _gemma2_hf_config(config)
     shape = hf.Gemma3TextShape(
         hidden_size=config.embed_dim,
         intermediate_size=config.hidden_dim,
@@ -91,6 +144,26 @@ def hf_config(config: Any) -> dict[str, Any]:
         sliding_rope=hf.rope(config.local_base_frequency, config.local_scale_factor),
     )
     return hf.gemma3_text_config(shape)
+
+
+def _gemma2_hf_config(config: Any) -> dict[str, Any]:
+    shape = hf.Gemma2Shape(
+        hidden_size=config.embed_dim,
+        intermediate_size=config.hidden_dim,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        sliding_window=config.sliding_window_size,
+        vocab_size=config.num_embed,
+        layer_types=tuple(_HF_LAYER_TYPES[t] for t in config.attention_types),
+        # Tunix scales queries by head_dim ** -0.5 in every Gemma 2 size
+        query_pre_attn_scalar=config.head_dim,
+        attn_logit_softcapping=config.attn_logits_soft_cap,
+        final_logit_softcapping=config.final_logit_softcap,
+        rope_theta=GEMMA2_ROPE_THETA,
+    )
+    return hf.gemma2_config(shape)
 
 
 def _write_hf_dir(network: Any, spec: ModelSpec, directory: str) -> None:
@@ -110,30 +183,40 @@ def _base_directory(spec: ModelSpec, base: Any, cache_dir: str, scratch: str) ->
     return directory
 
 
+def export_network(
+    spec: ModelSpec, base: Any, policy: Any, lora: LoraSpec | None, cache_dir: str, out_dir: str
+) -> None:
+    """Write `policy` (a LoRA clone of `base` when `lora` is set) as an HF directory `out_dir`.
+
+    LoRA adapters are merged by Tunix's Gemma 3 merge, which also fits Gemma 2: both name their
+    projections q_einsum / kv_einsum / attn_vec_einsum / gate_proj / up_proj / down_proj and
+    map them to the same Hugging Face tensor names."""
+    with tempfile.TemporaryDirectory() as scratch:
+        base_dir = _base_directory(spec, base, cache_dir, scratch)
+        if lora is not None:
+            if hasattr(base.layers[0].attn, "qkv_einsum"):
+                raise ValueError(
+                    "exporting LoRA on a fused-qkv model (num_heads == num_kv_heads) is not "
+                    "supported by Tunix's merge; Gemma 2 and 3 presets are not fused"
+                )
+            gemma3_params.save_lora_merged_model_as_safetensors(
+                base_dir, out_dir, policy, rank=lora.rank, alpha=lora.alpha
+            )
+        else:
+            shutil.copytree(base_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors"))
+            _write_hf_dir(policy, spec, out_dir)
+
+
 def export_checkpoint(checkpoint_uri: str, out_uri: str, cache_dir: str) -> str:
     """Write `checkpoint_uri` as an HF model directory at `out_uri`; returns `out_uri`."""
     artifact = find_checkpoint(checkpoint_uri)
     spec = artifact.model
-    if spec.family != "gemma3":
-        raise ValueError(f"export supports gemma3 checkpoints, got family {spec.family!r}")
     mesh = models.build_mesh(MeshSpec())
     base = models.build_base_model(spec, mesh, cache_dir)
+    policy = models.restore_policy(artifact, base, mesh)
     with tempfile.TemporaryDirectory() as scratch:
-        base_dir = _base_directory(spec, base, cache_dir, scratch)
-        policy = models.restore_policy(artifact, base, mesh)
         merged = os.path.join(scratch, "merged")
-        if artifact.lora is not None:
-            if hasattr(base.layers[0].attn, "qkv_einsum"):  # type: ignore[attr-defined]
-                raise ValueError(
-                    "exporting LoRA on a fused-qkv model (num_heads == num_kv_heads) is not "
-                    "supported by Tunix's merge; Gemma 3 presets are not fused"
-                )
-            gemma3_params.save_lora_merged_model_as_safetensors(
-                base_dir, merged, policy, rank=artifact.lora.rank, alpha=artifact.lora.alpha
-            )
-        else:
-            shutil.copytree(base_dir, merged, ignore=shutil.ignore_patterns("*.safetensors"))
-            _write_hf_dir(policy, spec, merged)
+        export_network(spec, base, policy, artifact.lora, cache_dir, merged)
         out_uri = storage.normalize(out_uri)
         storage.upload_tree(merged, out_uri)
     log.info("exported %s (step %d) to %s", artifact.uri, artifact.step, out_uri)

@@ -1,4 +1,4 @@
-"""The Hugging Face `config.json` of a Gemma 3 text model, in one place.
+"""The Hugging Face `config.json` of Gemma 3 text and Gemma 2 models, in one place.
 
 Two paths write Hugging Face directories: converting the packaged GGUF file into safetensors
 (weight_sources) and exporting a trained checkpoint (export). Both describe the same
@@ -70,5 +70,61 @@ def gemma3_text_config(shape: Gemma3TextShape) -> dict[str, Any]:
         "tie_word_embeddings": True,
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
+        "torch_dtype": "float32",
+    }
+
+
+@dataclass(frozen=True)
+class Gemma2Shape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None
+    vocab_size: int
+    layer_types: tuple[str, ...]  # "sliding_attention" or "full_attention", one per layer
+    query_pre_attn_scalar: int
+    attn_logit_softcapping: float | None
+    final_logit_softcapping: float | None
+    rope_theta: float = 10_000.0
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int = 2
+    eos_token_id: int = 1
+    pad_token_id: int = 0
+
+
+def gemma2_config(shape: Gemma2Shape) -> dict[str, Any]:
+    """A transformers Gemma2ForCausalLM (model_type gemma2) config, f32 weights."""
+    if len(shape.layer_types) != shape.num_layers:
+        raise ValueError(
+            f"gemma2 config: {len(shape.layer_types)} layer types for "
+            f"{shape.num_layers} layers; expected one per layer"
+        )
+    return {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "query_pre_attn_scalar": shape.query_pre_attn_scalar,
+        "sliding_window": shape.sliding_window,
+        "layer_types": list(shape.layer_types),
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_parameters": rope(shape.rope_theta),
+        "hidden_activation": "gelu_pytorch_tanh",
+        "vocab_size": shape.vocab_size,
+        "bos_token_id": shape.bos_token_id,
+        "eos_token_id": shape.eos_token_id,
+        "pad_token_id": shape.pad_token_id,
+        "tie_word_embeddings": True,
+        "final_logit_softcapping": shape.final_logit_softcapping,
+        "attn_logit_softcapping": shape.attn_logit_softcapping,
         "torch_dtype": "float32",
     }
