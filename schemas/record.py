@@ -13,6 +13,7 @@ from pydantic import Field
 
 from schemas.artifacts import StageOutput
 from schemas.base import Frozen
+from schemas.recipe import StageKind
 
 
 class CodeVersion(Frozen):
@@ -56,7 +57,7 @@ class FileDigest(Frozen):
 
 
 class StageRecord(Frozen):
-    stage: Literal["data_prep", "sft", "grpo", "evaluate"]
+    stage: StageKind
     run: str
     status: Literal["complete"]
     stage_hash: str
@@ -77,6 +78,7 @@ class StageRecord(Frozen):
     input_artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
     sessions: list[SessionLog] = Field(default_factory=list)  # oldest first, this one last
     files: dict[str, FileDigest] = Field(default_factory=dict)  # the stage directory's content
+    node: str | None = None  # the pipeline node id, when it is not the stage kind
 
 
 class StageSummary(Frozen):
