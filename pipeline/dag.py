@@ -160,8 +160,8 @@ def _check_inputs(node: StageNode, by_id: dict[str, StageNode]) -> None:
         for model in node.config.models:
             if model != "base" and "/" not in model and model not in node.inputs:
                 raise DagError(
-                    f"{node.id}: eval models list {model!r} but the node has no input of "
-                    f"that name; inputs: {sorted(node.inputs)}"
+                    f"{node.id}: eval model {model!r} is neither 'base', a checkpoint URI, "
+                    f"nor an input of this node; inputs: {sorted(node.inputs)}"
                 )
 
 

@@ -99,7 +99,7 @@ INVALID: list[tuple[list[dict[str, Any]], str]] = [
     ),
     (
         pipeline(DATA, SFT, node("e", "evaluate", {"models": ["base", "rl"]}, dataset="data")),
-        "e: eval models list 'rl' but the node has no input of that name",
+        "e: eval model 'rl' is neither 'base', a checkpoint URI, nor an input of this node",
     ),
     (pipeline(DATA, node("data", "sft", dataset="data")), "node id 'data' is used twice"),
 ]
