@@ -35,6 +35,7 @@ PRODUCES = {
     "sft": "checkpoint",
     "grpo": "checkpoint",
     "dpo": "checkpoint",
+    "distill": "checkpoint",
     "evaluate": "eval_report",
     "hard_subset": "dataset",
     "self_teach": "dataset",
@@ -77,6 +78,7 @@ PORTS: dict[str, dict[str, Port]] = {
         "dataset": Port(("dataset",), frozenset({"eval"}), required=False),  # evaluated prompts
     },
     "dpo": {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
+    "distill": {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
 }
 EVALUATED = Port(("checkpoint",))  # the port of each model an evaluate node compares
 

@@ -13,7 +13,17 @@ from typing import Any
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, PreferenceDataset
 from schemas.recipe import Recipe, StageNode
-from stages import data_prep, dpo, evaluate, grpo, hard_subset, preferences, self_teach, sft
+from stages import (
+    data_prep,
+    distill,
+    dpo,
+    evaluate,
+    grpo,
+    hard_subset,
+    preferences,
+    self_teach,
+    sft,
+)
 from stages.core.runner import RunContext, StageOutcome
 
 Artifact = DatasetArtifact | CheckpointArtifact | EvalReport | PreferenceDataset
@@ -59,6 +69,10 @@ def run_node(
         policy = _get(inputs, "policy", CheckpointArtifact)
         pairs = _get(inputs, "preferences", PreferenceDataset)
         return dpo.optimize(policy, pairs, config, model, mesh, ctx)
+    if kind == "distill":
+        dataset = _get(inputs, "dataset", DatasetArtifact)
+        teacher = _get(inputs, "teacher", CheckpointArtifact)
+        return distill.distill(dataset, teacher, config, model, mesh, ctx)
     raise ValueError(f"node {node.id}: no stage runs kind {kind!r}")
 
 

@@ -433,9 +433,38 @@ class DPOConfig(Frozen):
     seed: int = 0
 
 
+class DistillConfig(Frozen):
+    """Logit distillation with Tunix's DistillationTrainer: a student learns a teacher's
+    softened next-token distribution (KL at `temperature`, weight `alpha`) plus the task loss.
+
+    `student` is the student's ModelSpec (None: the recipe's model); it may be smaller than
+    the teacher but must share its tokenizer. `lora` trains adapters on the student, None
+    trains its full weights.
+    """
+
+    student: ModelSpec | None = None
+    lora: LoraSpec | None = None
+    max_steps: PositiveInt
+    batch_size: PositiveInt = 4
+    learning_rate: PositiveFloat = 1e-3
+    temperature: PositiveFloat = 2.0
+    alpha: Annotated[float, Field(ge=0, le=1)] = 0.5
+    checkpoint_every_steps: PositiveInt = 50
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    seed: int = 0
+
+
 NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
 StageKind = Literal[
-    "data_prep", "sft", "grpo", "evaluate", "hard_subset", "self_teach", "preferences", "dpo"
+    "data_prep",
+    "sft",
+    "grpo",
+    "evaluate",
+    "hard_subset",
+    "self_teach",
+    "preferences",
+    "dpo",
+    "distill",
 ]
 
 
@@ -486,6 +515,11 @@ class DPONode(_Node):
     config: DPOConfig
 
 
+class DistillNode(_Node):
+    kind: Literal["distill"]
+    config: DistillConfig
+
+
 StageNode = Annotated[
     DataPrepNode
     | SFTNode
@@ -494,7 +528,8 @@ StageNode = Annotated[
     | HardSubsetNode
     | SelfTeachNode
     | PreferencesNode
-    | DPONode,
+    | DPONode
+    | DistillNode,
     Field(discriminator="kind"),
 ]
 

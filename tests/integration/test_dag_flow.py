@@ -81,6 +81,27 @@ def test_every_node_ran_in_dag_order_in_its_own_directory(
         assert record.node == (None if node_id == record.stage else node_id)
 
 
+def test_prefect_task_graph_has_the_dag_edges(dag_run: tuple[Recipe, RunSummary]) -> None:
+    """Each task waits on its upstream tasks' states, which is what the UI's run graph draws."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    recipe, summary = dag_run
+    flow_run_id = records(summary)["data_prep"].flow_run_id
+    assert flow_run_id is not None
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    name = {run.id: run.name.rsplit("-", 1)[0] for run in runs}
+    drawn = {
+        (name[parent.id], name[run.id])
+        for run in runs
+        for parent in run.task_inputs.get("wait_for", [])
+    }
+    assert drawn == {(source, target) for source, target, _ in build_dag(recipe).edges()}
+
+
 def test_hard_subset_keeps_the_prompts_grpo_still_fails(
     dag_run: tuple[Recipe, RunSummary],
 ) -> None:
@@ -128,6 +149,26 @@ def test_dpo_and_orpo_train_on_pairs_from_the_evaluation(
         assert all(np.isfinite(record.history["loss"]))
     assert found["dpo"].config["dpo"]["algorithm"] == "dpo"
     assert found["orpo"].config["dpo"]["algorithm"] == "orpo"
+
+
+def test_a_smaller_student_learns_from_the_sft_teacher(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    _, summary = dag_run
+    found = records(summary)
+    student = found["distill"].output
+    assert isinstance(student, CheckpointArtifact) and student.step == 4
+    assert student.model.architecture is not None and student.model.architecture.num_layers == 1
+    assert found["distill"].inputs["teacher"] == found["sft"].output.fingerprint
+    assert np.isfinite(found["distill"].history["loss"]).all()
+    assert found["distill"].metrics["student_params_bytes"] < models.param_bytes(
+        models.build_base_model(found["sft"].output.model, models.build_mesh(MeshSpec()), "x")  # type: ignore[union-attr]
+    )
+    mesh = models.build_mesh(MeshSpec())
+    restored = models.restore_policy(
+        student, models.build_base_model(student.model, mesh, "x"), mesh
+    )
+    assert restored is not None
 
 
 def test_the_last_evaluation_compares_checkpoints_from_every_branch(

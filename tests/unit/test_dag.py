@@ -152,3 +152,19 @@ def test_pipeline_order_free_nodes_keep_recipe_order() -> None:
 def test_node_ids_cannot_contain_a_dash() -> None:
     with pytest.raises(RecipeError, match="id"):
         recipe_with(ROOT, pipeline=[node("data-1", "data_prep")])  # type: ignore[arg-type]
+
+
+def test_node_id_names_the_directory_and_the_hash_stays() -> None:
+    """The default DAG's ids are the kinds: the original directories; another id only renames
+    the directory, the stage hash (what was computed) is the same."""
+    from stages import sft
+    from stages.core.runner import RunContext, stage_directory
+
+    recipe = recipe_with(ROOT)
+    digest = sft.identity(recipe.sft, recipe.model, "a" * 64).digest
+    plain = RunContext(root="/r", run="x")
+    assert stage_directory(plain, "sft", digest) == f"/r/x/sft-{digest[:12]}"
+    named = RunContext(root="/r", run="x", node="sft")
+    assert stage_directory(named, "sft", digest) == f"/r/x/sft-{digest[:12]}"
+    other = RunContext(root="/r", run="x", node="sft_self")
+    assert stage_directory(other, "sft", digest) == f"/r/x/sft_self-{digest[:12]}"

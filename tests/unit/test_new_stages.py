@@ -134,3 +134,30 @@ def test_dpo_pairs_are_padded_the_way_tunix_expects() -> None:
     assert first["chosen_mask"].tolist() == [1, 1, 0, 0]  # "c" + EOS, right-padded
     assert first["rejected_mask"].tolist() == [1, 1, 1, 1]  # truncated to response_len
     assert all(r["chosen_ids"].dtype == np.int32 for r in records)
+
+
+def test_new_stage_hashes_move_with_config_and_inputs() -> None:
+    from schemas.recipe import DPOConfig
+    from tests.conftest import recipe_with
+
+    model = recipe_with("/tmp/far-hash").model
+    a, b = "a" * 64, "b" * 64
+    pairs = [
+        (
+            hard_subset.identity(HardSubsetConfig(model="grpo"), a, a),
+            hard_subset.identity(HardSubsetConfig(model="grpo", below=0.5), a, a),
+            hard_subset.identity(HardSubsetConfig(model="grpo"), b, a),
+        ),
+        (
+            self_teach.identity(SelfTeachConfig(), model, a, a),
+            self_teach.identity(SelfTeachConfig(samples=8), model, a, a),
+            self_teach.identity(SelfTeachConfig(), model, a, b),
+        ),
+        (
+            dpo.identity(DPOConfig(max_steps=2), model, a, a),
+            dpo.identity(DPOConfig(max_steps=2, algorithm="orpo"), model, a, a),
+            dpo.identity(DPOConfig(max_steps=2), model, a, b),
+        ),
+    ]
+    for base, other_config, other_input in pairs:
+        assert len({base.digest, other_config.digest, other_input.digest}) == 3
