@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run (or continue) a FAR recipe end to end",
         description=(
-            "Validate RECIPE in full, then run its pipeline (default: four stages) as a Prefect flow.\n"
+            "Validate RECIPE in full, then run its four stages as a Prefect flow.\n"
             "Stages already complete on storage (a stage.json record) are skipped, so running\n"
             "the same command again continues a run that stopped."
         ),
