@@ -42,6 +42,7 @@ LONG = pipeline(
     node("tune2", "sft", dataset="teach"),
     node("pairs", "preferences", samples="eval1", dataset="data"),
     node("pref", "dpo", DPO, policy="tune", preferences="pairs"),
+    node("small", "distill", {"max_steps": 1}, dataset="data", teacher="rl"),
 )
 
 # (pipeline, the error's expected text)
@@ -102,6 +103,14 @@ INVALID: list[tuple[list[dict[str, Any]], str]] = [
         "e: eval model 'rl' is neither 'base', a checkpoint URI, nor an input of this node",
     ),
     (pipeline(DATA, node("data", "sft", dataset="data")), "node id 'data' is used twice"),
+    (
+        pipeline(
+            DATA,
+            node("pairs", "preferences"),
+            node("small", "distill", {"max_steps": 1}, dataset="data", teacher="pairs"),
+        ),
+        "small.teacher <- pairs: expected a checkpoint, got preference pairs",
+    ),
 ]
 
 
