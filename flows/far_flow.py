@@ -1,4 +1,8 @@
-"""The format_align_reinforce flow: one Prefect task per stage, passing artifacts (URIs).
+"""The format_align_reinforce flow: one Prefect task per pipeline node, passing artifacts (URIs).
+
+The recipe declares the stages as a DAG (pipeline/dag.py; by default data_prep -> sft -> grpo
+-> evaluate); the flow runs its nodes in topological order, each task waiting on its upstream
+tasks so the UI's run graph shows the DAG's edges.
 
 Prefect adds the run graph, logs, retries and UI artifacts. Whether a stage runs or is
 skipped is decided by the stage itself from the records on storage, so task caching is off.
@@ -25,11 +29,11 @@ from prefect.states import Completed, State
 
 from flows.progress import with_stage_progress
 from flows.ui_artifacts import publish_stage
-from pipeline import lease, manifest
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
-from schemas.recipe import Recipe
+from pipeline import lease, manifest, nodes
+from pipeline.dag import build_dag, node_config
+from pipeline.nodes import Artifact
+from schemas.recipe import Recipe, StageNode
 from schemas.record import RunSummary, StageSummary
-from stages import data_prep, evaluate, grpo, sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
 from stages.core.sessions import StopFlag, stop_on_sigterm
@@ -71,7 +75,7 @@ def publish_to_ui(stage: str, publish: Callable[[], object]) -> None:
         )
 
 
-T = TypeVar("T", bound=DatasetArtifact | CheckpointArtifact | EvalReport)
+T = TypeVar("T", bound=Artifact)
 
 
 def _finish(ctx: RunContext, stage: str, outcome: StageOutcome[T]) -> State[tuple[T, StageSummary]]:
@@ -97,40 +101,15 @@ def _finish(ctx: RunContext, stage: str, outcome: StageOutcome[T]) -> State[tupl
     return Completed(data=(output, summary), name=name, message=message)
 
 
-@task(name="data_prep", **STAGE_TASK)
-def data_prep_task(recipe: Recipe, ctx: RunContext) -> State[tuple[DatasetArtifact, StageSummary]]:
-    outcome = data_prep.prepare(recipe.data, recipe.model, ctx)
-    return _finish(ctx, "data_prep", outcome)
-
-
-@task(name="sft", **STAGE_TASK)
-def sft_task(
-    recipe: Recipe, dataset: DatasetArtifact, ctx: RunContext
-) -> State[tuple[CheckpointArtifact, StageSummary]]:
-    ctx = with_stage_progress(ctx, recipe.name, "sft")
-    outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
-    return _finish(ctx, "sft", outcome)
-
-
-@task(name="grpo", **STAGE_TASK)
-def grpo_task(
-    recipe: Recipe, dataset: DatasetArtifact, policy: CheckpointArtifact, ctx: RunContext
-) -> State[tuple[CheckpointArtifact, StageSummary]]:
-    ctx = with_stage_progress(ctx, recipe.name, "grpo")
-    outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-    return _finish(ctx, "grpo", outcome)
-
-
-@task(name="evaluate", **STAGE_TASK)
-def evaluate_task(
-    recipe: Recipe,
-    dataset: DatasetArtifact,
-    checkpoints: dict[str, CheckpointArtifact],
-    ctx: RunContext,
-) -> State[tuple[EvalReport, StageSummary]]:
-    wanted = {k: v for k, v in checkpoints.items() if k in recipe.eval.models}
-    outcome = evaluate.evaluate(dataset, wanted, recipe.eval, recipe.model, recipe.mesh, ctx)
-    return _finish(ctx, "evaluate", outcome)
+@task(name="stage", **STAGE_TASK)
+def stage_task(
+    recipe: Recipe, node: StageNode, config: Any, inputs: dict[str, Artifact], ctx: RunContext
+) -> State[tuple[Artifact, StageSummary]]:
+    """One pipeline node; the flow names each task after its node id."""
+    if node.kind in ("sft", "grpo"):  # training stages report progress to the UI
+        ctx = with_stage_progress(ctx, recipe.name, node.id)
+    outcome = nodes.run_node(recipe, node, config, inputs, ctx)
+    return _finish(ctx, node.id, outcome)
 
 
 @flow(name="format_align_reinforce", log_prints=True)
@@ -145,7 +124,7 @@ def format_align_reinforce(
     overrides: list[str] | None = None,
     compile_cache: str | None = None,
 ) -> RunSummary:
-    """data-prep -> SFT-format -> GRPO-reinforce -> evaluation for one recipe.
+    """The recipe's pipeline (default: data-prep -> SFT-format -> GRPO-reinforce -> evaluation).
 
     `root` is the normalized storage root; `deadline` (epoch seconds) stops the run cleanly
     between stages when the session is over: re-running the same command continues.
@@ -180,7 +159,7 @@ def run_recipe(
     overrides: list[str] | None = None,
     compile_cache: str | None = None,
 ) -> RunSummary:
-    """The four stages inside the calling flow run (this flow, or the scheduled deployment's).
+    """The pipeline inside the calling flow run (this flow, or the scheduled deployment's).
 
     The session first takes the run's lease (one writer per run; pipeline/lease.py), holds
     it while it works and releases it at the end. Then the run's manifest is checked (drift
@@ -229,16 +208,25 @@ def _sigterm_stops(ctx: RunContext) -> Iterator[None]:
 def _run_stages(
     recipe: Recipe, ctx: RunContext, done: list[StageSummary], started: float
 ) -> RunSummary:
+    """One task per node of the recipe's DAG, in topological order. Each task waits for the
+    states of its upstream nodes (`wait_for`), so the UI's run graph draws the DAG's edges."""
+    dag = build_dag(recipe)
+    outputs: dict[str, Artifact] = {}
+    states: dict[str, State[Any]] = {}
     try:
-        dataset, line = data_prep_task(recipe, ctx).result()
-        done.append(line)
-        policy, line = sft_task(recipe, dataset, ctx).result()
-        done.append(line)
-        reinforced, line = grpo_task(recipe, dataset, policy, ctx).result()
-        done.append(line)
-        checkpoints = {"sft": policy, "grpo": reinforced}
-        _, line = evaluate_task(recipe, dataset, checkpoints, ctx).result()
-        done.append(line)
+        for node in dag.nodes:
+            inputs = {name: outputs[source] for name, source in node.inputs.items()}
+            states[node.id] = stage_task.with_options(name=node.id)(
+                recipe,
+                node,
+                node_config(recipe, node),
+                inputs,
+                ctx,
+                wait_for=[states[source] for source in dag.upstream(node.id)],
+                return_state=True,
+            )
+            outputs[node.id], line = states[node.id].result()
+            done.append(line)
     except SessionExpired as e:
         get_run_logger().warning("stopping: %s; run the same command again to continue", e)
         return _summary(recipe, ctx, done, started, stopped_reason=str(e))

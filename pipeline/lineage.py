@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.manifest import STAGES, read_manifest
+from pipeline.manifest import pipeline_order, read_manifest
 from schemas.record import RunManifest, StageRecord
 from stages.core import runner, storage
 from stages.core.runner import RECORD_NAME, read_record
@@ -69,12 +69,12 @@ def render(
     seen = set() if seen is None else seen
     r = node.record
     if node.record_uri in seen:
-        return f"{indent}{node.name}: {r.stage} -> {r.output.uri} (described above)"
+        return f"{indent}{node.name}: {_label(r)} -> {r.output.uri} (described above)"
     seen.add(node.record_uri)
     sessions = ", ".join(s.outcome for s in r.sessions) or "complete"
-    skipped = _skipped_in(manifest, r.stage)
+    skipped = _skipped_in(manifest, node_id(r))
     lines = [
-        f"{indent}{node.name}: {r.stage} -> {r.output.uri}",
+        f"{indent}{node.name}: {_label(r)} -> {r.output.uri}",
         f"{indent}  record {node.record_uri} (hash {r.stage_hash[:12]})",
         f"{indent}  sessions: {sessions}; {r.seconds:.1f} s; flow runs "
         + ", ".join(sorted({s.flow_run_id or "?" for s in r.sessions} or {r.flow_run_id or "?"})),
@@ -113,21 +113,35 @@ def _evaluation_lines(record: StageRecord, indent: str) -> list[str]:
     return lines
 
 
+def _label(record: StageRecord) -> str:
+    return record.stage if record.node is None else f"{record.node} ({record.stage})"
+
+
 def _skipped_in(manifest: RunManifest | None, stage: str) -> int:
     if manifest is None:
         return 0
     return sum(1 for inv in manifest.invocations if inv.stages.get(stage) == "skipped")
 
 
+def node_id(record: StageRecord) -> str:
+    """The pipeline node a record belongs to (the default pipeline's ids are the kinds)."""
+    return record.node or record.stage
+
+
 def run_records(run_uri: str) -> list[tuple[str, StageRecord]]:
-    """Every committed stage record of a run, in pipeline order."""
+    """Every committed stage record of a run, in the DAG's order (nodes no longer in the
+    recipe's DAG last), then by start time."""
+    order = pipeline_order(read_manifest(run_uri))
     found = []
     for name in storage.list_dirs(run_uri):
         record_uri = storage.join(run_uri, name, RECORD_NAME)
         record = read_record(record_uri)
         if record is not None:
             found.append((record_uri, record))
-    return sorted(found, key=lambda item: (STAGES.index(item[1].stage), item[1].started_at))
+    rank = {node: i for i, node in enumerate(order)}
+    return sorted(
+        found, key=lambda item: (rank.get(node_id(item[1]), len(rank)), item[1].started_at)
+    )
 
 
 def audit(run_uri: str) -> list[str]:
@@ -232,7 +246,7 @@ def openlineage_events(run_uri: str) -> list[dict[str, Any]]:
             end_type = {"complete": "COMPLETE", "stopped": "ABORT", "failed": "FAIL"}
             common = {
                 "run": _run_facets(run_id, record, session.flow_run_id),
-                "job": {"namespace": f"far/{record.run}", "name": record.stage},
+                "job": {"namespace": f"far/{record.run}", "name": node_id(record)},
             }
             events.append(_event("START", session.started_at.isoformat(), common, record, False))
             events.append(

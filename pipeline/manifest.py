@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, storage
 from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
 
 MANIFEST_NAME = "run.json"
-STAGES = ("data_prep", "sft", "grpo", "evaluate")
 
 
 def manifest_uri(run_uri: str) -> str:
@@ -112,10 +112,18 @@ class StageState:
     output_uri: str | None = None
 
 
+def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
+    """The node ids of the run's DAG (from the recipe in run.json), in topological order."""
+    return build_dag(Recipe.model_validate(manifest.recipe)).ids
+
+
 def run_status(run_uri: str) -> list[StageState]:
-    """Every stage's current directory and state, plus superseded (drifted) directories."""
-    read_manifest(run_uri)  # a clear error when run_uri is not a run
-    started: dict[str, list[tuple[str, str]]] = {stage: [] for stage in STAGES}
+    """Every node's current directory and state, plus superseded (drifted) directories.
+
+    Node directories are {node id}-{hash}; `stage` in each StageState is the node id.
+    """
+    order = pipeline_order(read_manifest(run_uri))  # a clear error when run_uri is not a run
+    started: dict[str, list[tuple[str, str]]] = {node: [] for node in order}
     for name in storage.list_dirs(run_uri):
         stage = name.rsplit("-", 1)[0]
         identity_uri = storage.join(run_uri, name, IDENTITY_NAME)
@@ -123,7 +131,7 @@ def run_status(run_uri: str) -> list[StageState]:
             created = storage.read_json(identity_uri)["created_at"]
             started[stage].append((created, storage.join(run_uri, name)))
     states = []
-    for stage in STAGES:
+    for stage in order:
         directories = [d for _, d in sorted(started[stage])]
         if not directories:
             states.append(StageState(stage, "not started"))
@@ -156,7 +164,7 @@ def _directory_state(stage: str, directory: str) -> StageState:
 
 
 def _max_steps(config: dict[str, Any]) -> int | None:
-    for section in ("sft", "grpo"):
+    for section in ("sft", "grpo", "dpo"):
         if isinstance(config.get(section), dict) and "max_steps" in config[section]:
             return int(config[section]["max_steps"])
     return None

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pipeline.dag import DagError, build_dag
 from schemas.recipe import Recipe
 from stages.core import storage
 from stages.core.errors import InputError
@@ -34,9 +35,14 @@ def parse_recipe(data: Any, source: str, overrides: dict[str, Any] | None = None
         raise RecipeError(f"recipe {source} must be a YAML mapping, got {type(data).__name__}")
     merged = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     try:
-        return Recipe.model_validate(merged)
+        recipe = Recipe.model_validate(merged)
     except ValidationError as e:
         raise RecipeError(f"recipe {source} is invalid:\n{describe(e)}") from e
+    try:
+        build_dag(recipe)
+    except DagError as e:
+        raise RecipeError(f"recipe {source} has an invalid pipeline: {e}") from e
+    return recipe
 
 
 def parse_assignments(assignments: Sequence[str]) -> list[tuple[list[str], Any]]:

@@ -89,6 +89,18 @@ class EvalReport(Frozen):
     fingerprint: Fingerprint
 
 
+class PreferenceDataset(Frozen):
+    """Preference pairs for DPO / ORPO: pairs.jsonl rows of prompt, chosen, rejected (chat
+    formatted), each with where it came from and, when built from samples, both rewards."""
+
+    kind: Literal["preferences"] = "preferences"
+    uri: str
+    pairs: int
+    source: str  # the file it was read from, or the samples it was built from
+    fingerprint: Fingerprint
+
+
 StageOutput = Annotated[
-    DatasetArtifact | CheckpointArtifact | EvalReport, Field(discriminator="kind")
+    DatasetArtifact | CheckpointArtifact | EvalReport | PreferenceDataset,
+    Field(discriminator="kind"),
 ]

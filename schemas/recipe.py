@@ -22,6 +22,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 STORAGE_SCHEMES = ("", "file", "memory", "gs")
 EvalModel = Literal["base", "sft", "grpo"]
 EVAL_MODELS: tuple[EvalModel, ...] = ("base", "sft", "grpo")
+_NODE_ID = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # no '-': stage dirs are {node id}-{hash}
 
 
 def parse_duration(value: object) -> object:
@@ -417,10 +418,10 @@ class EvalConfig(Frozen):
     @classmethod
     def _known_models(cls, value: list[str]) -> list[str]:
         for name in value:
-            if name not in EVAL_MODELS and "/" not in name:
+            if name not in EVAL_MODELS and "/" not in name and not _NODE_ID.match(name):
                 raise ValueError(
-                    f"eval model {name!r} is neither one of {list(EVAL_MODELS)} "
-                    f"nor a checkpoint URI"
+                    f"eval model {name!r} is neither one of {list(EVAL_MODELS)}, a pipeline "
+                    f"node id, nor a checkpoint URI"
                 )
         return value
 
@@ -449,6 +450,177 @@ class SandboxConfig(Frozen):
     workers: PositiveInt | None = None  # sandboxes at a time; None: one per CPU
 
 
+class HardSubsetConfig(Frozen):
+    """Which prompts an evaluation says are still hard, kept as a dataset to train on again.
+
+    `model` names the evaluated model (a label in the report) whose results decide. A prompt
+    is hard when its mean correctness over samples is below `below`; when fewer than
+    `min_prompts` are, the lowest-scoring others fill up to it (so a following GRPO batch fits).
+    """
+
+    model: Annotated[str, Field(min_length=1)]
+    below: Annotated[float, Field(gt=0, le=1)] = 1.0
+    min_prompts: PositiveInt = 1
+
+
+class SelfTeachConfig(Frozen):
+    """Sample k completions per prompt from a checkpoint; keep the ones the rewards verify.
+
+    A completion is kept when every reward in `verify` scores at least `min_score`; at most
+    `keep_per_prompt` distinct ones per prompt. The kept rows become an SFT split.
+    """
+
+    split: Literal["grpo_train", "eval"] = "grpo_train"
+    samples: PositiveInt = 4
+    temperature: PositiveFloat = 0.9
+    max_generation_tokens: PositiveInt = 32
+    batch_size: PositiveInt = 8
+    verify: list[str] = Field(default_factory=lambda: ["format_strict", "math_equivalent"])
+    min_score: Annotated[float, Field(ge=0, le=1)] = 1.0
+    keep_per_prompt: PositiveInt = 1
+    seed: int = 0
+
+    @field_validator("verify")
+    @classmethod
+    def _some_reward(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("verify must name at least one registered reward, got []")
+        return value
+
+
+class PreferencesConfig(Frozen):
+    """Preference pairs (prompt, chosen, rejected) for DPO / ORPO.
+
+    From a file (`file` a json / jsonl path or URI; `adapter` 'pairs' for prompt / chosen /
+    rejected columns or 'ultrafeedback' for rated completions: best against worst), or, with
+    no file, from the samples of the node's `samples` input (an evaluation or a GRPO stage):
+    within each prompt's group, the best-rewarded completion against the worst, when their
+    rewards differ by at least `min_margin`. `model` picks one evaluated model's samples.
+    """
+
+    file: str | None = None
+    adapter: Literal["pairs", "ultrafeedback"] = "pairs"
+    model: str | None = None
+    min_margin: Annotated[float, Field(ge=0)] = 0.0
+    max_pairs: PositiveInt | None = None
+
+
+class DPOConfig(Frozen):
+    """Preference optimisation with Tunix's DPO trainer: `algorithm` dpo or orpo."""
+
+    algorithm: Literal["dpo", "orpo"] = "dpo"
+    max_steps: PositiveInt
+    batch_size: PositiveInt = 2
+    learning_rate: PositiveFloat = 1e-4
+    beta: PositiveFloat = 0.1
+    lambda_orpo: PositiveFloat = 0.1
+    max_response_len: PositiveInt = 32
+    checkpoint_every_steps: PositiveInt = 50
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    seed: int = 0
+
+
+class DistillConfig(Frozen):
+    """Logit distillation with Tunix's DistillationTrainer: a student learns a teacher's
+    softened next-token distribution (KL at `temperature`, weight `alpha`) plus the task loss.
+
+    `student` is the student's ModelSpec (None: the recipe's model); it may be smaller than
+    the teacher but must share its tokenizer. `lora` trains adapters on the student, None
+    trains its full weights.
+    """
+
+    student: ModelSpec | None = None
+    lora: LoraSpec | None = None
+    max_steps: PositiveInt
+    batch_size: PositiveInt = 4
+    learning_rate: PositiveFloat = 1e-3
+    temperature: PositiveFloat = 2.0
+    alpha: Annotated[float, Field(ge=0, le=1)] = 0.5
+    checkpoint_every_steps: PositiveInt = 50
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    seed: int = 0
+
+
+NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
+StageKind = Literal[
+    "data_prep",
+    "sft",
+    "grpo",
+    "evaluate",
+    "hard_subset",
+    "self_teach",
+    "preferences",
+    "dpo",
+    "distill",
+]
+
+
+class _Node(Frozen):
+    """One stage of a pipeline: its id (names its directory), and input name -> node id."""
+
+    id: NodeId
+    inputs: dict[str, NodeId] = Field(default_factory=dict)
+
+
+class DataPrepNode(_Node):
+    kind: Literal["data_prep"]
+    config: DataPrepConfig | None = None  # None: the recipe's `data`
+
+
+class SFTNode(_Node):
+    kind: Literal["sft"]
+    config: SFTConfig | None = None  # None: the recipe's `sft`
+
+
+class GRPONode(_Node):
+    kind: Literal["grpo"]
+    config: GRPOConfig | None = None  # None: the recipe's `grpo`
+
+
+class EvaluateNode(_Node):
+    kind: Literal["evaluate"]
+    config: EvalConfig | None = None  # None: the recipe's `eval`, models 'base' + the inputs
+
+
+class HardSubsetNode(_Node):
+    kind: Literal["hard_subset"]
+    config: HardSubsetConfig
+
+
+class SelfTeachNode(_Node):
+    kind: Literal["self_teach"]
+    config: SelfTeachConfig = Field(default_factory=SelfTeachConfig)
+
+
+class PreferencesNode(_Node):
+    kind: Literal["preferences"]
+    config: PreferencesConfig = Field(default_factory=PreferencesConfig)
+
+
+class DPONode(_Node):
+    kind: Literal["dpo"]
+    config: DPOConfig
+
+
+class DistillNode(_Node):
+    kind: Literal["distill"]
+    config: DistillConfig
+
+
+StageNode = Annotated[
+    DataPrepNode
+    | SFTNode
+    | GRPONode
+    | EvaluateNode
+    | HardSubsetNode
+    | SelfTeachNode
+    | PreferencesNode
+    | DPONode
+    | DistillNode,
+    Field(discriminator="kind"),
+]
+
+
 class Recipe(Frozen):
     """A whole FAR run. `name` plus `storage_root` locate it: {storage_root}/{name}/."""
 
@@ -462,6 +634,8 @@ class Recipe(Frozen):
     grpo: GRPOConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    # The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate.
+    pipeline: list[StageNode] | None = Field(default=None, min_length=1)
 
     @field_validator("storage_root")
     @classmethod

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from schemas.artifacts import StageOutput
 from schemas.base import Frozen
+from schemas.recipe import StageKind
 
 
 class CodeVersion(Frozen):
@@ -68,7 +69,7 @@ class FileDigest(Frozen):
 
 
 class StageRecord(Frozen):
-    stage: Literal["data_prep", "sft", "grpo", "evaluate"]
+    stage: StageKind
     run: str
     status: Literal["complete"]
     stage_hash: str
@@ -90,6 +91,7 @@ class StageRecord(Frozen):
     input_artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
     sessions: list[SessionLog] = Field(default_factory=list)  # oldest first, this one last
     files: dict[str, FileDigest] = Field(default_factory=dict)  # the stage directory's content
+    node: str | None = None  # the pipeline node id, when it is not the stage kind
     # sha256 of this record's canonical JSON with `digest` left out: an edit shows in an audit
     digest: str | None = None
 

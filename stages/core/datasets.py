@@ -6,13 +6,15 @@ neither side, so it lives here, and a consumer never imports the stage that prod
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
-from schemas.artifacts import DatasetArtifact
+from schemas.artifacts import DataCard, DatasetArtifact
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import RECORD_NAME
@@ -56,3 +58,79 @@ def check_dataset(dataset: DatasetArtifact, tokenizer_name: str) -> None:
             f"dataset {dataset.uri} was tokenized with {dataset.tokenizer!r}, "
             f"the model uses {tokenizer_name!r}"
         )
+
+
+def pad_rows(
+    sequences: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int
+) -> dict[str, np.ndarray]:
+    """Unpacked SFT arrays (one example per row, right-padded) in the sft_train.npz layout."""
+    rows = len(sequences)
+    tokens = np.full((rows, seq_len), pad_id, dtype=np.int32)
+    mask, segments, positions = (np.zeros((rows, seq_len), dtype=np.int32) for _ in range(3))
+    for i, (ids, loss) in enumerate(sequences):
+        if len(ids) > seq_len:
+            raise ValueError(f"SFT row {i} has {len(ids)} tokens, more than seq_len {seq_len}")
+        n = len(ids)
+        tokens[i, :n], mask[i, :n], segments[i, :n] = ids, loss, 1
+        positions[i, :n] = np.arange(n)
+    return {
+        "input_tokens": tokens,
+        "input_mask": mask,
+        "segment_ids": segments,
+        "positions": positions,
+    }
+
+
+def write_derived_dataset(
+    directory: str,
+    base: DatasetArtifact,
+    prompts: dict[str, list[dict[str, Any]]],
+    sft_arrays: dict[str, np.ndarray] | None = None,
+    extra_files: dict[str, bytes] | None = None,
+) -> DatasetArtifact:
+    """A dataset made from another (a subset of its prompts, new SFT rows): same files, same
+    tokenizer and shapes as `base`. `prompts` maps split ('grpo_train', 'eval') to rows."""
+    files = {SPLIT_FILES[split]: jsonl_bytes(rows) for split, rows in prompts.items()}
+    if sft_arrays is not None:
+        files[SPLIT_FILES["sft_train"]] = sft_npz_bytes(sft_arrays)
+    files.update(extra_files or {})
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        storage.write_bytes(storage.join(directory, name), files[name])
+        digest.update(name.encode() + hashlib.sha256(files[name]).digest())
+    sizes = {split: len(rows) for split, rows in prompts.items()}
+    sft_rows = 0 if sft_arrays is None else int(sft_arrays["input_tokens"].shape[0])
+    if sft_arrays is not None:
+        sizes["sft_train"] = sft_rows
+    domains = {s: Counter(r.get("domain", "math") for r in rows) for s, rows in prompts.items()}
+    card = DataCard(
+        counts_by_source={
+            s: dict(Counter(r.get("source", "?") for r in rows)) for s, rows in prompts.items()
+        },
+        counts_by_domain={s: dict(c) for s, c in domains.items()},
+        target_mix={},
+        achieved_mix={
+            s: {d: n / max(1, sum(c.values())) for d, n in c.items()} for s, c in domains.items()
+        },
+        quarantined_by_reason={},
+        sft_length_histogram={},
+        packed=False,
+        sft_rows=sft_rows,
+        useful_token_fraction=0.0
+        if sft_arrays is None
+        else float((sft_arrays["segment_ids"] > 0).mean()),
+    )
+    return DatasetArtifact(
+        uri=directory,
+        tokenizer=base.tokenizer,
+        seq_len=base.seq_len,
+        prompt_len=base.prompt_len,
+        split_sizes=sizes,
+        quarantined=0,
+        card=card,
+        fingerprint=digest.hexdigest(),
+    )
+
+
+def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()

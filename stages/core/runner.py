@@ -29,6 +29,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from schemas.recipe import StageKind
 from schemas.record import (
     ArtifactRef,
     CodeVersion,
@@ -45,7 +46,7 @@ from stages.core.sessions import StopFlag
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-StageName = Literal["data_prep", "sft", "grpo", "evaluate"]
+StageName = StageKind
 RECORD_NAME = "stage.json"
 IDENTITY_NAME = "identity.json"  # written when a stage starts: what the directory is for
 SESSIONS_DIR = "sessions"  # one json per session that stopped or failed before the commit
@@ -90,6 +91,7 @@ class RunContext:
     primary: bool = True
     commit_wait_seconds: float = 600.0  # how long other processes wait for process 0's record
     progress: ProgressCallback | None = None  # per-step progress of training and evaluation
+    node: str | None = None  # the pipeline node being run: names its directory (else the stage)
 
     @property
     def model_cache(self) -> str:
@@ -98,6 +100,10 @@ class RunContext:
     @property
     def run_uri(self) -> str:
         return storage.join(self.root, self.run)
+
+    def directory_name(self, stage: str) -> str:
+        """A stage's directories are {node id}-{hash}; the default pipeline's ids are kinds."""
+        return self.node or stage
 
     def seconds_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.time()
@@ -138,7 +144,7 @@ def with_uris(identity: StageIdentity, **uris: str) -> StageIdentity:
 
 
 def stage_directory(ctx: RunContext, stage: str, digest: str) -> str:
-    return storage.join(ctx.run_uri, f"{stage}-{digest[:12]}")
+    return storage.join(ctx.run_uri, f"{ctx.directory_name(stage)}-{digest[:12]}")
 
 
 def read_record(record_uri: str) -> StageRecord | None:
@@ -283,6 +289,7 @@ def run_stage(
         input_artifacts=input_refs(identity),
         sessions=[*_earlier_sessions(directory), this_session],
         files=directory_digests(directory),
+        node=ctx.node if ctx.node != stage else None,
     )
     commit_record(record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
@@ -317,7 +324,7 @@ def _start_directory(
     identity_uri = storage.join(directory, IDENTITY_NAME)
     if storage.exists(identity_uri):
         return  # this very directory was started before: a resume, not a change
-    previous = previous_directory(ctx, identity.stage, directory)
+    previous = previous_directory(ctx, ctx.directory_name(identity.stage), directory)
     if previous is not None:
         changes = identity_changes(
             storage.read_json(storage.join(previous, IDENTITY_NAME)), identity
@@ -329,6 +336,7 @@ def _start_directory(
                 storage.copy_tree(storage.join(previous, sub), storage.join(directory, sub))
     payload = {
         "stage": identity.stage,
+        "node": ctx.directory_name(identity.stage),
         "version": identity.version,
         "config": identity.config,
         "inputs": identity.inputs,
@@ -339,7 +347,7 @@ def _start_directory(
 
 
 def previous_directory(ctx: RunContext, stage: str, exclude: str) -> str | None:
-    """The run's most recently started directory of `stage` other than `exclude`."""
+    """The run's most recently started directory of `stage` (a node id) other than `exclude`."""
     started = []
     for name in storage.list_dirs(ctx.run_uri):
         candidate = storage.join(ctx.run_uri, name)

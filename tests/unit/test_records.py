@@ -78,7 +78,10 @@ def evaluate_stage(ctx: RunContext, checkpoint: CheckpointArtifact):
 @pytest.fixture
 def run(tmp_path: Path) -> dict[str, Any]:
     ctx = RunContext(root=str(tmp_path), run="audited")
-    manifest = RunManifest(run="audited", recipe={}, recipe_source="", created_at=datetime.now(UTC))
+    recipe = recipe_with(str(tmp_path)).model_dump(mode="json")  # the default four-stage DAG
+    manifest = RunManifest(
+        run="audited", recipe=recipe, recipe_source="", created_at=datetime.now(UTC)
+    )
     storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
     sft = checkpoint_stage(ctx, "sft", {}, {})
     fp = sft.output.fingerprint

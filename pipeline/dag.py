@@ -1,0 +1,236 @@
+"""The run's stages as a DAG: which nodes, what feeds each, and whether the graph can run.
+
+A recipe's `pipeline:` lists nodes {id, kind, inputs: {input name: node id}, config}; without
+one, the DAG is data_prep -> sft -> grpo -> evaluate built from the recipe's sections, with the
+same stage identities (and so the same directories) as before pipelines existed.
+
+`build_dag` refuses, before any compute, a graph with a duplicate id, an input naming no node,
+a missing or unknown input, a cycle, or an edge that hands a stage the wrong contract, naming
+the edge: `grpo2.policy <- eval1: expected a checkpoint, got an eval report`. No stage code is
+imported here: validating a recipe stays cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.recipe import (
+    DataPrepNode,
+    EvaluateNode,
+    GRPONode,
+    Recipe,
+    SFTNode,
+    StageNode,
+)
+
+# What each kind of node produces: an artifact kind, and for datasets the splits it holds.
+DATASET_SPLITS = {
+    "data_prep": frozenset({"sft_train", "grpo_train", "eval"}),
+    "hard_subset": frozenset({"grpo_train", "eval"}),
+    "self_teach": frozenset({"sft_train", "grpo_train", "eval"}),
+}
+PRODUCES = {
+    "data_prep": "dataset",
+    "sft": "checkpoint",
+    "grpo": "checkpoint",
+    "dpo": "checkpoint",
+    "distill": "checkpoint",
+    "evaluate": "eval_report",
+    "hard_subset": "dataset",
+    "self_teach": "dataset",
+    "preferences": "preferences",
+}
+SAYS = {  # how an error names an artifact kind
+    "dataset": "a dataset",
+    "checkpoint": "a checkpoint",
+    "eval_report": "an eval report",
+    "preferences": "preference pairs",
+}
+
+
+@dataclass(frozen=True)
+class Port:
+    """One input of a kind of node: the artifact kinds it accepts, the dataset splits it reads."""
+
+    accepts: tuple[str, ...]
+    splits: frozenset[str] = frozenset()
+    required: bool = True
+    producers: tuple[str, ...] = ()  # when set, only these node kinds may feed it
+
+
+DATASET_FOR = {
+    "sft": Port(("dataset",), frozenset({"sft_train"})),
+    "grpo": Port(("dataset",), frozenset({"grpo_train"})),
+    "eval": Port(("dataset",), frozenset({"eval"})),
+}
+PORTS: dict[str, dict[str, Port]] = {
+    "data_prep": {},
+    "sft": {"dataset": DATASET_FOR["sft"]},
+    "grpo": {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+    "evaluate": {"dataset": DATASET_FOR["eval"]},  # every other input: a checkpoint to evaluate
+    "hard_subset": {"evaluation": Port(("eval_report",)), "dataset": DATASET_FOR["eval"]},
+    "self_teach": {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+    "preferences": {  # none: pairs from config.file
+        "samples": Port(
+            ("eval_report", "checkpoint"), required=False, producers=("evaluate", "grpo")
+        ),
+        "dataset": Port(("dataset",), frozenset({"eval"}), required=False),  # evaluated prompts
+    },
+    "dpo": {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
+    "distill": {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
+}
+EVALUATED = Port(("checkpoint",))  # the port of each model an evaluate node compares
+
+
+class DagError(ValueError):
+    """A pipeline that cannot run; the message names the node or edge at fault."""
+
+
+@dataclass(frozen=True)
+class Dag:
+    """Validated nodes in a topological order (the recipe's order where it is free)."""
+
+    nodes: tuple[StageNode, ...]
+
+    def node(self, node_id: str) -> StageNode:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(n.id for n in self.nodes)
+
+    def upstream(self, node_id: str) -> list[str]:
+        return sorted(set(self.node(node_id).inputs.values()))
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """(upstream id, downstream id, input name) for every edge."""
+        return [(src, n.id, name) for n in self.nodes for name, src in sorted(n.inputs.items())]
+
+
+def default_nodes(recipe: Recipe) -> list[StageNode]:
+    """data_prep -> sft -> grpo -> evaluate, from the recipe's sections (the original flow)."""
+    checkpoints = {m: m for m in ("sft", "grpo") if m in recipe.eval.models}
+    return [
+        DataPrepNode(id="data_prep", kind="data_prep", config=recipe.data),
+        SFTNode(id="sft", kind="sft", inputs={"dataset": "data_prep"}, config=recipe.sft),
+        GRPONode(
+            id="grpo",
+            kind="grpo",
+            inputs={"dataset": "data_prep", "policy": "sft"},
+            config=recipe.grpo,
+        ),
+        EvaluateNode(
+            id="evaluate",
+            kind="evaluate",
+            inputs={"dataset": "data_prep", **checkpoints},
+            config=recipe.eval,
+        ),
+    ]
+
+
+def build_dag(recipe: Recipe) -> Dag:
+    """The recipe's pipeline (or the default one), validated; raises DagError naming the fault."""
+    nodes = list(recipe.pipeline) if recipe.pipeline is not None else default_nodes(recipe)
+    by_id: dict[str, StageNode] = {}
+    for node in nodes:
+        if node.id in by_id:
+            raise DagError(f"node id {node.id!r} is used twice; ids must be unique")
+        by_id[node.id] = node
+    for node in nodes:
+        _check_inputs(node, by_id)
+    return Dag(tuple(_topological(nodes)))
+
+
+def _check_inputs(node: StageNode, by_id: dict[str, StageNode]) -> None:
+    ports = PORTS[node.kind]
+    for name, port in ports.items():
+        if port.required and name not in node.inputs:
+            raise DagError(
+                f"{node.id} ({node.kind}) needs an input {name!r} ({_wants(port)}); "
+                f"it has {sorted(node.inputs) or 'none'}"
+            )
+    for name, source in node.inputs.items():
+        edge = f"{node.id}.{name} <- {source}"
+        given = ports.get(name, EVALUATED if node.kind == "evaluate" else None)
+        if given is None:
+            raise DagError(f"{edge}: {node.kind} has no input {name!r}; inputs: {sorted(ports)}")
+        if source not in by_id:
+            raise DagError(f"{edge}: no node {source!r}; nodes: {sorted(by_id)}")
+        _check_edge(edge, given, by_id[source])
+    if isinstance(node, EvaluateNode) and node.config is not None:
+        for model in node.config.models:
+            if model != "base" and "/" not in model and model not in node.inputs:
+                raise DagError(
+                    f"{node.id}: eval model {model!r} is neither 'base', a checkpoint URI, "
+                    f"nor an input of this node; inputs: {sorted(node.inputs)}"
+                )
+
+
+def _check_edge(edge: str, port: Port, source: StageNode) -> None:
+    produced = PRODUCES[source.kind]
+    if produced not in port.accepts:
+        raise DagError(f"{edge}: expected {_wants(port)}, got {SAYS[produced]}")
+    if port.producers and source.kind not in port.producers:
+        raise DagError(
+            f"{edge}: expected the output of a {' or '.join(port.producers)} node, "
+            f"got a {source.kind} node's"
+        )
+    missing = port.splits - DATASET_SPLITS.get(source.kind, frozenset())
+    if produced == "dataset" and missing:
+        held = ", ".join(sorted(DATASET_SPLITS[source.kind]))
+        raise DagError(
+            f"{edge}: expected a dataset with split {', '.join(sorted(missing))}, "
+            f"got a {source.kind} dataset ({held})"
+        )
+
+
+def _wants(port: Port) -> str:
+    what = " or ".join(SAYS[k] for k in port.accepts)
+    return f"{what} with split {', '.join(sorted(port.splits))}" if port.splits else what
+
+
+def _topological(nodes: list[StageNode]) -> list[StageNode]:
+    """Kahn's algorithm, taking ready nodes in recipe order; a cycle is named by its nodes."""
+    done: set[str] = set()
+    ordered: list[StageNode] = []
+    pending = list(nodes)
+    while pending:
+        ready = [n for n in pending if set(n.inputs.values()) <= done]
+        if not ready:
+            raise DagError(f"the pipeline has a cycle through {_cycle(pending)}")
+        ordered.append(ready[0])
+        done.add(ready[0].id)
+        pending.remove(ready[0])
+    return ordered
+
+
+def _cycle(pending: list[StageNode]) -> str:
+    """One cycle among nodes that can never become ready, as 'a -> b -> a'."""
+    by_id = {n.id: n for n in pending}
+    path: list[str] = [pending[0].id]
+    while True:
+        following = next(s for s in sorted(set(by_id[path[-1]].inputs.values())) if s in by_id)
+        if following in path:
+            loop = [*path[path.index(following) :], following]
+            return " -> ".join(reversed(loop))
+        path.append(following)
+
+
+def node_config(recipe: Recipe, node: StageNode) -> Any:
+    """A node's config: its own, or the recipe's section for its kind.
+
+    An evaluate node without its own config takes the recipe's `eval` with models 'base' and
+    the node's checkpoint inputs.
+    """
+    if node.config is not None:
+        return node.config
+    if isinstance(node, EvaluateNode):
+        models = ["base", *sorted(n for n in node.inputs if n != "dataset")]
+        return recipe.eval.model_copy(update={"models": models})
+    sections: dict[type, Any] = {
+        DataPrepNode: recipe.data,
+        SFTNode: recipe.sft,
+        GRPONode: recipe.grpo,
+    }
+    return sections[type(node)]

@@ -1,0 +1,209 @@
+"""Distillation stage: a student learns from a teacher checkpoint, through Tunix's
+DistillationTrainer with its logit strategy.
+
+Entry point: `distill(dataset, teacher, config, model, mesh, ctx)` ->
+StageOutcome[CheckpointArtifact].
+
+The teacher is restored from its checkpoint (its own ModelSpec); the student is built from
+`config.student` (default: the recipe's model), may be smaller, and must use the same
+tokenizer. On the dataset's SFT rows the student minimises alpha x KL(teacher || student) at
+`temperature` plus (1 - alpha) x the next-token cross-entropy, over every real token of a row.
+DistillationTrainer is a PeftTrainer: checkpoints (student params, optimizer, step) are
+restored on a re-run and the seeded batch order replayed, and it stops and saves before the
+deadline like SFT. The output checkpoint's `model` is the student's spec.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tunix.distillation import distillation_trainer
+from tunix.distillation.strategies import logit
+from tunix.sft import metrics_logger
+from tunix.sft import utils as sft_utils
+
+from schemas.artifacts import CheckpointArtifact, DatasetArtifact
+from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
+from stages.core import storage
+from stages.core.datasets import check_dataset, load_sft_arrays
+from stages.core.runner import (
+    RunContext,
+    SessionExpired,
+    StageIdentity,
+    StageOutcome,
+    run_stage,
+    with_uris,
+)
+from stages.core.sessions import StepClock, guarded
+from stages.modeling import models
+from stages.modeling.tokenizers import build_tokenizer
+from stages.modeling.tunix_compat import release_scalar_listeners
+
+log = logging.getLogger(__name__)
+STAGE_VERSION = 1
+CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "tensorboard"
+
+
+def logits(model: Any, input_tokens: jax.Array, input_mask: jax.Array) -> jax.Array:
+    """Next-token logits for positions 0..L-2 (causal, padding masked out)."""
+    positions = sft_utils.build_positions_from_mask(input_mask)
+    attention = sft_utils.make_causal_attn_mask(input_mask)
+    out, _ = model(input_tokens, positions, None, attention)
+    return out[:, :-1, :]
+
+
+def make_labels(vocab: int) -> Any:
+    def labels(input_tokens: jax.Array, input_mask: jax.Array) -> jax.Array:
+        """One-hot next tokens, zero where the next token is padding."""
+        targets = jax.nn.one_hot(input_tokens[:, 1:], vocab)
+        return targets * input_mask[:, 1:, None]
+
+    return labels
+
+
+def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> Any:
+    """Seeded, repeating batches of Tunix TrainingInput (tokens, real-token mask)."""
+    records = [
+        {"input_tokens": t, "input_mask": (s > 0).astype(np.int32)}
+        for t, s in zip(arrays["input_tokens"], arrays["segment_ids"], strict=True)
+    ]
+    if len(records) < batch_size:
+        raise ValueError(f"distill batch_size {batch_size} exceeds the {len(records)} SFT rows")
+    return (
+        grain.MapDataset.source(records)
+        .seed(seed)
+        .shuffle()
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+        .map(lambda b: distillation_trainer.TrainingInput(**b))
+    )
+
+
+def build_trainer(
+    student: Any, teacher: Any, config: DistillConfig, vocab: int, ckpt_dir: str, log_dir: str
+) -> distillation_trainer.DistillationTrainer:
+    strategy = logit.LogitStrategy(
+        student_forward_fn=logits,
+        teacher_forward_fn=logits,
+        labels_fn=make_labels(vocab),
+        temperature=config.temperature,
+        alpha=config.alpha,
+    )
+    training = distillation_trainer.TrainingConfig(
+        eval_every_n_steps=10**9,
+        max_steps=config.max_steps,
+        checkpoint_root_directory=ckpt_dir,
+        checkpointing_options=ocp.CheckpointManagerOptions(
+            save_interval_steps=config.checkpoint_every_steps, max_to_keep=2
+        ),
+        metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+            log_dir=log_dir, flush_every_n_steps=10
+        ),
+        pbar_description="distill",
+    )
+    optimizer = optax.adamw(config.learning_rate)
+    return distillation_trainer.DistillationTrainer(student, teacher, strategy, optimizer, training)
+
+
+def _distill(
+    directory: str,
+    dataset: DatasetArtifact,
+    teacher: CheckpointArtifact,
+    config: DistillConfig,
+    student_spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    mesh = models.build_mesh(mesh_spec)
+    teacher_net = models.restore_policy(
+        teacher, models.build_base_model(teacher.model, mesh, ctx.model_cache), mesh
+    )
+    base = models.build_base_model(student_spec, mesh, ctx.model_cache)
+    student = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
+    vocab = models.tunix_config(student_spec).num_embed
+    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
+    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    trainer = build_trainer(student, teacher_net, config, vocab, local_ckpt, local_logs)
+    start_step = trainer.train_steps
+    stream = guarded(
+        iter(batches(load_sft_arrays(dataset), config.batch_size, config.seed)),
+        ctx.deadline,
+        ctx.stop,
+        config.save_margin_seconds,
+        StepClock(),
+    )
+    with mesh:
+        trainer.train(stream)  # ends with close(): saves the last checkpoint
+    release_scalar_listeners(trainer.metrics_logger)
+    storage.publish_tree(local_ckpt, ckpt_uri)
+    storage.publish_local_directory(local_logs, log_uri)
+    if trainer.train_steps < config.max_steps:
+        raise SessionExpired(
+            f"distill stopped at step {trainer.train_steps} of {config.max_steps} "
+            f"with a checkpoint saved; it resumes from there"
+        )
+    artifact = CheckpointArtifact(
+        uri=ckpt_uri,
+        step=config.max_steps,
+        model=student_spec,
+        tokenizer=teacher.tokenizer,
+        lora=config.lora,
+        size_bytes=sum(storage.list_files(ckpt_uri).values()),
+        fingerprint=storage.tree_fingerprint(ckpt_uri),
+    )
+    losses = [
+        float(x) for x in np.asarray(trainer.metrics_logger.get_metric_history("", "loss", "train"))
+    ]
+    metrics = {
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "resumed_from_step": float(start_step),
+        "student_params_bytes": float(models.param_bytes(base)),
+    }
+    return artifact, metrics, {"loss": losses}
+
+
+def identity(
+    config: DistillConfig, student: ModelSpec, dataset_fingerprint: str, teacher_fingerprint: str
+) -> StageIdentity:
+    hashed = {"distill": config.model_dump(mode="json"), "model": student.model_dump(mode="json")}
+    inputs = {"dataset": dataset_fingerprint, "teacher": teacher_fingerprint}
+    return StageIdentity("distill", STAGE_VERSION, hashed, inputs)
+
+
+def distill(
+    dataset: DatasetArtifact,
+    teacher: CheckpointArtifact,
+    config: DistillConfig,
+    model: ModelSpec,
+    mesh: MeshSpec,
+    ctx: RunContext,
+) -> StageOutcome[CheckpointArtifact]:
+    """Train a student (config.student, default `model`) on `teacher`'s logits over `dataset`."""
+    student = config.student or model
+    tokenizer_name = build_tokenizer(student, ctx.model_cache).name
+    check_dataset(dataset, tokenizer_name)
+    models.check_compatible(teacher, teacher.model, tokenizer_name)
+    vocab, teacher_vocab = (models.tunix_config(m).num_embed for m in (student, teacher.model))
+    if vocab != teacher_vocab:
+        raise ValueError(
+            f"distill: the student's vocabulary ({vocab} embeddings) must equal the "
+            f"teacher's ({teacher_vocab}): the KL compares their logits token by token"
+        )
+    return run_stage(
+        ctx,
+        with_uris(
+            identity(config, student, dataset.fingerprint, teacher.fingerprint),
+            dataset=dataset.uri,
+            teacher=teacher.uri,
+        ),
+        lambda directory: _distill(directory, dataset, teacher, config, student, mesh, ctx),
+        carry_over=(CHECKPOINT_DIR,),
+    )

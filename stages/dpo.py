@@ -1,0 +1,212 @@
+"""DPO / ORPO stage: preference optimisation of a checkpoint with Tunix's DPOTrainer.
+
+Entry point: `optimize(policy, preferences, config, model, mesh, ctx)` ->
+StageOutcome[CheckpointArtifact].
+
+The policy starts from its checkpoint (LoRA adapters or full weights); for DPO a second,
+frozen copy of the same checkpoint is the reference model, ORPO needs none (Tunix's
+DPOTrainer does both: `algorithm` dpo or orpo). Pairs are tokenized here (prompt left-padded
+with BOS, responses right-padded with EOS, truncated to `max_response_len`) and fed as
+Tunix's tokenized TrainingInput, in a seeded order that a resumed run replays: DPOTrainer is
+a PeftTrainer, so it restores its own checkpoints (params, optimizer, step) and skips the
+batches already trained on. It stops and saves before the deadline, like SFT.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import grain
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tunix.sft import metrics_logger
+from tunix.sft.dpo import dpo_trainer
+
+from schemas.artifacts import CheckpointArtifact, PreferenceDataset
+from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
+from stages.core import storage
+from stages.core.runner import (
+    RunContext,
+    SessionExpired,
+    StageIdentity,
+    StageOutcome,
+    find_record,
+    run_stage,
+    with_uris,
+)
+from stages.core.sessions import StepClock, guarded
+from stages.modeling import models
+from stages.modeling.tokenizers import Tokenizer, build_tokenizer
+from stages.modeling.tunix_compat import release_scalar_listeners
+
+log = logging.getLogger(__name__)
+STAGE_VERSION = 1
+CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "tensorboard"
+
+
+def _pad(ids: list[int], length: int, pad: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    ids = ids[-length:] if left else ids[:length]
+    fill = [pad] * (length - len(ids))
+    mask = [0] * len(fill)
+    tokens = fill + ids if left else ids + fill
+    real = mask + [1] * len(ids) if left else [1] * len(ids) + mask
+    return np.asarray(tokens, np.int32), np.asarray(real, np.int32)
+
+
+def tokenize_pairs(
+    pairs: list[dict[str, Any]], tokenizer: Tokenizer, response_len: int
+) -> list[dict[str, np.ndarray]]:
+    """Tunix TrainingInput fields per pair: prompt left-padded, responses right-padded."""
+    prompts = [[tokenizer.bos_id(), *tokenizer.encode(p["prompt"])] for p in pairs]
+    prompt_len = max(len(p) for p in prompts)
+    pad = tokenizer.pad_id()
+    out = []
+    for pair, prompt in zip(pairs, prompts, strict=True):
+        record = {}
+        record["prompt_ids"], record["prompt_mask"] = _pad(prompt, prompt_len, pad, left=True)
+        for side in ("chosen", "rejected"):
+            ids = [*tokenizer.encode(pair[side]), tokenizer.eos_id()]
+            record[f"{side}_ids"], record[f"{side}_mask"] = _pad(ids, response_len, pad, False)
+        out.append(record)
+    return out
+
+
+def batches(records: list[dict[str, np.ndarray]], batch_size: int, seed: int) -> Any:
+    """A seeded, endlessly repeating batch order (a resumed run replays it and skips)."""
+    if len(records) < batch_size:
+        raise ValueError(f"dpo.batch_size {batch_size} exceeds the {len(records)} pairs")
+    return (
+        grain.MapDataset.source(records)
+        .seed(seed)
+        .shuffle()
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+    )
+
+
+def build_trainer(
+    network: Any, reference: Any, config: DPOConfig, ckpt_dir: str, log_dir: str
+) -> dpo_trainer.DPOTrainer:
+    training = dpo_trainer.DPOTrainingConfig(
+        algorithm=config.algorithm,
+        beta=config.beta,
+        lambda_orpo=config.lambda_orpo,
+        eval_every_n_steps=10**9,
+        max_steps=config.max_steps,
+        checkpoint_root_directory=ckpt_dir,
+        checkpointing_options=ocp.CheckpointManagerOptions(
+            save_interval_steps=config.checkpoint_every_steps, max_to_keep=2
+        ),
+        metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+            log_dir=log_dir, flush_every_n_steps=10
+        ),
+        pbar_description=config.algorithm.upper(),
+    )
+    optimizer = optax.adamw(config.learning_rate)
+    return dpo_trainer.DPOTrainer(network, reference, optimizer, training)
+
+
+def _optimize(
+    directory: str,
+    policy: CheckpointArtifact,
+    preferences: PreferenceDataset,
+    config: DPOConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    mesh = models.build_mesh(mesh_spec)
+    text = storage.read_text(preferences.uri)
+    pairs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    records = tokenize_pairs(pairs, tokenizer, config.max_response_len)
+    base = models.build_base_model(spec, mesh, ctx.model_cache)
+    network = models.restore_policy(policy, base, mesh)
+    reference = None
+    if config.algorithm == "dpo":  # a frozen copy of the starting policy
+        own = base if policy.lora else models.build_base_model(spec, mesh, ctx.model_cache)
+        reference = models.restore_policy(policy, own, mesh)
+    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
+    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    trainer = build_trainer(network, reference, config, local_ckpt, local_logs)
+    start_step = trainer.train_steps
+    stream = guarded(
+        iter(batches(records, config.batch_size, config.seed)),
+        ctx.deadline,
+        ctx.stop,
+        config.save_margin_seconds,
+        StepClock(),
+    )
+    with mesh:
+        trainer.train(stream)  # ends with close(): saves the last checkpoint
+    release_scalar_listeners(trainer.metrics_logger)
+    storage.publish_tree(local_ckpt, ckpt_uri)
+    storage.publish_local_directory(local_logs, log_uri)
+    if trainer.train_steps < config.max_steps:
+        raise SessionExpired(
+            f"{config.algorithm} stopped at step {trainer.train_steps} of {config.max_steps} "
+            f"with a checkpoint saved; it resumes from there"
+        )
+    artifact = CheckpointArtifact(
+        uri=ckpt_uri,
+        step=config.max_steps,
+        model=spec,
+        tokenizer=tokenizer.name,
+        lora=policy.lora,
+        size_bytes=sum(storage.list_files(ckpt_uri).values()),
+        fingerprint=storage.tree_fingerprint(ckpt_uri),
+    )
+    return artifact, _metrics(trainer, len(pairs), start_step), _history(trainer)
+
+
+def _history(trainer: dpo_trainer.DPOTrainer) -> dict[str, list[float]]:
+    logged = trainer.metrics_logger
+    out = {}
+    for name in ("loss", "rewards/margin", "rewards/accuracy"):
+        if logged.metric_exists("", name, "train"):
+            out[name] = [float(x) for x in np.asarray(logged.get_metric_history("", name, "train"))]
+    return out
+
+
+def _metrics(trainer: dpo_trainer.DPOTrainer, pairs: int, start_step: int) -> dict[str, float]:
+    metrics = {"pairs": float(pairs), "resumed_from_step": float(start_step)}
+    for name, values in _history(trainer).items():
+        if values:
+            metrics[f"first_{name}"], metrics[f"final_{name}"] = values[0], values[-1]
+    return metrics
+
+
+def identity(
+    config: DPOConfig, model: ModelSpec, policy_fingerprint: str, pairs_fingerprint: str
+) -> StageIdentity:
+    hashed = {"dpo": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    inputs = {"policy": policy_fingerprint, "preferences": pairs_fingerprint}
+    return StageIdentity("dpo", STAGE_VERSION, hashed, inputs)
+
+
+def optimize(
+    policy: CheckpointArtifact,
+    preferences: PreferenceDataset,
+    config: DPOConfig,
+    model: ModelSpec,
+    mesh: MeshSpec,
+    ctx: RunContext,
+) -> StageOutcome[CheckpointArtifact]:
+    """Train `policy` on `preferences` with DPO or ORPO (or reuse the committed result)."""
+    models.check_compatible(policy, model, build_tokenizer(model, ctx.model_cache).name)
+    if find_record(preferences.uri, levels=2) is None:
+        raise FileNotFoundError(f"preference pairs {preferences.uri} are not committed")
+    return run_stage(
+        ctx,
+        with_uris(
+            identity(config, model, policy.fingerprint, preferences.fingerprint),
+            policy=policy.uri,
+            preferences=preferences.uri,
+        ),
+        lambda directory: _optimize(directory, policy, preferences, config, model, mesh, ctx),
+        carry_over=(CHECKPOINT_DIR,),
+    )

@@ -1,0 +1,135 @@
+"""Hard-subset stage: the prompts an evaluation says a model still fails, as a new dataset.
+
+Entry point: `select(evaluation, dataset, config, ctx) -> StageOutcome[DatasetArtifact]`.
+
+From the evaluation's per-sample results (samples.jsonl: model, id, correct), the prompts
+whose mean correctness for `config.model` is below `config.below` are kept (topped up with
+the lowest-scoring others to `config.min_prompts`), in the dataset's own format: their rows
+become `grpo_train`, the evaluated dataset's `eval` split is carried over unchanged, and
+selection.jsonl lists every evaluated prompt with its score and whether it was kept. A
+continued GRPO node trains on it in a later session. No training happens here.
+
+The kept prompts are the ones the evaluation saw, i.e. the evaluated dataset's eval split:
+a final evaluation on that same split is then no longer held out (the README says how).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+
+from schemas.artifacts import DatasetArtifact, EvalReport
+from schemas.recipe import HardSubsetConfig
+from stages.core import storage
+from stages.core.datasets import jsonl_bytes, load_prompts, write_derived_dataset
+from stages.core.runner import (
+    RunContext,
+    StageIdentity,
+    StageOutcome,
+    find_record,
+    run_stage,
+    with_uris,
+)
+
+log = logging.getLogger(__name__)
+STAGE_VERSION = 1
+SELECTION_FILE = "selection.jsonl"
+
+
+def prompt_scores(samples: list[dict[str, object]], model: str) -> dict[str, float]:
+    """Mean correctness per prompt id of one evaluated model."""
+    per_prompt: dict[str, list[float]] = defaultdict(list)
+    for row in samples:
+        if row["model"] == model:
+            per_prompt[str(row["id"])].append(float(row["correct"]))  # type: ignore[arg-type]
+    if not per_prompt:
+        models = sorted({str(r["model"]) for r in samples})
+        raise ValueError(f"the evaluation has no samples of model {model!r}; it has {models}")
+    return {prompt: sum(v) / len(v) for prompt, v in per_prompt.items()}
+
+
+def hard_ids(scores: dict[str, float], config: HardSubsetConfig) -> list[str]:
+    """Ids under the threshold, topped up with the lowest-scoring others to min_prompts."""
+    ranked = sorted(scores, key=lambda prompt: (scores[prompt], prompt))
+    chosen = [p for p in ranked if scores[p] < config.below]
+    if len(chosen) < config.min_prompts:
+        if len(scores) < config.min_prompts:
+            raise ValueError(
+                f"hard_subset min_prompts is {config.min_prompts} but the evaluation "
+                f"scored only {len(scores)} prompts"
+            )
+        chosen = ranked[: config.min_prompts]
+    return chosen
+
+
+def _select(
+    directory: str, evaluation: EvalReport, dataset: DatasetArtifact, config: HardSubsetConfig
+) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
+    text = storage.read_text(evaluation.samples_uri)
+    samples = [json.loads(line) for line in text.splitlines() if line.strip()]
+    scores = prompt_scores(samples, config.model)
+    chosen = set(hard_ids(scores, config))
+    rows = load_prompts(dataset, "eval")
+    kept = [r for r in rows if r["id"] in chosen]
+    selection = [
+        {"id": r["id"], "score": scores.get(r["id"]), "kept": r["id"] in chosen} for r in rows
+    ]
+    artifact = write_derived_dataset(
+        directory,
+        dataset,
+        {"grpo_train": kept, "eval": rows},
+        extra_files={SELECTION_FILE: jsonl_bytes(selection)},
+    )
+    failed = sum(1 for s in scores.values() if s < config.below)
+    log.info(
+        "hard_subset: %d of %d prompts kept (%d under %.2f)",
+        len(kept),
+        len(rows),
+        failed,
+        config.below,
+    )
+    metrics = {
+        "prompts_evaluated": float(len(scores)),
+        "prompts_kept": float(len(kept)),
+        "prompts_below_threshold": float(failed),
+        "mean_score_kept": sum(scores[i] for i in chosen) / len(chosen),
+    }
+    return artifact, metrics, {}
+
+
+def identity(
+    config: HardSubsetConfig, evaluation_fingerprint: str, dataset_fingerprint: str
+) -> StageIdentity:
+    hashed = {"hard_subset": config.model_dump(mode="json")}
+    inputs = {"evaluation": evaluation_fingerprint, "dataset": dataset_fingerprint}
+    return StageIdentity("hard_subset", STAGE_VERSION, hashed, inputs)
+
+
+def check_evaluated_on(evaluation: EvalReport, dataset: DatasetArtifact) -> None:
+    """Refuse an evaluation that was not run on `dataset` (its ids would not match)."""
+    found = find_record(evaluation.uri, levels=2)
+    if found is None:
+        raise FileNotFoundError(f"evaluation {evaluation.uri} is not committed (no stage record)")
+    evaluated = found[1].inputs.get("dataset")
+    if evaluated != dataset.fingerprint:
+        raise ValueError(
+            f"evaluation {evaluation.uri} ran on dataset {str(evaluated)[:12]}, "
+            f"not on the given dataset {dataset.fingerprint[:12]} ({dataset.uri})"
+        )
+
+
+def select(
+    evaluation: EvalReport, dataset: DatasetArtifact, config: HardSubsetConfig, ctx: RunContext
+) -> StageOutcome[DatasetArtifact]:
+    """The prompts of `dataset`'s eval split that `evaluation` says are still hard."""
+    check_evaluated_on(evaluation, dataset)
+    return run_stage(
+        ctx,
+        with_uris(
+            identity(config, evaluation.fingerprint, dataset.fingerprint),
+            evaluation=evaluation.uri,
+            dataset=dataset.uri,
+        ),
+        lambda directory: _select(directory, evaluation, dataset, config),
+    )

@@ -1,0 +1,269 @@
+"""recipes/smoke-dag.yaml for real: a longer pipeline on the tiny model through the flow.
+
+One run (module fixture, a real Prefect API) feeds every assertion: the nodes ran in DAG order
+with their own directories, hard_subset kept the prompts the GRPO policy failed, self_teach
+rows name their checkpoint, sample and rewards and a following sft trained on them, DPO and
+ORPO trained from preference pairs built from the evaluation, the last evaluation compared six
+models, and status, lineage, audit and a re-run (everything skipped) follow the DAG. Then each
+new stage is stopped mid-way in a second root and resumed, ending where the flow's run did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from flows.far_flow import format_align_reinforce
+from pipeline import lineage, manifest
+from pipeline.dag import build_dag, node_config
+from schemas.artifacts import CheckpointArtifact
+from schemas.recipe import MeshSpec, Recipe
+from schemas.record import RunSummary, StageRecord
+from stages import dpo, hard_subset, preferences, self_teach
+from stages.core import storage
+from stages.core.runner import RunContext, SessionExpired
+from stages.core.sessions import StopFlag
+from stages.modeling import models
+from tests.conftest import recipe_with
+
+pytestmark = pytest.mark.slow
+
+
+class StopAfter(StopFlag):
+    """A stop request that arrives after `checks` looks at the flag (deterministic)."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__()
+        self.left = checks
+
+    def is_set(self) -> bool:
+        self.left -= 1
+        if self.left < 0 and not super().is_set():
+            self.request("stop requested by the test")
+        return super().is_set()
+
+
+@pytest.fixture(scope="module")
+def dag_run(
+    prefect_server: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Recipe, RunSummary]]:
+    root = str(tmp_path_factory.mktemp("dag"))
+    recipe = recipe_with(root, base="smoke-dag")
+    summary = format_align_reinforce(recipe, storage.normalize(root))
+    yield recipe, summary
+
+
+def records(summary: RunSummary) -> dict[str, StageRecord]:
+    return {
+        s.stage: StageRecord.model_validate(storage.read_json(s.record_uri)) for s in summary.stages
+    }
+
+
+def rows(uri: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in storage.read_text(uri).splitlines() if line]
+
+
+def test_every_node_ran_in_dag_order_in_its_own_directory(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    recipe, summary = dag_run
+    assert summary.complete, summary.stopped_reason
+    assert [s.stage for s in summary.stages] == list(build_dag(recipe).ids)
+    for node_id, record in records(summary).items():
+        assert Path(record.directory).name.startswith(f"{node_id}-")
+        assert record.node == (None if node_id == record.stage else node_id)
+
+
+def test_prefect_task_graph_has_the_dag_edges(dag_run: tuple[Recipe, RunSummary]) -> None:
+    """Each task waits on its upstream tasks' states, which is what the UI's run graph draws."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    recipe, summary = dag_run
+    flow_run_id = records(summary)["data_prep"].flow_run_id
+    assert flow_run_id is not None
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    name = {run.id: run.name.rsplit("-", 1)[0] for run in runs}
+    drawn = {
+        (name[parent.id], name[run.id])
+        for run in runs
+        for parent in run.task_inputs.get("wait_for", [])
+    }
+    assert drawn == {(source, target) for source, target, _ in build_dag(recipe).edges()}
+
+
+def test_hard_subset_keeps_the_prompts_grpo_still_fails(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    _, summary = dag_run
+    found = records(summary)
+    report = found["evaluate"].output
+    failed = {
+        r["id"] for r in rows(report.samples_uri) if r["model"] == "grpo" and not r["correct"]
+    }  # type: ignore[union-attr]
+    hard = found["hard"].output
+    kept = {r["id"] for r in rows(storage.join(hard.uri, "grpo_prompts.jsonl"))}
+    assert kept == failed or (len(failed) < 2 and failed <= kept and len(kept) == 2)
+    assert found["grpo_hard"].inputs["dataset"] == hard.fingerprint
+    assert found["grpo_hard"].inputs["sft"] == found["grpo"].output.fingerprint
+
+
+def test_self_teach_rows_name_their_origin_and_train_the_next_sft(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    _, summary = dag_run
+    found = records(summary)
+    taught = found["self_teach"].output
+    provenance = rows(storage.join(taught.uri, self_teach.ROWS_FILE))
+    assert provenance, "no verified completion was kept"
+    for row in provenance:
+        assert row["checkpoint"] == found["sft"].output.uri
+        assert row["rewards"] == {"format_strict": 1.0} and row["verified"]
+        assert set(row) >= {"prompt_id", "prompt", "sample", "completion"}
+    assert taught.split_sizes["sft_train"] == len(provenance)  # type: ignore[union-attr]
+    assert found["sft_self"].inputs["dataset"] == taught.fingerprint
+    assert found["sft_self"].output.step == 4  # type: ignore[union-attr]
+
+
+def test_dpo_and_orpo_train_on_pairs_from_the_evaluation(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    _, summary = dag_run
+    found = records(summary)
+    pairs = rows(found["pairs"].output.uri)
+    assert pairs and all(p["chosen_reward"] > p["rejected_reward"] for p in pairs)
+    for node_id, steps in (("dpo", 3), ("orpo", 2)):
+        record = found[node_id]
+        assert record.stage == "dpo" and record.output.step == steps  # type: ignore[union-attr]
+        assert len(record.history["loss"]) == steps
+        assert all(np.isfinite(record.history["loss"]))
+    assert found["dpo"].config["dpo"]["algorithm"] == "dpo"
+    assert found["orpo"].config["dpo"]["algorithm"] == "orpo"
+
+
+def test_a_smaller_student_learns_from_the_sft_teacher(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    _, summary = dag_run
+    found = records(summary)
+    student = found["distill"].output
+    assert isinstance(student, CheckpointArtifact) and student.step == 4
+    assert student.model.architecture is not None and student.model.architecture.num_layers == 1
+    assert found["distill"].inputs["teacher"] == found["sft"].output.fingerprint
+    assert np.isfinite(found["distill"].history["loss"]).all()
+    assert found["distill"].metrics["student_params_bytes"] < models.param_bytes(
+        models.build_base_model(found["sft"].output.model, models.build_mesh(MeshSpec()), "x")  # type: ignore[union-attr]
+    )
+    mesh = models.build_mesh(MeshSpec())
+    restored = models.restore_policy(
+        student, models.build_base_model(student.model, mesh, "x"), mesh
+    )
+    assert restored is not None
+
+
+def test_the_last_evaluation_compares_checkpoints_from_every_branch(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    _, summary = dag_run
+    report = records(summary)["evaluate_all"].output
+    names = [s.name for s in report.scores]  # type: ignore[union-attr]
+    assert names == ["base", "dpo", "grpo", "grpo_hard", "orpo", "sft_self"]
+
+
+def test_status_lineage_and_audit_follow_the_dag(dag_run: tuple[Recipe, RunSummary]) -> None:
+    recipe, summary = dag_run
+    run_uri = summary.run_uri
+    states = manifest.run_status(run_uri)
+    assert [(s.stage, s.state) for s in states] == [(n, "complete") for n in build_dag(recipe).ids]
+    assert lineage.audit(run_uri) == []
+    tree = lineage.ancestry(records(summary)["evaluate_all"].output.uri)
+    text = lineage.render(tree)
+    for node_id in (
+        "grpo_hard (grpo)",
+        "hard (hard_subset)",
+        "sft_self (sft)",
+        "pairs (preferences)",
+    ):
+        assert node_id in text
+    again = format_align_reinforce(recipe, storage.normalize(recipe.storage_root))
+    assert again.complete and all(s.skipped for s in again.stages)
+
+
+def test_new_stages_stop_and_resume_where_the_flow_ended(
+    dag_run: tuple[Recipe, RunSummary], tmp_path: Path
+) -> None:
+    """Each new stage in another root: stopped mid-way (or before its atomic step), then
+    resumed, it commits what the uninterrupted flow committed."""
+    recipe, summary = dag_run
+    found = records(summary)
+    dag = build_dag(recipe)
+
+    def ctx(stop: StopFlag | None = None) -> RunContext:
+        return RunContext(root=str(tmp_path), run="resumed", stop=stop)
+
+    def twice(call: Any, checks: int) -> Any:
+        with pytest.raises(SessionExpired):
+            call(ctx(StopAfter(checks)))
+        return call(ctx()).output
+
+    dataset = found["data_prep"].output
+    config = node_config(recipe, dag.node("self_teach"))
+    taught = twice(
+        lambda c: self_teach.teach(
+            dataset, found["sft"].output, config, recipe.model, recipe.mesh, c
+        ),
+        checks=2,  # the stage start, chunk 0; stops before chunk 1
+    )
+    assert len(list((tmp_path / "resumed").glob("self_teach-*/chunks/*.jsonl"))) == 2
+    assert taught.fingerprint == found["self_teach"].output.fingerprint
+
+    hard = twice(
+        lambda c: hard_subset.select(
+            found["evaluate"].output, dataset, node_config(recipe, dag.node("hard")), c
+        ),
+        checks=0,
+    )
+    assert hard.fingerprint == found["hard"].output.fingerprint
+    pairs = twice(
+        lambda c: preferences.build(
+            found["evaluate"].output, dataset, node_config(recipe, dag.node("pairs")), c
+        ),
+        checks=0,
+    )
+    assert pairs.fingerprint == found["pairs"].output.fingerprint
+
+    optimized = twice(
+        lambda c: dpo.optimize(
+            found["sft"].output,
+            pairs,
+            node_config(recipe, dag.node("dpo")),
+            recipe.model,
+            recipe.mesh,
+            c,
+        ),
+        checks=3,  # the stage start, batches 1 and 2; stops at step 2 of 3
+    )
+    record = lineage.find_record(optimized.uri)[1]
+    assert [s.outcome for s in record.sessions] == ["stopped", "complete"]
+    assert record.metrics["resumed_from_step"] == 2
+    assert_same_params(optimized, found["dpo"].output)  # type: ignore[arg-type]
+
+
+def assert_same_params(a: CheckpointArtifact, b: CheckpointArtifact) -> None:
+    mesh = models.build_mesh(MeshSpec())
+    leaves = []
+    for artifact in (a, b):
+        base = models.build_base_model(artifact.model, mesh, "unused")
+        policy = models.restore_policy(artifact, base, mesh)
+        leaves.append([np.asarray(x) for x in jax.tree.leaves(nnx.state(policy, nnx.LoRAParam))])
+    assert all(np.array_equal(x, y) for x, y in zip(*leaves, strict=True))
