@@ -32,10 +32,12 @@ def test_audit_on_gcs_names_same_size_changes(fake_gcs: str) -> None:
     from pipeline.manifest import manifest_uri
     from schemas.record import RunManifest
     from stages.core.runner import RunContext, StageIdentity
+    from tests.conftest import recipe_with
     from tests.unit.test_records import checkpoint_stage
 
     ctx = RunContext(root=f"gs://{fake_gcs}/audit", run="r")
-    manifest = RunManifest(run="r", recipe={}, recipe_source="", created_at=datetime.now(UTC))
+    recipe = recipe_with(ctx.root).model_dump(mode="json")  # the default four-stage DAG
+    manifest = RunManifest(run="r", recipe=recipe, recipe_source="", created_at=datetime.now(UTC))
     storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
     sft = checkpoint_stage(ctx, "sft", {}, {}).output
     grpo = checkpoint_stage(ctx, "grpo", {"sft": sft.fingerprint}, {"sft": sft.uri})
