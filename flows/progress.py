@@ -19,6 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 from prefect.utilities.context import get_task_and_flow_run_ids
 
+from flows.ui_artifacts import artifact_key
 from stages.core.progress import ProgressPrinter, ProgressUpdate
 from stages.core.runner import RunContext
 
@@ -28,13 +29,13 @@ UI_UPDATE_SECONDS = 5.0  # at most one API call per stage per this many seconds
 
 class PrefectProgress:
     """A ProgressCallback that keeps one Prefect progress artifact per stage up to date (key
-    `{run}-{stage}-progress`), created at the first step (a skipped stage gets none). Built
-    inside the stage's task run, whose ids it keeps: the updates may come from another thread
-    (Tunix's GRPO learner consumes its data on its own). An unreachable API is logged once,
-    never fatal."""
+    `far-{run}-{stage}-progress`, like the stage's other artifacts), created at the first
+    step (a skipped stage gets none). Built inside the stage's task run, whose ids it keeps:
+    the updates may come from another thread (Tunix's GRPO learner consumes its data on its
+    own). An unreachable API is logged once, never fatal."""
 
     def __init__(self, run: str, stage: str) -> None:
-        self.key = f"{run}-{stage}-progress".replace("_", "-").replace(".", "-")
+        self.key = artifact_key(run, stage, "progress")
         self.task_run_id, self.flow_run_id = get_task_and_flow_run_ids()
         self.last_sent = -UI_UPDATE_SECONDS
         self.artifact: UUID | None = None

@@ -49,6 +49,13 @@ EXPECTED_KEYS = {
 UI_TIMEOUT_MS = 60_000
 
 
+def expected_keys(trained: bool) -> dict[str, set[str]]:
+    """EXPECTED_KEYS, plus the progress artifact sft and grpo keep while they train (a run
+    that skips them creates none)."""
+    progress = {"sft", "grpo"} if trained else set()
+    return {s: k | ({"progress"} if s in progress else set()) for s, k in EXPECTED_KEYS.items()}
+
+
 @dataclass(frozen=True)
 class Runs:
     api_url: str
@@ -153,7 +160,7 @@ def test_each_stage_publishes_its_keyed_artifacts(runs: Runs) -> None:
             prefix = f"far-smoke-{stage.replace('_', '-')}-"
             assert artifact["key"].startswith(prefix), artifact["key"]
             keys[stage].add(artifact["key"].removeprefix(prefix))
-        assert keys == EXPECTED_KEYS
+        assert keys == expected_keys(trained=flow_run_id == runs.first)
 
 
 def test_artifact_contents(runs: Runs) -> None:
@@ -163,7 +170,9 @@ def test_artifact_contents(runs: Runs) -> None:
     assert sft_metrics["train_step_compilations"] == 1.0
     link = by_key["far-smoke-sft-checkpoint"]["data"]  # a link artifact is stored as markdown
     assert "](file://" in link and "/smoke/sft-" in link and "step 150" in link
-    assert "| model | prompts | format rate |" in by_key["far-smoke-evaluate-report"]["data"]
+    assert (
+        "| model | prompts | format rate [95% CI] |" in by_key["far-smoke-evaluate-report"]["data"]
+    )
     assert "| sft |" in by_key["far-smoke-evaluate-report"]["data"]
     assert "| split | examples |" in by_key["far-smoke-data-prep-data-card"]["data"]
     skipped = {a["key"]: a for a in _artifacts(runs, runs.second)}
@@ -202,7 +211,7 @@ def _check_artifact_cards(page: Any, runs: Runs, flow_run_id: str) -> None:
     titles = page.locator(".artifact-card__title")
     expected = sorted(
         f"far-smoke-{stage.replace('_', '-')}-{what}"
-        for stage, whats in EXPECTED_KEYS.items()
+        for stage, whats in expected_keys(trained=flow_run_id == runs.first).items()
         for what in whats
     )
     expect(titles).to_have_count(len(expected), timeout=UI_TIMEOUT_MS)
@@ -247,7 +256,9 @@ def test_artifact_pages_render_the_metrics_table_and_report(runs: Runs, browser:
     expect(heading).to_be_visible(timeout=UI_TIMEOUT_MS)
     for model in ("base", "sft", "grpo"):
         expect(page.get_by_role("cell", name=model, exact=True).first).to_be_visible()
-    expect(page.get_by_role("columnheader", name="format rate", exact=True).first).to_be_visible()
+    expect(
+        page.get_by_role("columnheader", name="format rate [95% CI]", exact=True).first
+    ).to_be_visible()
     _screenshot(page, "evaluate-report")
     page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key['far-smoke-sft-checkpoint']}")
     link = page.get_by_role("link", name=re.compile(r"^sft checkpoint, step 150: "))

@@ -110,7 +110,7 @@ def test_training_progress_is_shown_in_the_prefect_ui(
     assert smoke_runs[0].complete
     steps = {"sft": 150, "grpo": 4}  # recipes/smoke.yaml
     for stage, total in steps.items():
-        artifact = Artifact.get(f"smoke-{stage}-progress")
+        artifact = Artifact.get(f"far-smoke-{stage}-progress")
         assert artifact is not None, stage
         assert artifact.type == "progress" and float(artifact.data) == 100.0
         assert artifact.description.startswith(f"{stage} {total}/{total} (100%)")
