@@ -177,7 +177,7 @@ def test_the_last_evaluation_compares_checkpoints_from_every_branch(
     _, summary = dag_run
     report = records(summary)["evaluate_all"].output
     names = [s.name for s in report.scores]  # type: ignore[union-attr]
-    assert names == ["base", "dpo", "grpo", "grpo_hard", "orpo", "sft_self"]
+    assert names == ["base", "base-3shot", "dpo", "grpo", "grpo_hard", "orpo", "sft_self"]
 
 
 def test_status_lineage_and_audit_follow_the_dag(dag_run: tuple[Recipe, RunSummary]) -> None:

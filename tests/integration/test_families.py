@@ -57,4 +57,4 @@ def test_tiny_gemma2_trains_and_generates(tmp_path) -> None:
     report = evaluate.evaluate(
         dataset, {"sft": trained.output}, recipe.eval, recipe.model, recipe.mesh, ctx
     ).output
-    assert [s.name for s in report.scores] == ["base", "sft"]
+    assert [s.name for s in report.scores] == ["base", "base-3shot", "sft"]
