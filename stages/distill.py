@@ -31,10 +31,10 @@ from tunix.sft import utils as sft_utils
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
 from stages.core import storage
+from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, load_sft_arrays
 from stages.core.runner import (
     RunContext,
-    SessionExpired,
     StageIdentity,
     StageOutcome,
     run_stage,
@@ -142,21 +142,17 @@ def _distill(
     with mesh:
         trainer.train(stream)  # ends with close(): saves the last checkpoint
     release_scalar_listeners(trainer.metrics_logger)
-    storage.publish_tree(local_ckpt, ckpt_uri)
-    storage.publish_local_directory(local_logs, log_uri)
-    if trainer.train_steps < config.max_steps:
-        raise SessionExpired(
-            f"distill stopped at step {trainer.train_steps} of {config.max_steps} "
-            f"with a checkpoint saved; it resumes from there"
-        )
-    artifact = CheckpointArtifact(
-        uri=ckpt_uri,
-        step=config.max_steps,
-        model=student_spec,
-        tokenizer=teacher.tokenizer,
-        lora=config.lora,
-        size_bytes=sum(storage.list_files(ckpt_uri).values()),
-        fingerprint=storage.tree_fingerprint(ckpt_uri),
+    publish_session(
+        "distill",
+        trainer.train_steps,
+        config.max_steps,
+        local_ckpt,
+        ckpt_uri,
+        local_logs,
+        log_uri,
+    )
+    artifact = committed_checkpoint(
+        ckpt_uri, config.max_steps, student_spec, teacher.tokenizer, config.lora
     )
     losses = [
         float(x) for x in np.asarray(trainer.metrics_logger.get_metric_history("", "loss", "train"))

@@ -28,9 +28,9 @@ from tunix.sft.dpo import dpo_trainer
 from schemas.artifacts import CheckpointArtifact, PreferenceDataset
 from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
 from stages.core import storage
+from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.runner import (
     RunContext,
-    SessionExpired,
     StageIdentity,
     StageOutcome,
     find_record,
@@ -144,22 +144,16 @@ def _optimize(
     with mesh:
         trainer.train(stream)  # ends with close(): saves the last checkpoint
     release_scalar_listeners(trainer.metrics_logger)
-    storage.publish_tree(local_ckpt, ckpt_uri)
-    storage.publish_local_directory(local_logs, log_uri)
-    if trainer.train_steps < config.max_steps:
-        raise SessionExpired(
-            f"{config.algorithm} stopped at step {trainer.train_steps} of {config.max_steps} "
-            f"with a checkpoint saved; it resumes from there"
-        )
-    artifact = CheckpointArtifact(
-        uri=ckpt_uri,
-        step=config.max_steps,
-        model=spec,
-        tokenizer=tokenizer.name,
-        lora=policy.lora,
-        size_bytes=sum(storage.list_files(ckpt_uri).values()),
-        fingerprint=storage.tree_fingerprint(ckpt_uri),
+    publish_session(
+        config.algorithm,
+        trainer.train_steps,
+        config.max_steps,
+        local_ckpt,
+        ckpt_uri,
+        local_logs,
+        log_uri,
     )
+    artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, policy.lora)
     return artifact, _metrics(trainer, len(pairs), start_step), _history(trainer)
 
 

@@ -25,12 +25,12 @@ from tunix.sft import metrics_logger, peft_trainer
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages.core import storage
+from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.progress import reporting
 from stages.core.runner import (
     RunContext,
-    SessionExpired,
     StageIdentity,
     StageOutcome,
     run_stage,
@@ -159,22 +159,10 @@ def _train(
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
     release_scalar_listeners(trainer.metrics_logger)
     finished = time.time()
-    storage.publish_tree(local_ckpt, ckpt_uri)
-    storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
-    if trainer.train_steps < config.max_steps:
-        raise SessionExpired(
-            f"SFT stopped at step {trainer.train_steps} of {config.max_steps} "
-            f"with a checkpoint saved; it resumes from there"
-        )
-    artifact = CheckpointArtifact(
-        uri=ckpt_uri,
-        step=config.max_steps,
-        model=spec,
-        tokenizer=tokenizer.name,
-        lora=config.lora,
-        size_bytes=sum(storage.list_files(ckpt_uri).values()),
-        fingerprint=storage.tree_fingerprint(ckpt_uri),
+    publish_session(
+        "SFT", trainer.train_steps, config.max_steps, local_ckpt, ckpt_uri, local_logs, log_uri
     )
+    artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, config.lora)
     metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)
     metrics["train_step_compilations"] = float(compiles.count)
     write_scalars(local_logs, trainer.train_steps, metrics)

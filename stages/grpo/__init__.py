@@ -37,11 +37,11 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import storage
+from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, load_prompts
 from stages.core.progress import report_end, reporting
 from stages.core.runner import (
     RunContext,
-    SessionExpired,
     StageIdentity,
     StageOutcome,
     run_stage,
@@ -302,15 +302,16 @@ def _reinforce(
     for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
         # else they keep writing into this stage's directory
         tunix_compat.release_scalar_listeners(logger)
-    storage.publish_tree(session.local_ckpt, session.ckpt_uri)
-    storage.publish_local_directory(session.local_logs, session.log_uri)
     save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
-    done = session.steps_done(config)
-    if done < config.max_steps:
-        raise SessionExpired(
-            f"GRPO stopped at step {done} of {config.max_steps} with a "
-            f"checkpoint saved; it resumes from there"
-        )
+    publish_session(
+        "GRPO",
+        session.steps_done(config),
+        config.max_steps,
+        session.local_ckpt,
+        session.ckpt_uri,
+        session.local_logs,
+        session.log_uri,
+    )
     return _results(session, config, spec, sft, history, start_step)
 
 
@@ -322,16 +323,13 @@ def _results(
     history: metrics.MetricsHistory,
     start_step: int,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
-    actor_uri = storage.join(session.ckpt_uri, ACTOR_SUBDIR)
-    artifact = CheckpointArtifact(
-        uri=actor_uri,
+    artifact = committed_checkpoint(
+        storage.join(session.ckpt_uri, ACTOR_SUBDIR),
         # Tunix numbers checkpoints by optimizer update: num_iterations per GRPO step
-        step=config.max_steps * config.num_iterations,
-        model=spec,
-        tokenizer=session.tokenizer_name,
-        lora=sft.lora,
-        size_bytes=sum(storage.list_files(actor_uri).values()),
-        fingerprint=storage.tree_fingerprint(actor_uri),
+        config.max_steps * config.num_iterations,
+        spec,
+        session.tokenizer_name,
+        sft.lora,
     )
     scalars = {
         **history.summary(),

@@ -1,0 +1,48 @@
+"""The end of a training session, shared by every stage that trains with a Tunix trainer.
+
+SFT, GRPO, DPO/ORPO and distillation all finish a session the same way: publish the local
+Orbax checkpoints and logs to the stage's storage, stop with SessionExpired when the session
+ended before `max_steps` (the next session resumes from the saved step), and otherwise describe
+the committed checkpoint as a CheckpointArtifact fingerprinted by its content.
+"""
+
+from __future__ import annotations
+
+from schemas.artifacts import CheckpointArtifact
+from schemas.recipe import LoraSpec, ModelSpec
+from stages.core import storage
+from stages.core.runner import SessionExpired
+
+
+def publish_session(
+    what: str,
+    steps_done: int,
+    max_steps: int,
+    local_ckpt: str,
+    ckpt_uri: str,
+    local_logs: str,
+    log_uri: str,
+) -> None:
+    """Publish checkpoints and logs (also when stopping); raise SessionExpired when short."""
+    storage.publish_tree(local_ckpt, ckpt_uri)
+    storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
+    if steps_done < max_steps:
+        raise SessionExpired(
+            f"{what} stopped at step {steps_done} of {max_steps} "
+            f"with a checkpoint saved; it resumes from there"
+        )
+
+
+def committed_checkpoint(
+    uri: str, step: int, model: ModelSpec, tokenizer: str, lora: LoraSpec | None
+) -> CheckpointArtifact:
+    """The CheckpointArtifact of the Orbax checkpoints under `uri`, by their content."""
+    return CheckpointArtifact(
+        uri=uri,
+        step=step,
+        model=model,
+        tokenizer=tokenizer,
+        lora=lora,
+        size_bytes=sum(storage.list_files(uri).values()),
+        fingerprint=storage.tree_fingerprint(uri),
+    )
