@@ -9,6 +9,7 @@ raises SessionExpired. Running the same command again resumes from that checkpoi
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import threading
@@ -84,6 +85,18 @@ def guarded(
             return
         clock.times.append(now)
         yield item
+
+
+def nonempty(items: Iterator[T]) -> Iterator[T] | None:
+    """`items` unchanged, or None when it yields nothing: a session resumed with no time left
+    for one step. (Tunix's RL learner reads a first batch before its loop and fails on none.)"""
+    first = next(items, _NOTHING)
+    if first is _NOTHING:
+        return None
+    return itertools.chain([first], items)  # type: ignore[list-item]
+
+
+_NOTHING = object()
 
 
 def _should_stop(

@@ -47,7 +47,7 @@ from stages.core.runner import (
     run_stage,
     with_uris,
 )
-from stages.core.sessions import StepClock, guarded
+from stages.core.sessions import StepClock, guarded, nonempty
 from stages.grpo import metrics, rollouts, timing
 from stages.modeling import models, optim, tunix_compat
 from stages.modeling.tokenizers import build_tokenizer
@@ -287,8 +287,10 @@ def _reinforce(
             library_bar=True,  # Tunix's learner draws step/total and loss on a terminal
         )
         started = time.perf_counter()
-        with session.mesh:
-            session.learner.train(stream)  # ends with close(): saves the last checkpoint
+        first_batch_and_rest = nonempty(stream)
+        if first_batch_and_rest is not None:  # else no time for a step: stop where restored
+            with session.mesh:
+                session.learner.train(first_batch_and_rest)  # close() saves the last checkpoint
         report_end(
             ctx.progress,
             "grpo",

@@ -108,3 +108,21 @@ def test_each_algorithm_stops_and_resumes_to_bitwise_equal_adapters(
     expected, got = lora_leaves(straight.output), lora_leaves(resumed.output)
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
     assert any(not np.array_equal(a, b) for a, b in zip(lora_leaves(policy), got, strict=True))
+
+
+def test_a_session_with_no_time_for_a_step_stops_cleanly_and_the_next_one_trains(
+    small_sft: tuple[Any, Any, Path],
+) -> None:
+    """A flow session whose deadline is already too close when GRPO starts (SFT used the
+    time): Tunix's learner cannot start on no batches, so the stage stops at its restored step
+    (CI once failed here with Tunix's StopIteration) and the next session trains."""
+    dataset, policy, root = small_sft
+    margin = {"max_steps": 2, "save_margin_seconds": 3600.0}  # the stage starts, no step fits
+    recipe = recipe_with(str(root), sft={"max_steps": 4}, grpo=margin)
+    late = RunContext(str(root), "late", deadline=time.time() + 600.0)
+    with pytest.raises(SessionExpired, match=r"GRPO stopped at step 0 of 2"):
+        grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, late)
+    finished = grpo.reinforce(
+        dataset, policy, recipe.grpo, recipe.model, recipe.mesh, RunContext(str(root), "late")
+    )
+    assert finished.output.step == 2
