@@ -106,7 +106,7 @@ def stage_task(
     recipe: Recipe, node: StageNode, config: Any, inputs: dict[str, Artifact], ctx: RunContext
 ) -> State[tuple[Artifact, StageSummary]]:
     """One pipeline node; the flow names each task after its node id."""
-    if node.kind in ("sft", "grpo"):  # training stages report progress to the UI
+    if node.kind in ("sft", "grpo", "evaluate"):  # long stages report progress to the UI
         ctx = with_stage_progress(ctx, recipe.name, node.id)
     outcome = nodes.run_node(recipe, node, config, inputs, ctx)
     return _finish(ctx, node.id, outcome)

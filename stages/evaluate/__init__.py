@@ -37,7 +37,7 @@ from stages.core.runner import (
     with_uris,
 )
 from stages.evaluate import fewshot, reports
-from stages.evaluate.progress import EvalProgress
+from stages.evaluate.progress import BatchTally, EvalProgress
 from stages.modeling import models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
@@ -278,10 +278,12 @@ def _evaluate(
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
     progress: dict[str, EvalProgress] = {}
     batches = -(-len(prompts) // config.batch_size)
+    rows_reported = sum(len(_variant_labels(name, config)) for name in config.models)
+    tally = BatchTally(ctx.progress, batches * rows_reported)
 
     def progress_of(label: str) -> EvalProgress:
         if label not in progress:
-            progress[label] = EvalProgress(directory, label, ctx.deadline, ctx.stop)
+            progress[label] = EvalProgress(directory, label, ctx.deadline, ctx.stop, tally)
         return progress[label]
 
     def finished(name: str, progress_of: Callable[[str], EvalProgress]) -> bool:

@@ -6,6 +6,9 @@ batch as long as the last one took?); each generated batch is written at once to
 progress/<model key>/batch-<number>.json in the stage directory. The next session skips every
 batch already on storage, so a stop costs at most the batch in flight. Each batch's sampling
 seed depends only on its number, so a resumed evaluation equals an uninterrupted one.
+
+`BatchTally` counts batches over all of an evaluation's models for the run's progress callback
+(a bar or log line in the terminal, the Prefect UI), batches read back from storage included.
 """
 
 from __future__ import annotations
@@ -14,21 +17,46 @@ import hashlib
 import time
 
 from stages.core import storage
+from stages.core.progress import ProgressCallback, ProgressUpdate
 from stages.core.runner import SessionExpired
 from stages.core.sessions import StopFlag
 
 PROGRESS_DIR = "progress"
 
 
+class BatchTally:
+    """Batches done over all rows of an evaluation, reported as its progress (s/step is the
+    mean time per generated batch, model loading included; batches read back count as done)."""
+
+    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
+        self.callback, self.total = callback, total
+        self.done, self.generated = 0, 0
+        self._started = time.perf_counter()
+
+    def batch_done(self, generated: bool) -> None:
+        self.done += 1
+        self.generated += int(generated)
+        if self.callback is None:
+            return
+        elapsed = time.perf_counter() - self._started
+        per_batch = elapsed / self.generated if self.generated else None
+        self.callback(ProgressUpdate("evaluate", self.done, self.total, per_batch))
+
+
 class EvalProgress:
     """The finished batches of one model's completions, and when to stop generating more."""
 
     def __init__(
-        self, directory: str, model: str, deadline: float | None, stop: StopFlag | None
+        self,
+        directory: str,
+        model: str,
+        deadline: float | None,
+        stop: StopFlag | None,
+        tally: BatchTally | None = None,
     ) -> None:
         key = hashlib.sha256(model.encode()).hexdigest()[:16]
         self.folder = storage.join(directory, PROGRESS_DIR, key)
-        self.model, self.deadline, self.stop = model, deadline, stop
+        self.model, self.deadline, self.stop, self.tally = model, deadline, stop, tally
         self.last_batch_seconds = 0.0
         self._started: float | None = None
 
@@ -43,6 +71,8 @@ class EvalProgress:
         saved = storage.read_json(uri)
         if saved["model"] != self.model or saved["batch"] != number:
             raise ValueError(f"{uri} holds batch {saved['batch']} of {saved['model']!r}")
+        if self.tally is not None:
+            self.tally.batch_done(generated=False)
         return [str(text) for text in saved["completions"]]
 
     def before_batch(self, number: int) -> None:
@@ -64,6 +94,8 @@ class EvalProgress:
         storage.write_json(self._uri(number), payload)
         if self._started is not None:
             self.last_batch_seconds = time.perf_counter() - self._started
+        if self.tally is not None:
+            self.tally.batch_done(generated=True)
 
     def complete(self, batches: int) -> bool:
         """True when all `batches` batches are on storage (no model to restore at all)."""

@@ -50,9 +50,9 @@ UI_TIMEOUT_MS = 60_000
 
 
 def expected_keys(trained: bool) -> dict[str, set[str]]:
-    """EXPECTED_KEYS, plus the progress artifact sft and grpo keep while they train (a run
-    that skips them creates none)."""
-    progress = {"sft", "grpo"} if trained else set()
+    """EXPECTED_KEYS, plus the progress artifact sft, grpo and evaluate keep while they run (a
+    run that skips them creates none)."""
+    progress = {"sft", "grpo", "evaluate"} if trained else set()
     return {s: k | ({"progress"} if s in progress else set()) for s, k in EXPECTED_KEYS.items()}
 
 

@@ -3,6 +3,7 @@ checkpoints by URI, sampling metrics, report files, and scores written into reco
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from schemas.recipe import EvalConfig, Recipe
 from schemas.record import StageRecord
 from stages import data_prep, evaluate, sft
 from stages.core import storage
+from stages.core.progress import ProgressUpdate
 from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
 from stages.core.sessions import StopFlag
 from stages.modeling import models
@@ -198,6 +200,12 @@ def test_stop_mid_model_resumes_to_the_same_report(trained, tmp_path: Path) -> N
         run(stopped)
     kept = sorted(p.name for p in (tmp_path / "split").rglob("progress/*/batch-*.json"))
     assert len(kept) == 6  # base's 4 batches and sft's first 2
-    resumed = run(RunContext(str(tmp_path / "split"), "ev", cache_dir=ctx.cache_dir)).output
+    updates: list[ProgressUpdate] = []
+    resuming = RunContext(str(tmp_path / "split"), "ev", cache_dir=ctx.cache_dir)
+    resumed = run(dataclasses.replace(resuming, progress=updates.append)).output
+    # progress over both models' 8 batches: the 6 kept ones count as done, 2 are generated
+    assert [u.step for u in updates] == list(range(1, 9))
+    assert {u.total for u in updates} == {8} and {u.stage for u in updates} == {"evaluate"}
+    assert updates[-1].seconds_per_step is not None and updates[5].seconds_per_step is None
     assert resumed.scores == whole.scores
     assert storage.read_bytes(resumed.samples_uri) == storage.read_bytes(whole.samples_uri)
