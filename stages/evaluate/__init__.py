@@ -1,5 +1,8 @@
 """Evaluation stage: generate on held-out prompts for each model, score, report.
 
+The prompts are the dataset's `eval` split, or with `config.split` its `grpo_train` split
+(which training prompts a model still fails, for hard_subset; the eval split stays held out).
+
 Entry point: `evaluate(dataset, checkpoints, config, model, mesh, ctx) -> StageOutcome[EvalReport]`.
 
 Generation is batched with fixed shapes (prompts padded to the dataset's prompt length, the
@@ -274,7 +277,7 @@ def _evaluate(
     cache_dir = ctx.model_cache
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
-    rows = load_prompts(dataset, "eval")
+    rows = load_prompts(dataset, config.split)
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
     progress: dict[str, EvalProgress] = {}
     batches = -(-len(prompts) // config.batch_size)
@@ -322,13 +325,22 @@ def _evaluate(
     return report, metrics, {}
 
 
+def hashed_config(config: EvalConfig) -> dict[str, Any]:
+    """The config as hashed: the default split (eval) is left out, so evaluations made before
+    `split` existed keep their hash and directory."""
+    dumped = config.model_dump(mode="json")
+    if dumped["split"] == "eval":
+        del dumped["split"]
+    return dumped
+
+
 def identity(
     config: EvalConfig,
     model: ModelSpec,
     dataset_fingerprint: str,
     checkpoint_fingerprints: dict[str, str],
 ) -> StageIdentity:
-    hashed = {"eval": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    hashed = {"eval": hashed_config(config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
     return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
 
