@@ -1,18 +1,18 @@
 """recipes/smoke-dag.yaml for real: a longer pipeline on the tiny model through the flow.
 
-One run (module fixture, a real Prefect API) feeds every assertion: the nodes ran in DAG order
-with their own directories, hard_subset kept the training prompts the GRPO policy failed
-(none of them in the eval split the last evaluation scores), self_teach
-rows name their checkpoint, sample and rewards and a following sft trained on them, DPO and
-ORPO trained from preference pairs built from the evaluation, the last evaluation compared six
-models, and status, lineage, audit and a re-run (everything skipped) follow the DAG. Then each
-new stage is stopped mid-way in a second root and resumed, ending where the flow's run did.
+One run (the session's `dag_run` fixture, on the real Prefect server) feeds every assertion:
+the nodes ran in DAG order with their own directories, hard_subset kept the training prompts
+the GRPO policy failed (none of them in the eval split the last evaluation scores), self_teach
+rows name their checkpoint, sample and rewards and a following sft continued from sft on them,
+DPO and ORPO trained from preference pairs built from the evaluation, the last evaluation
+compared six models, and status, lineage, audit and a re-run (everything skipped) follow the
+DAG. Then each new stage (and distill) is stopped mid-way in a second root and resumed, ending
+where the flow's run did.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from stages.core.errors import InputError
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from stages.modeling import models
-from tests.conftest import recipe_with
+from tests.conftest import on_api
 
 pytestmark = pytest.mark.slow
 
@@ -51,16 +51,6 @@ class StopAfter(StopFlag):
         if self.left < 0 and not super().is_set():
             self.request("stop requested by the test")
         return super().is_set()
-
-
-@pytest.fixture(scope="module")
-def dag_run(
-    prefect_server: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Recipe, RunSummary]]:
-    root = str(tmp_path_factory.mktemp("dag"))
-    recipe = recipe_with(root, base="smoke-dag")
-    summary = format_align_reinforce(recipe, storage.normalize(root))
-    yield recipe, summary
 
 
 def records(summary: RunSummary) -> dict[str, StageRecord]:
@@ -84,15 +74,18 @@ def test_every_node_ran_in_dag_order_in_its_own_directory(
         assert record.node == (None if node_id == record.stage else node_id)
 
 
-def test_prefect_task_graph_has_the_dag_edges(dag_run: tuple[Recipe, RunSummary]) -> None:
-    """Each task waits on its upstream tasks' states, which is what the UI's run graph draws."""
+def test_prefect_task_graph_has_the_dag_edges(
+    dag_run: tuple[Recipe, RunSummary], prefect_api: str
+) -> None:
+    """Each task waits on its upstream tasks' states, which is what the UI's run graph draws
+    (tests/e2e/test_prefect_ui.py screenshots it)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     recipe, summary = dag_run
     flow_run_id = records(summary)["data_prep"].flow_run_id
     assert flow_run_id is not None
-    with get_client(sync_client=True) as client:
+    with on_api(prefect_api), get_client(sync_client=True) as client:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
@@ -238,7 +231,9 @@ def test_the_last_evaluation_compares_checkpoints_from_every_branch(
     assert [s.name for s in records(summary)["evaluate_train"].output.scores] == ["grpo"]  # type: ignore[union-attr]
 
 
-def test_status_lineage_and_audit_follow_the_dag(dag_run: tuple[Recipe, RunSummary]) -> None:
+def test_status_lineage_and_audit_follow_the_dag(
+    dag_run: tuple[Recipe, RunSummary], prefect_api: str
+) -> None:
     recipe, summary = dag_run
     run_uri = summary.run_uri
     states = manifest.run_status(run_uri)
@@ -253,7 +248,8 @@ def test_status_lineage_and_audit_follow_the_dag(dag_run: tuple[Recipe, RunSumma
         "pairs (preferences)",
     ):
         assert node_id in text
-    again = format_align_reinforce(recipe, storage.normalize(recipe.storage_root))
+    with on_api(prefect_api):
+        again = format_align_reinforce(recipe, storage.normalize(recipe.storage_root))
     assert again.complete and all(s.skipped for s in again.stages)
 
 
