@@ -66,10 +66,13 @@ DATASET_FOR = {
 }
 PORTS: dict[str, dict[str, Port]] = {
     "data_prep": {},
-    "sft": {"dataset": DATASET_FOR["sft"]},
+    "sft": {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
     "grpo": {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
     "evaluate": {"dataset": DATASET_FOR["eval"]},  # every other input: a checkpoint to evaluate
-    "hard_subset": {"evaluation": Port(("eval_report",)), "dataset": DATASET_FOR["eval"]},
+    "hard_subset": {  # the dataset: the evaluated one (its grpo_train) and its eval split
+        "evaluation": Port(("eval_report",), producers=("evaluate",)),
+        "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
+    },
     "self_teach": {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
     "preferences": {  # none: pairs from config.file
         "samples": Port(
@@ -138,12 +141,45 @@ def build_dag(recipe: Recipe) -> Dag:
             raise DagError(f"node id {node.id!r} is used twice; ids must be unique")
         by_id[node.id] = node
     for node in nodes:
-        _check_inputs(node, by_id)
+        _check_inputs(node, by_id, recipe)
+    for node in nodes:
+        if node.kind == "hard_subset":
+            _check_held_out(node, by_id[node.inputs["evaluation"]], recipe)
     return Dag(tuple(_topological(nodes)))
 
 
-def _check_inputs(node: StageNode, by_id: dict[str, StageNode]) -> None:
-    ports = PORTS[node.kind]
+def evaluated_split(recipe: Recipe, node: StageNode) -> str:
+    """The dataset split an evaluate node scores (its config's, else the recipe's eval)."""
+    if not isinstance(node, EvaluateNode):
+        raise DagError(f"{node.id} is a {node.kind} node, not an evaluate node")
+    return (node.config or recipe.eval).split
+
+
+def _ports(node: StageNode, recipe: Recipe) -> dict[str, Port]:
+    """The node's inputs; an evaluate node's dataset must hold the split it scores."""
+    if node.kind != "evaluate":
+        return PORTS[node.kind]
+    return {"dataset": Port(("dataset",), frozenset({evaluated_split(recipe, node)}))}
+
+
+def _check_held_out(node: StageNode, evaluation: StageNode, recipe: Recipe) -> None:
+    """hard_subset trains on what an evaluation scored: never on the held-out eval split."""
+    if evaluated_split(recipe, evaluation) == "eval":
+        raise DagError(
+            f"{node.id}.evaluation <- {evaluation.id}: {evaluation.id} scores the held-out "
+            f"eval split, and training on its hard prompts would leak them into every later "
+            f"evaluation; give hard_subset an evaluate node with config split: grpo_train"
+        )
+    source = node.inputs["dataset"]
+    if evaluation.inputs.get("dataset") != source:
+        raise DagError(
+            f"{node.id}.dataset <- {source}: must be the dataset {evaluation.id} evaluated "
+            f"({evaluation.inputs.get('dataset')}), whose prompt ids it scored"
+        )
+
+
+def _check_inputs(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) -> None:
+    ports = _ports(node, recipe)
     for name, port in ports.items():
         if port.required and name not in node.inputs:
             raise DagError(

@@ -39,7 +39,9 @@ def run_node(
     if kind == "data_prep":
         return data_prep.prepare(config, model, ctx)
     if kind == "sft":
-        return sft.train(_get(inputs, "dataset", DatasetArtifact), config, model, mesh, ctx)
+        dataset = _get(inputs, "dataset", DatasetArtifact)
+        start = _get(inputs, "policy", CheckpointArtifact) if "policy" in inputs else None
+        return sft.train(dataset, config, model, mesh, ctx, policy=start)
     if kind == "grpo":
         dataset = _get(inputs, "dataset", DatasetArtifact)
         policy = _get(inputs, "policy", CheckpointArtifact)

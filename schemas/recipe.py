@@ -401,7 +401,9 @@ class EvalConfig(Frozen):
     temperature 0 is greedy (batched outputs equal batch-size-1 outputs); with a temperature,
     `samples` completions per prompt give pass@k and majority-vote accuracy. Every rate gets
     a Wilson 95% interval and each model is compared with the one listed before it on the
-    same prompts (exact McNemar test).
+    same prompts (exact McNemar test). `split` is the prompts scored: the held-out `eval`
+    split, or `grpo_train` to find training prompts a model still fails (hard_subset) while
+    the eval split stays held out.
     """
 
     models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
@@ -413,6 +415,7 @@ class EvalConfig(Frozen):
     temperature: Annotated[float, Field(ge=0)] = 0.0
     samples: PositiveInt = 1
     seed: int = 0
+    split: Literal["eval", "grpo_train"] = "eval"
 
     @field_validator("models")
     @classmethod

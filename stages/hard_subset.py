@@ -1,16 +1,17 @@
-"""Hard-subset stage: the prompts an evaluation says a model still fails, as a new dataset.
+"""Hard-subset stage: the training prompts an evaluation says a model still fails, as a new
+dataset.
 
 Entry point: `select(evaluation, dataset, config, ctx) -> StageOutcome[DatasetArtifact]`.
 
-From the evaluation's per-sample results (samples.jsonl: model, id, correct), the prompts
-whose mean correctness for `config.model` is below `config.below` are kept (topped up with
-the lowest-scoring others to `config.min_prompts`), in the dataset's own format: their rows
-become `grpo_train`, the evaluated dataset's `eval` split is carried over unchanged, and
+The evaluation must have scored the dataset's `grpo_train` split (an evaluate node with
+`split: grpo_train`): the hard prompts are training prompts, and the held-out `eval` split is
+never trained on, so a later evaluation on it stays held out. An evaluation of the eval split
+is refused. From the evaluation's per-sample results (samples.jsonl: model, id, correct), the
+prompts whose mean correctness for `config.model` is below `config.below` are kept (topped up
+with the lowest-scoring others to `config.min_prompts`), in the dataset's own format: their
+rows become `grpo_train`, the dataset's `eval` split is carried over unchanged, and
 selection.jsonl lists every evaluated prompt with its score and whether it was kept. A
 continued GRPO node trains on it in a later session. No training happens here.
-
-The kept prompts are the ones the evaluation saw, i.e. the evaluated dataset's eval split:
-a final evaluation on that same split is then no longer held out (the README says how).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from collections import defaultdict
 from schemas.artifacts import DatasetArtifact, EvalReport
 from schemas.recipe import HardSubsetConfig
 from stages.core import storage
-from stages.core.datasets import jsonl_bytes, load_prompts, write_derived_dataset
+from stages.core.datasets import (
+    evaluated_split,
+    jsonl_bytes,
+    load_prompts,
+    write_derived_dataset,
+)
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -33,8 +39,9 @@ from stages.core.runner import (
 )
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 1
+STAGE_VERSION = 2  # 2: selects from the evaluated grpo_train split, never from eval
 SELECTION_FILE = "selection.jsonl"
+TRAINING_SPLIT = "grpo_train"  # the split an evaluation must have scored
 
 
 def prompt_scores(samples: list[dict[str, object]], model: str) -> dict[str, float]:
@@ -70,15 +77,17 @@ def _select(
     samples = [json.loads(line) for line in text.splitlines() if line.strip()]
     scores = prompt_scores(samples, config.model)
     chosen = set(hard_ids(scores, config))
-    rows = load_prompts(dataset, "eval")
+    rows = load_prompts(dataset, TRAINING_SPLIT)
+    held_out = load_prompts(dataset, "eval")
     kept = [r for r in rows if r["id"] in chosen]
+    check_held_out(kept, held_out)
     selection = [
         {"id": r["id"], "score": scores.get(r["id"]), "kept": r["id"] in chosen} for r in rows
     ]
     artifact = write_derived_dataset(
         directory,
         dataset,
-        {"grpo_train": kept, "eval": rows},
+        {"grpo_train": kept, "eval": held_out},
         extra_files={SELECTION_FILE: jsonl_bytes(selection)},
     )
     failed = sum(1 for s in scores.values() if s < config.below)
@@ -107,7 +116,8 @@ def identity(
 
 
 def check_evaluated_on(evaluation: EvalReport, dataset: DatasetArtifact) -> None:
-    """Refuse an evaluation that was not run on `dataset` (its ids would not match)."""
+    """Refuse an evaluation that was not run on `dataset`'s grpo_train split (its ids would
+    not match, or the hard prompts would be held-out ones)."""
     found = find_record(evaluation.uri, levels=2)
     if found is None:
         raise FileNotFoundError(f"evaluation {evaluation.uri} is not committed (no stage record)")
@@ -117,12 +127,29 @@ def check_evaluated_on(evaluation: EvalReport, dataset: DatasetArtifact) -> None
             f"evaluation {evaluation.uri} ran on dataset {str(evaluated)[:12]}, "
             f"not on the given dataset {dataset.fingerprint[:12]} ({dataset.uri})"
         )
+    split = evaluated_split(evaluation.uri)
+    if split != TRAINING_SPLIT:
+        raise ValueError(
+            f"evaluation {evaluation.uri} scored the {split!r} split; hard_subset needs an "
+            f"evaluation of {TRAINING_SPLIT!r} (evaluate config split: {TRAINING_SPLIT}) so the "
+            f"held-out eval split is never trained on"
+        )
+
+
+def check_held_out(kept: list[dict[str, object]], held_out: list[dict[str, object]]) -> None:
+    """Refuse hard prompts that are also eval prompts (a dataset whose splits overlap)."""
+    shared = sorted({str(r["id"]) for r in kept} & {str(r["id"]) for r in held_out})
+    if shared:
+        raise ValueError(
+            f"hard_subset: {len(shared)} hard prompts are also in the eval split "
+            f"(e.g. {shared[:3]}); the dataset's grpo_train and eval splits must be disjoint"
+        )
 
 
 def select(
     evaluation: EvalReport, dataset: DatasetArtifact, config: HardSubsetConfig, ctx: RunContext
 ) -> StageOutcome[DatasetArtifact]:
-    """The prompts of `dataset`'s eval split that `evaluation` says are still hard."""
+    """The prompts of `dataset`'s grpo_train split that `evaluation` says are still hard."""
     check_evaluated_on(evaluation, dataset)
     return run_stage(
         ctx,

@@ -7,8 +7,9 @@ UltraFeedback-style rows: rated `completions`, or `chosen` / `rejected` message 
 from sampled completions with rewards: a GRPO stage's samples.jsonl (groups: one prompt at one
 step) or an evaluation's samples.jsonl (groups: one prompt, across the evaluated models or
 within `config.model`; the reward is correctness plus format, and the prompt text comes from
-the evaluated `dataset`). In each group the best-rewarded completion is chosen against the
-worst when they differ by more than `config.min_margin`. Prompts are Gemma chat turns.
+the split of `dataset` the evaluation scored). In each group the best-rewarded completion is
+chosen against the worst when they differ by more than `config.min_margin`. Prompts are Gemma
+chat turns.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, PreferenceDataset
 from schemas.recipe import PreferencesConfig
 from stages.core import storage
-from stages.core.datasets import jsonl_bytes, load_prompts
+from stages.core.datasets import evaluated_split, jsonl_bytes, load_prompts
 from stages.core.runner import (
     SOURCE_PREFIX,
     RunContext,
@@ -104,7 +105,8 @@ def _jsonl(uri: str) -> list[dict[str, Any]]:
 def pairs_from_evaluation(
     report: EvalReport, dataset: DatasetArtifact, config: PreferencesConfig
 ) -> list[dict[str, Any]]:
-    prompts = {r["id"]: r["prompt"] for r in load_prompts(dataset, "eval")}
+    scored = load_prompts(dataset, evaluated_split(report.uri))
+    prompts = {r["id"]: r["prompt"] for r in scored}
     groups: dict[Any, list[tuple[float, str]]] = defaultdict(list)
     for row in _jsonl(report.samples_uri):
         if config.model is None or row["model"] == config.model:

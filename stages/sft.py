@@ -1,6 +1,11 @@
 """SFT-format stage: teach the <reasoning>/<answer> format with Tunix PeftTrainer.
 
-Entry point: `train(dataset, config, model, mesh, ctx) -> StageOutcome[CheckpointArtifact]`.
+Entry point: `train(dataset, config, model, mesh, ctx, policy=None)
+-> StageOutcome[CheckpointArtifact]`.
+
+With a `policy` checkpoint the training continues from it (its LoRA adapters, or its full
+weights) instead of fresh adapters; its LoRA spec must equal `config.lora`. Without one the
+stage and its hash are what they always were.
 
 The model is built from the recipe's ModelSpec, qwix LoRA is applied (or full weights are
 trained), and PeftTrainer trains on the loss mask from data-prep. Orbax checkpoints go to the
@@ -129,11 +134,12 @@ def _train(
     spec: ModelSpec,
     mesh_spec: MeshSpec,
     ctx: RunContext,
+    policy: CheckpointArtifact | None,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(spec, ctx.model_cache)
     mesh = models.build_mesh(mesh_spec)
     base = models.build_base_model(spec, mesh, ctx.model_cache)
-    model = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
+    model = starting_model(base, config, mesh, policy)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
     trainer = build_trainer(model, config, local_ckpt, local_logs)
@@ -175,6 +181,27 @@ def _train(
         for name in ("loss", "learning_rate")
     }
     return artifact, metrics, history
+
+
+def starting_model(
+    base: Any, config: SFTConfig, mesh: Any, policy: CheckpointArtifact | None
+) -> Any:
+    """Fresh adapters on `base` (or `base` itself, full weights), or the `policy` restored.
+
+    Tunix's trainer then restores this stage's own latest checkpoint over it on a resume.
+    """
+    if policy is not None:
+        return models.restore_policy(policy, base, mesh)
+    return models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
+
+
+def check_policy(policy: CheckpointArtifact, config: SFTConfig) -> None:
+    """Continuing trains the policy's own parameters: its LoRA spec must be config.lora."""
+    if policy.lora != config.lora:
+        raise InputError(
+            f"sft continues from {policy.uri}, whose LoRA is {policy.lora}, "
+            f"but sft.lora is {config.lora}; they must be equal to continue training it"
+        )
 
 
 def latest_loss(trainer: peft_trainer.PeftTrainer) -> dict[str, float]:
@@ -228,19 +255,40 @@ def training_metrics(
     }
 
 
-def identity(config: SFTConfig, model: ModelSpec, dataset_fingerprint: str) -> StageIdentity:
+def identity(
+    config: SFTConfig,
+    model: ModelSpec,
+    dataset_fingerprint: str,
+    policy_fingerprint: str | None = None,
+) -> StageIdentity:
+    """The hashed config and inputs; without a policy, exactly the original identity."""
     hashed = {"sft": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
-    return StageIdentity("sft", STAGE_VERSION, hashed, {"dataset": dataset_fingerprint})
+    inputs = {"dataset": dataset_fingerprint}
+    if policy_fingerprint is not None:
+        inputs["policy"] = policy_fingerprint
+    return StageIdentity("sft", STAGE_VERSION, hashed, inputs)
 
 
 def train(
-    dataset: DatasetArtifact, config: SFTConfig, model: ModelSpec, mesh: MeshSpec, ctx: RunContext
+    dataset: DatasetArtifact,
+    config: SFTConfig,
+    model: ModelSpec,
+    mesh: MeshSpec,
+    ctx: RunContext,
+    policy: CheckpointArtifact | None = None,
 ) -> StageOutcome[CheckpointArtifact]:
-    """Train (or reuse, if committed) the SFT checkpoint for `dataset`."""
-    check_dataset(dataset, build_tokenizer(model, ctx.model_cache).name)
+    """Train (or reuse, if committed) the SFT checkpoint for `dataset`, from `policy` if given."""
+    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
+    check_dataset(dataset, tokenizer_name)
+    uris = {"dataset": dataset.uri}
+    if policy is not None:
+        models.check_compatible(policy, model, tokenizer_name)
+        check_policy(policy, config)
+        uris["policy"] = policy.uri
+    fingerprint = None if policy is None else policy.fingerprint
     return run_stage(
         ctx,
-        with_uris(identity(config, model, dataset.fingerprint), dataset=dataset.uri),
-        lambda directory: _train(directory, dataset, config, model, mesh, ctx),
+        with_uris(identity(config, model, dataset.fingerprint, fingerprint), **uris),
+        lambda directory: _train(directory, dataset, config, model, mesh, ctx, policy),
         carry_over=(CHECKPOINT_DIR,),
     )

@@ -155,6 +155,39 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("model-cache"))
 
 
+@contextmanager
+def on_api(api_url: str) -> Iterator[None]:
+    """In-process flow runs and clients of this block talk to the Prefect API at `api_url`.
+
+    A thread started without a copy of this context (Tunix's GRPO learner, which reports
+    progress) reads Prefect's process-global settings instead, so those are replaced for the
+    block too: what prefect.testing.utilities.prefect_test_harness does for its server.
+    """
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings({PREFECT_API_URL: api_url}),
+        # evaluated after the line above has entered: the settings it made current
+        _temporary_global_settings_context(get_settings_context()),
+    ):
+        yield
+
+
+@pytest.fixture(scope="session")
+def dag_run(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Recipe, Any]:
+    """recipes/smoke-dag.yaml run once through the flow against the real Prefect server
+    (`prefect_api`): tests/integration/test_dag_flow.py checks its outputs, the UI test
+    (tests/e2e/test_prefect_ui.py) draws its run graph. Returns (recipe, RunSummary)."""
+    from flows.far_flow import format_align_reinforce
+    from stages.core import storage
+
+    root = str(tmp_path_factory.mktemp("dag"))
+    recipe = recipe_with(root, base="smoke-dag")
+    with on_api(prefect_api):
+        return recipe, format_align_reinforce(recipe, storage.normalize(root))
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`prefect server start` on 127.0.0.1 (own SQLite database, UI served): yields its API URL.

@@ -17,7 +17,7 @@ import numpy as np
 from schemas.artifacts import DataCard, DatasetArtifact
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
-from stages.core.runner import RECORD_NAME
+from stages.core.runner import RECORD_NAME, find_record
 
 # The arrays of sft_train.npz, each [rows, seq_len] int32 (segment_ids 0 = padding).
 SFT_FIELDS = ("input_tokens", "input_mask", "segment_ids", "positions")
@@ -44,6 +44,16 @@ def load_prompts(artifact: DatasetArtifact, split: str) -> list[dict[str, Any]]:
     """Rows of a prompt split: id, source, domain, prompt (chat-formatted), answer, tests."""
     text = storage.read_text(storage.join(artifact.uri, SPLIT_FILES[split]))
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def evaluated_split(evaluation_uri: str) -> str:
+    """The dataset split an evaluation scored, from its committed stage record ('eval' when
+    its config does not name one: the default, left out of the hash)."""
+    found = find_record(evaluation_uri, levels=2)
+    if found is None:
+        raise MissingInput(f"evaluation {evaluation_uri} is not committed (no stage record)")
+    config = found[1].config.get("eval", {})
+    return str(config.get("split", "eval"))
 
 
 def check_dataset(dataset: DatasetArtifact, tokenizer_name: str) -> None:

@@ -1,5 +1,8 @@
 """Evaluation stage: generate on held-out prompts for each model, score, report.
 
+The prompts are the dataset's `eval` split, or with `config.split` its `grpo_train` split
+(which training prompts a model still fails, for hard_subset; the eval split stays held out).
+
 Entry point: `evaluate(dataset, checkpoints, config, model, mesh, ctx) -> StageOutcome[EvalReport]`.
 
 Generation is batched with fixed shapes (prompts padded to the dataset's prompt length, the
@@ -22,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from tunix.generate import sampler as tunix_sampler
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
@@ -38,7 +40,7 @@ from stages.core.runner import (
 )
 from stages.evaluate import fewshot, reports
 from stages.evaluate.progress import BatchTally, EvalProgress
-from stages.modeling import models
+from stages.modeling import generation, models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -54,52 +56,27 @@ def generate(
     spec: ModelSpec,
     progress: EvalProgress | None = None,
 ) -> list[str]:
-    """Completions batch by batch at one compiled shape; greedy unless config.temperature.
+    """Completions batch by batch at one compiled shape (the shared sampling loop); greedy
+    unless config.temperature.
 
     With `progress`, batches a session already finished are read back instead of generated
     (`network` may then be None if all are), and each new batch is kept as soon as it is done.
     """
     sampler = None
-    out: list[str] = []
-    for number, start in enumerate(range(0, len(prompts), config.batch_size)):
-        done = None if progress is None else progress.load(number)
-        if done is not None:
-            out.extend(done)
-            continue
-        if progress is not None:
-            progress.before_batch(number)
-        sampler = sampler or _sampler(network, tokenizer, config, prompt_len, spec)
-        batch = list(prompts[start : start + config.batch_size])
-        padded = batch + [batch[-1]] * (config.batch_size - len(batch))
-        sampling = {"temperature": config.temperature, "top_p": 1.0} if config.temperature else {}
-        result = sampler(
-            padded,
-            max_generation_steps=config.max_generation_tokens,
-            max_prompt_length=prompt_len,
-            seed=config.seed + number,
-            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
-            **sampling,
+    if network is not None:
+        sampler = generation.build_sampler(
+            network, tokenizer, spec, prompt_len, config.max_generation_tokens
         )
-        texts = list(result.text[: len(batch)])
-        if progress is not None:
-            progress.save(number, texts)
-        out.extend(texts)
-    return out
-
-
-def _sampler(
-    network: Any, tokenizer: Tokenizer, config: EvalConfig, prompt_len: int, spec: ModelSpec
-) -> tunix_sampler.Sampler:
-    arch = models.tunix_config(spec)
-    return tunix_sampler.Sampler(
-        network,
+    return generation.generate(
+        sampler,
         tokenizer,
-        tunix_sampler.CacheConfig(
-            cache_size=prompt_len + config.max_generation_tokens + 8,
-            num_layers=arch.num_layers,
-            num_kv_heads=arch.num_kv_heads,
-            head_dim=arch.head_dim,
-        ),
+        prompts,
+        prompt_len=prompt_len,
+        max_tokens=config.max_generation_tokens,
+        batch_size=config.batch_size,
+        temperature=config.temperature,
+        seed=config.seed,
+        store=progress,
     )
 
 
@@ -274,7 +251,7 @@ def _evaluate(
     cache_dir = ctx.model_cache
     tokenizer = build_tokenizer(spec, cache_dir)
     mesh = models.build_mesh(mesh_spec)
-    rows = load_prompts(dataset, "eval")
+    rows = load_prompts(dataset, config.split)
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
     progress: dict[str, EvalProgress] = {}
     batches = -(-len(prompts) // config.batch_size)
@@ -324,13 +301,22 @@ def _evaluate(
     return report, metrics, {}
 
 
+def hashed_config(config: EvalConfig) -> dict[str, Any]:
+    """The config as hashed: the default split (eval) is left out, so evaluations made before
+    `split` existed keep their hash and directory."""
+    dumped = config.model_dump(mode="json")
+    if dumped["split"] == "eval":
+        del dumped["split"]
+    return dumped
+
+
 def identity(
     config: EvalConfig,
     model: ModelSpec,
     dataset_fingerprint: str,
     checkpoint_fingerprints: dict[str, str],
 ) -> StageIdentity:
-    hashed = {"eval": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    hashed = {"eval": hashed_config(config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
     return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
 

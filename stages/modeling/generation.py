@@ -1,15 +1,16 @@
-"""Batched text generation with Tunix's sampler at one compiled shape.
+"""Batched text generation with Tunix's sampler at one compiled shape: the one sampling loop.
 
 Stages that generate outside training (evaluation, self-teaching) share this: prompts are
 padded to the dataset's prompt length, each batch filled to `batch_size` with repeats of its
 last prompt (so one shape compiles once), and batch `n` samples with seed `seed + n`, so a
-re-run draws the same completions.
+re-run draws the same completions. A BatchStore (evaluation's progress on storage) lets a
+resumed session read back the batches an earlier one finished instead of generating them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from tunix.generate import sampler as tunix_sampler
 
@@ -36,8 +37,21 @@ def build_sampler(
     )
 
 
+class BatchStore(Protocol):
+    """Finished batches kept across sessions, and the check before generating another."""
+
+    def load(self, number: int) -> list[str] | None:
+        """Batch `number`'s completions if an earlier session finished it, else None."""
+
+    def before_batch(self, number: int) -> None:
+        """Raise (e.g. SessionExpired) when batch `number` must not start."""
+
+    def save(self, number: int, completions: list[str]) -> None:
+        """Keep batch `number`'s completions."""
+
+
 def generate(
-    sampler: tunix_sampler.Sampler,
+    sampler: tunix_sampler.Sampler | None,
     tokenizer: Tokenizer,
     prompts: Sequence[str],
     *,
@@ -46,11 +60,24 @@ def generate(
     batch_size: int,
     temperature: float,
     seed: int,
+    store: BatchStore | None = None,
 ) -> list[str]:
-    """One completion per prompt; greedy when `temperature` is 0. Batch n uses seed + n."""
+    """One completion per prompt; greedy when `temperature` is 0. Batch n uses seed + n.
+
+    With `store`, the batches it holds are read back, each new one is saved as soon as it is
+    done; `sampler` may be None when the store holds every batch.
+    """
     sampling = {"temperature": temperature, "top_p": 1.0} if temperature else {}
     out: list[str] = []
     for number, start in enumerate(range(0, len(prompts), batch_size)):
+        done = None if store is None else store.load(number)
+        if done is not None:
+            out.extend(done)
+            continue
+        if store is not None:
+            store.before_batch(number)
+        if sampler is None:
+            raise ValueError(f"batch {number} is not stored and no sampler was given to make it")
         batch = list(prompts[start : start + batch_size])
         padded = batch + [batch[-1]] * (batch_size - len(batch))
         result = sampler(
@@ -61,5 +88,8 @@ def generate(
             eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
             **sampling,
         )
-        out.extend(result.text[: len(batch)])
+        texts = list(result.text[: len(batch)])
+        if store is not None:
+            store.save(number, texts)
+        out.extend(texts)
     return out

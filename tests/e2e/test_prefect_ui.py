@@ -3,7 +3,9 @@ twice (the second run skips all four stages), and headless Debian chromium on th
 
 Checks what a person watching the run would see: the four stage task runs, their keyed
 artifacts (metrics table, data card, evaluation report, checkpoint links) and, on the second
-run, every stage shown as Skipped. Screenshots go to test-outputs/ui/ in the repository.
+run, every stage shown as Skipped; and the run graph of recipes/smoke-dag.yaml (the session's
+`dag_run` on the same server), one task run per DAG node. Screenshots go to test-outputs/ui/
+in the repository.
 """
 
 from __future__ import annotations
@@ -263,3 +265,35 @@ def test_artifact_pages_render_the_metrics_table_and_report(runs: Runs, browser:
     page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key['far-smoke-sft-checkpoint']}")
     link = page.get_by_role("link", name=re.compile(r"^sft checkpoint, step 150: "))
     expect(link).to_have_attribute("href", re.compile(r"^file:///.*/smoke/sft-[0-9a-f]{12}/"))
+
+
+def test_ui_draws_the_dag_recipes_run_graph(
+    dag_run: tuple[Any, Any], prefect_api: str, browser: Any
+) -> None:
+    """The smoke-dag run's page: one task run per node, each waiting on its upstream nodes'
+    runs (the edges the graph draws), and the graph itself (screenshot dag-run-graph.png)."""
+    from playwright.sync_api import expect
+
+    from pipeline.dag import build_dag
+    from schemas.record import StageRecord
+    from stages.core import storage
+
+    recipe, summary = dag_run
+    dag = build_dag(recipe)
+    first = StageRecord.model_validate(storage.read_json(summary.stages[0].record_uri))
+    runs = Runs(prefect_api, str(first.flow_run_id), "")
+    tasks = _task_runs(runs, runs.first)
+    assert sorted(tasks) == sorted(dag.ids)
+    names = {t["id"]: name for name, t in tasks.items()}
+    drawn = {
+        (names[parent["id"]], name)
+        for name, task in tasks.items()
+        for parent in task["task_inputs"].get("wait_for", [])
+    }
+    assert drawn == {(source, target) for source, target, _ in dag.edges()}
+    page = browser.new_page()
+    page.goto(f"{runs.ui_url}/runs/flow-run/{runs.first}")
+    expect(page.get_by_text(f"{len(dag.ids)} Task runs").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    page.locator("canvas").first.wait_for(timeout=UI_TIMEOUT_MS)  # the run graph
+    page.wait_for_timeout(3000)  # the graph draws its nodes and edges after loading
+    assert _screenshot(page, "dag-run-graph").stat().st_size > 0

@@ -1,17 +1,18 @@
 """recipes/smoke-dag.yaml for real: a longer pipeline on the tiny model through the flow.
 
-One run (module fixture, a real Prefect API) feeds every assertion: the nodes ran in DAG order
-with their own directories, hard_subset kept the prompts the GRPO policy failed, self_teach
-rows name their checkpoint, sample and rewards and a following sft trained on them, DPO and
-ORPO trained from preference pairs built from the evaluation, the last evaluation compared six
-models, and status, lineage, audit and a re-run (everything skipped) follow the DAG. Then each
-new stage is stopped mid-way in a second root and resumed, ending where the flow's run did.
+One run (the session's `dag_run` fixture, on the real Prefect server) feeds every assertion:
+the nodes ran in DAG order with their own directories, hard_subset kept the training prompts
+the GRPO policy failed (none of them in the eval split the last evaluation scores), self_teach
+rows name their checkpoint, sample and rewards and a following sft continued from sft on them,
+DPO and ORPO trained from preference pairs built from the evaluation, the last evaluation
+compared six models, and status, lineage, audit and a re-run (everything skipped) follow the
+DAG. Then each new stage (and distill) is stopped mid-way in a second root and resumed, ending
+where the flow's run did.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,16 @@ from flows.far_flow import format_align_reinforce
 from pipeline import lineage, manifest
 from pipeline.dag import build_dag, node_config
 from schemas.artifacts import CheckpointArtifact
-from schemas.recipe import MeshSpec, Recipe
+from schemas.recipe import LoraSpec, MeshSpec, Recipe
 from schemas.record import RunSummary, StageRecord
-from stages import dpo, hard_subset, preferences, self_teach
+from stages import distill, dpo, hard_subset, preferences, self_teach, sft
 from stages.core import storage
+from stages.core.datasets import load_prompts
+from stages.core.errors import InputError
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from stages.modeling import models
-from tests.conftest import recipe_with
+from tests.conftest import on_api
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +51,6 @@ class StopAfter(StopFlag):
         if self.left < 0 and not super().is_set():
             self.request("stop requested by the test")
         return super().is_set()
-
-
-@pytest.fixture(scope="module")
-def dag_run(
-    prefect_server: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Recipe, RunSummary]]:
-    root = str(tmp_path_factory.mktemp("dag"))
-    recipe = recipe_with(root, base="smoke-dag")
-    summary = format_align_reinforce(recipe, storage.normalize(root))
-    yield recipe, summary
 
 
 def records(summary: RunSummary) -> dict[str, StageRecord]:
@@ -81,15 +74,18 @@ def test_every_node_ran_in_dag_order_in_its_own_directory(
         assert record.node == (None if node_id == record.stage else node_id)
 
 
-def test_prefect_task_graph_has_the_dag_edges(dag_run: tuple[Recipe, RunSummary]) -> None:
-    """Each task waits on its upstream tasks' states, which is what the UI's run graph draws."""
+def test_prefect_task_graph_has_the_dag_edges(
+    dag_run: tuple[Recipe, RunSummary], prefect_api: str
+) -> None:
+    """Each task waits on its upstream tasks' states, which is what the UI's run graph draws
+    (tests/e2e/test_prefect_ui.py screenshots it)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     recipe, summary = dag_run
     flow_run_id = records(summary)["data_prep"].flow_run_id
     assert flow_run_id is not None
-    with get_client(sync_client=True) as client:
+    with on_api(prefect_api), get_client(sync_client=True) as client:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
@@ -102,12 +98,12 @@ def test_prefect_task_graph_has_the_dag_edges(dag_run: tuple[Recipe, RunSummary]
     assert drawn == {(source, target) for source, target, _ in build_dag(recipe).edges()}
 
 
-def test_hard_subset_keeps_the_prompts_grpo_still_fails(
+def test_hard_subset_keeps_the_training_prompts_grpo_still_fails(
     dag_run: tuple[Recipe, RunSummary],
 ) -> None:
     _, summary = dag_run
     found = records(summary)
-    report = found["evaluate"].output
+    report = found["evaluate_train"].output
     failed = {
         r["id"] for r in rows(report.samples_uri) if r["model"] == "grpo" and not r["correct"]
     }  # type: ignore[union-attr]
@@ -116,6 +112,26 @@ def test_hard_subset_keeps_the_prompts_grpo_still_fails(
     assert kept == failed or (len(failed) < 2 and failed <= kept and len(kept) == 2)
     assert found["grpo_hard"].inputs["dataset"] == hard.fingerprint
     assert found["grpo_hard"].inputs["sft"] == found["grpo"].output.fingerprint
+
+
+def test_hard_prompts_are_training_prompts_and_the_eval_split_stays_held_out(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    """The hard dataset's prompts share no example id with the eval split that evaluate_all
+    scores after grpo_hard trained on them."""
+    _, summary = dag_run
+    found = records(summary)
+    data = found["data_prep"].output
+    training = {r["id"] for r in load_prompts(data, "grpo_train")}  # type: ignore[arg-type]
+    held_out = {r["id"] for r in load_prompts(data, "eval")}  # type: ignore[arg-type]
+    hard = found["hard"].output
+    kept = {r["id"] for r in load_prompts(hard, "grpo_train")}  # type: ignore[arg-type]
+    assert kept and kept <= training and not kept & held_out
+    assert {r["id"] for r in load_prompts(hard, "eval")} == held_out  # type: ignore[arg-type]
+    scored = {r["id"] for r in rows(found["evaluate_train"].output.samples_uri)}  # type: ignore[union-attr]
+    assert scored == training
+    final = {r["id"] for r in rows(found["evaluate_all"].output.samples_uri)}  # type: ignore[union-attr]
+    assert final == held_out
 
 
 def test_self_teach_rows_name_their_origin_and_train_the_next_sft(
@@ -133,6 +149,40 @@ def test_self_teach_rows_name_their_origin_and_train_the_next_sft(
     assert taught.split_sizes["sft_train"] == len(provenance)  # type: ignore[union-attr]
     assert found["sft_self"].inputs["dataset"] == taught.fingerprint
     assert found["sft_self"].output.step == 4  # type: ignore[union-attr]
+
+
+def test_sft_continues_from_its_policy_checkpoint(
+    dag_run: tuple[Recipe, RunSummary], tmp_path: Path
+) -> None:
+    """sft_self starts from sft's trained adapters: after its 4 steps they are within Adam's
+    step bound of sft's (4 x lr x (1 - b1) / sqrt(1 - b2)), which fresh adapters are not, and
+    its first loss is below that of fresh adapters (sft's first). A LoRA that differs is
+    refused before compute."""
+    recipe, summary = dag_run
+    found = records(summary)
+    assert found["sft_self"].inputs["policy"] == found["sft"].output.fingerprint
+    config = node_config(recipe, build_dag(recipe).node("sft_self"))
+    mesh = models.build_mesh(MeshSpec())
+    start, continued = (lora_leaves(found[n].output, mesh) for n in ("sft", "sft_self"))  # type: ignore[arg-type]
+    fresh = models.apply_lora(
+        models.build_base_model(recipe.model, mesh, "unused"), config.lora, mesh, config.seed
+    )
+    fresh_leaves = [np.asarray(x) for x in jax.tree.leaves(nnx.state(fresh, nnx.LoRAParam))]
+    bound = config.max_steps * config.learning_rate * 0.1 / np.sqrt(0.001)
+    assert max_abs_difference(continued, start) <= bound
+    assert max_abs_difference(fresh_leaves, start) > 3 * bound
+    first_losses = found["sft"].metrics["first_loss"], found["sft_self"].metrics["first_loss"]
+    assert first_losses[1] < first_losses[0] - 1.0, first_losses
+    other_lora = config.model_copy(update={"lora": LoraSpec(rank=4, alpha=8.0)})
+    with pytest.raises(InputError, match="whose LoRA is"):
+        sft.train(
+            found["self_teach"].output,  # type: ignore[arg-type]
+            other_lora,
+            recipe.model,
+            recipe.mesh,
+            RunContext(root=str(tmp_path), run="refused"),
+            policy=found["sft"].output,  # type: ignore[arg-type]
+        )
 
 
 def test_dpo_and_orpo_train_on_pairs_from_the_evaluation(
@@ -178,9 +228,12 @@ def test_the_last_evaluation_compares_checkpoints_from_every_branch(
     report = records(summary)["evaluate_all"].output
     names = [s.name for s in report.scores]  # type: ignore[union-attr]
     assert names == ["base", "base-3shot", "dpo", "grpo", "grpo_hard", "orpo", "sft_self"]
+    assert [s.name for s in records(summary)["evaluate_train"].output.scores] == ["grpo"]  # type: ignore[union-attr]
 
 
-def test_status_lineage_and_audit_follow_the_dag(dag_run: tuple[Recipe, RunSummary]) -> None:
+def test_status_lineage_and_audit_follow_the_dag(
+    dag_run: tuple[Recipe, RunSummary], prefect_api: str
+) -> None:
     recipe, summary = dag_run
     run_uri = summary.run_uri
     states = manifest.run_status(run_uri)
@@ -195,7 +248,8 @@ def test_status_lineage_and_audit_follow_the_dag(dag_run: tuple[Recipe, RunSumma
         "pairs (preferences)",
     ):
         assert node_id in text
-    again = format_align_reinforce(recipe, storage.normalize(recipe.storage_root))
+    with on_api(prefect_api):
+        again = format_align_reinforce(recipe, storage.normalize(recipe.storage_root))
     assert again.complete and all(s.skipped for s in again.stages)
 
 
@@ -229,10 +283,14 @@ def test_new_stages_stop_and_resume_where_the_flow_ended(
 
     hard = twice(
         lambda c: hard_subset.select(
-            found["evaluate"].output, dataset, node_config(recipe, dag.node("hard")), c
+            found["evaluate_train"].output, dataset, node_config(recipe, dag.node("hard")), c
         ),
         checks=0,
     )
+    with pytest.raises(ValueError, match="scored the 'eval' split"):
+        hard_subset.select(
+            found["evaluate"].output, dataset, node_config(recipe, dag.node("hard")), ctx()
+        )
     assert hard.fingerprint == found["hard"].output.fingerprint
     pairs = twice(
         lambda c: preferences.build(
@@ -259,11 +317,51 @@ def test_new_stages_stop_and_resume_where_the_flow_ended(
     assert_same_params(optimized, found["dpo"].output)  # type: ignore[arg-type]
 
 
+def test_distill_stops_and_resumes_to_the_flows_student(
+    dag_run: tuple[Recipe, RunSummary], tmp_path: Path
+) -> None:
+    """Stopped at step 2 of 4 and resumed in another root, the student's weights equal the
+    uninterrupted flow's bit for bit (restored optimizer state, replayed batch order)."""
+    recipe, summary = dag_run
+    found = records(summary)
+    config = node_config(recipe, build_dag(recipe).node("distill"))
+
+    def run(stop: StopFlag | None) -> Any:
+        ctx = RunContext(root=str(tmp_path), run="resumed", stop=stop)
+        return distill.distill(
+            found["data_prep"].output, found["sft"].output, config, recipe.model, recipe.mesh, ctx
+        )
+
+    with pytest.raises(SessionExpired, match="distill stopped at step 2 of 4"):
+        run(StopAfter(3))  # the stage start, batches 1 and 2
+    student = run(None).output
+    record = lineage.find_record(student.uri)[1]
+    assert [s.outcome for s in record.sessions] == ["stopped", "complete"]
+    assert record.metrics["resumed_from_step"] == 2
+    assert student.step == 4 and student.lora is None
+    assert_same_params(student, found["distill"].output)  # type: ignore[arg-type]
+
+
+def lora_leaves(artifact: CheckpointArtifact, mesh: Any) -> list[np.ndarray]:
+    policy = models.restore_policy(
+        artifact, models.build_base_model(artifact.model, mesh, "unused"), mesh
+    )
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(policy, nnx.LoRAParam))]
+
+
+def max_abs_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    assert a and len(a) == len(b)
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
+
+
 def assert_same_params(a: CheckpointArtifact, b: CheckpointArtifact) -> None:
+    """The trained parameters (LoRA adapters, or every weight when trained in full) are equal."""
     mesh = models.build_mesh(MeshSpec())
     leaves = []
     for artifact in (a, b):
         base = models.build_base_model(artifact.model, mesh, "unused")
         policy = models.restore_policy(artifact, base, mesh)
-        leaves.append([np.asarray(x) for x in jax.tree.leaves(nnx.state(policy, nnx.LoRAParam))])
+        trained = nnx.LoRAParam if artifact.lora else nnx.Param
+        leaves.append([np.asarray(x) for x in jax.tree.leaves(nnx.state(policy, trained))])
+    assert leaves[0] and len(leaves[0]) == len(leaves[1])
     assert all(np.array_equal(x, y) for x, y in zip(*leaves, strict=True))

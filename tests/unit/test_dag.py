@@ -30,16 +30,19 @@ DATA = node("data", "data_prep")
 SFT = node("tune", "sft", dataset="data")
 GRPO = node("rl", "grpo", dataset="data", policy="tune")
 EVAL = node("eval1", "evaluate", dataset="data", tune="tune", rl="rl")
+TRAIN_SPLIT = {"models": ["rl"], "split": "grpo_train"}
+EVAL_TRAIN = node("eval_train", "evaluate", TRAIN_SPLIT, dataset="data", rl="rl")
 LONG = pipeline(
     DATA,
     SFT,
     GRPO,
     EVAL,
-    node("hard", "hard_subset", {"model": "rl"}, evaluation="eval1", dataset="data"),
+    EVAL_TRAIN,
+    node("hard", "hard_subset", {"model": "rl"}, evaluation="eval_train", dataset="data"),
     node("rl2", "grpo", dataset="hard", policy="rl"),
     node("eval2", "evaluate", dataset="data", rl2="rl2"),
     node("teach", "self_teach", dataset="data", policy="rl"),
-    node("tune2", "sft", dataset="teach"),
+    node("tune2", "sft", dataset="teach", policy="rl"),  # continues from rl
     node("pairs", "preferences", samples="eval1", dataset="data"),
     node("pref", "dpo", DPO, policy="tune", preferences="pairs"),
     node("small", "distill", {"max_steps": 1}, dataset="data", teacher="rl"),
@@ -69,7 +72,11 @@ INVALID: list[tuple[list[dict[str, Any]], str]] = [
     ),
     (
         pipeline(DATA, node("tune", "sft", dataset="data", policy="data")),
-        "tune.policy <- data: sft has no input 'policy'",
+        "tune.policy <- data: expected a checkpoint, got a dataset",
+    ),
+    (
+        pipeline(DATA, SFT, node("tune2", "sft", dataset="data", start="tune")),
+        "tune2.start <- tune: sft has no input 'start'; inputs: ['dataset', 'policy']",
     ),
     (
         pipeline(DATA, SFT, node("rl", "grpo", dataset="tune", policy="tune")),
@@ -80,11 +87,42 @@ INVALID: list[tuple[list[dict[str, Any]], str]] = [
             DATA,
             SFT,
             GRPO,
-            EVAL,
-            node("hard", "hard_subset", HARD, evaluation="eval1", dataset="data"),
+            EVAL_TRAIN,
+            node("hard", "hard_subset", HARD, evaluation="eval_train", dataset="data"),
             node("tune2", "sft", dataset="hard"),
         ),
         "tune2.dataset <- hard: expected a dataset with split sft_train, got a hard_subset",
+    ),
+    (  # hard prompts from the held-out split would be trained on, then evaluated
+        pipeline(
+            DATA,
+            SFT,
+            GRPO,
+            EVAL,
+            node("hard", "hard_subset", HARD, evaluation="eval1", dataset="data"),
+        ),
+        "hard.evaluation <- eval1: eval1 scores the held-out eval split",
+    ),
+    (
+        pipeline(
+            DATA,
+            SFT,
+            GRPO,
+            EVAL_TRAIN,
+            node("teach", "self_teach", dataset="data", policy="rl"),
+            node("hard", "hard_subset", HARD, evaluation="eval_train", dataset="teach"),
+        ),
+        "hard.dataset <- teach: must be the dataset eval_train evaluated (data)",
+    ),
+    (
+        pipeline(
+            DATA,
+            SFT,
+            GRPO,
+            node("pairs", "preferences", samples="rl"),
+            node("hard", "hard_subset", HARD, evaluation="pairs", dataset="data"),
+        ),
+        "hard.evaluation <- pairs: expected an eval report, got preference pairs",
     ),
     (
         pipeline(DATA, SFT, node("pairs", "preferences", samples="data")),
@@ -149,11 +187,13 @@ def test_long_pipeline_is_ordered_topologically() -> None:
     assert set(dag.ids) == {n["id"] for n in LONG}
     evaluate2 = node_config(recipe, dag.node("eval2"))
     assert evaluate2.models == ["base", "rl2"]  # the recipe's eval section, these models
+    assert evaluate2.split == "eval"
+    assert node_config(recipe, dag.node("eval_train")).split == "grpo_train"
 
 
 def test_pipeline_order_free_nodes_keep_recipe_order() -> None:
     """A node listed before its inputs waits for them; otherwise the recipe's order holds."""
-    reordered = [LONG[0], LONG[1], LONG[7], LONG[8], *LONG[2:7], *LONG[9:]]
+    reordered = [LONG[0], LONG[1], LONG[8], LONG[9], *LONG[2:8], *LONG[10:]]
     dag = build_dag(recipe_with(ROOT, pipeline=reordered))  # type: ignore[arg-type]
     assert dag.ids[:6] == ("data", "tune", "rl", "teach", "tune2", "eval1")
 

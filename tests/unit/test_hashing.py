@@ -43,6 +43,7 @@ CHANGES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("grpo", {"max_grad_norm": None}, {"grpo"}),
     ("grpo", {"warmup_fraction": 0.0, "adam_b2": 0.999}, {"grpo"}),
     ("eval", {"max_generation_tokens": 16}, {"evaluate"}),
+    ("eval", {"split": "grpo_train"}, {"evaluate"}),
     ("model", {"init_seed": 7}, {"sft", "grpo", "evaluate"}),
     ("model", {"dtype": "bfloat16"}, {"sft", "grpo", "evaluate"}),
     # where and when a run happens never changes what a stage computes:
@@ -94,3 +95,18 @@ def test_hash_is_stable_across_processes() -> None:
     """Pinned: a change here means every finished stage everywhere would be recomputed."""
     identity = StageIdentity("sft", 1, {"b": [1, 2], "a": {"z": None}}, {"dataset": FP_DATA})
     assert identity.digest == ("3367711d2b4f251e69cd7ea5778d31b1766b6259b681072cc3690931eca5291b")
+
+
+def test_options_added_later_leave_default_hashes_alone() -> None:
+    """eval.split (default: eval) is not hashed at its default, and an sft without a policy
+    has the inputs it always had, so stages made before either existed keep their
+    directories; a policy to continue from moves the sft hash."""
+    identity = evaluate.identity(BASE.eval, BASE.model, FP_DATA, {})
+    assert "split" not in identity.config["eval"]
+    assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - {"split"}
+    fresh = sft.identity(BASE.sft, BASE.model, FP_DATA)
+    assert fresh.inputs == {"dataset": FP_DATA}
+    assert fresh == sft.identity(BASE.sft, BASE.model, FP_DATA, None)
+    continued = sft.identity(BASE.sft, BASE.model, FP_DATA, FP_SFT)
+    assert continued.inputs == {"dataset": FP_DATA, "policy": FP_SFT}
+    assert continued.digest != fresh.digest
