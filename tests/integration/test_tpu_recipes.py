@@ -88,24 +88,32 @@ def full_run(
     return run
 
 
-@pytest.mark.parametrize("name", TPU_RECIPES)
-def test_a_tpu_recipe_runs_all_four_stages_compiling_each_step_once(
-    name: str, full_run: Callable[[str], tuple[Records, Path]]
-) -> None:
-    uris, _ = full_run(name)
-    assert list(uris) == ["data_prep", "sft", "grpo", "evaluate"]
-    records = {stage: read(uri) for stage, uri in uris.items()}
-    assert all(r.status == "complete" for r in records.values())
-    dataset = records["data_prep"].output
-    assert dataset.packing  # type: ignore[union-attr]
-    sft, grpo, evaluation = (records[s].metrics for s in ("sft", "grpo", "evaluate"))
-    assert sft["rows_per_step"] == 16 * 8  # micro-batch 16, accumulation 8
-    assert sft["train_step_compilations"] == 1
-    assert grpo["train_step_compilations"] == 1
-    assert grpo["rollout_prefill_compilations"] == grpo["rollout_decode_compilations"] == 1
-    for model in ("base", "base-3shot", "sft", "grpo"):
-        for part in ("prefill", "decode"):
-            assert evaluation[f"{model}/sampler_{part}_compilations"] == 1, (model, part)
+def test_tunix_alone_checkpoints_a_half_accumulated_window(tmp_path: Path) -> None:
+    """Why the stream stops between windows only: a stream that ends inside a window makes
+    Tunix's trainer save, in close(), its optimizer state with the window half accumulated
+    under the last whole update's step; a resume re-reads that window from its start and so
+    would accumulate those micro-batches twice. (Tiny smoke model, accumulation 4.)"""
+    recipe = recipe_with(
+        str(tmp_path),
+        sft={"max_steps": 3, "gradient_accumulation_steps": 4, "checkpoint_every_steps": 2},
+    )
+    ctx = RunContext(str(tmp_path), "r")
+    arrays = load_sft_arrays(data_prep.prepare(recipe.data, recipe.model, ctx).output)
+    mesh = models.build_mesh(recipe.mesh)
+
+    def trainer() -> sft.peft_trainer.PeftTrainer:
+        base = models.build_base_model(recipe.model, mesh, ctx.model_cache)
+        model = models.apply_lora(base, recipe.sft.lora, mesh, recipe.sft.seed)  # type: ignore[arg-type]
+        return sft.build_trainer(model, recipe.sft, str(tmp_path / "ck"), str(tmp_path / "tb"))
+
+    first = trainer()
+    with mesh:  # one window of 4 micro-batches and 2 of the next, then the data ends
+        first.train(itertools.islice(iter(sft.batches(arrays, recipe.sft.batch_size, 0)), 6))
+    assert first.train_steps == 1
+    restored = trainer()
+    assert restored.train_steps == 1  # resumes "at update 1", skipping 4 micro-batches ...
+    state = restored.optimizer.opt_state
+    assert int(np.asarray(state.mini_step.value)) == 2  # ... with 2 already accumulated
 
 
 def test_a_stop_inside_an_accumulation_window_resumes_bitwise(
@@ -160,29 +168,21 @@ def test_kill_9_in_grpo_with_two_iterations_resumes_bitwise(
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
-def test_tunix_alone_checkpoints_a_half_accumulated_window(tmp_path: Path) -> None:
-    """Why the stream stops between windows only: a stream that ends inside a window makes
-    Tunix's trainer save, in close(), its optimizer state with the window half accumulated
-    under the last whole update's step; a resume re-reads that window from its start and so
-    would accumulate those micro-batches twice. (Tiny smoke model, accumulation 4.)"""
-    recipe = recipe_with(
-        str(tmp_path),
-        sft={"max_steps": 3, "gradient_accumulation_steps": 4, "checkpoint_every_steps": 2},
-    )
-    ctx = RunContext(str(tmp_path), "r")
-    arrays = load_sft_arrays(data_prep.prepare(recipe.data, recipe.model, ctx).output)
-    mesh = models.build_mesh(recipe.mesh)
-
-    def trainer() -> sft.peft_trainer.PeftTrainer:
-        base = models.build_base_model(recipe.model, mesh, ctx.model_cache)
-        model = models.apply_lora(base, recipe.sft.lora, mesh, recipe.sft.seed)  # type: ignore[arg-type]
-        return sft.build_trainer(model, recipe.sft, str(tmp_path / "ck"), str(tmp_path / "tb"))
-
-    first = trainer()
-    with mesh:  # one window of 4 micro-batches and 2 of the next, then the data ends
-        first.train(itertools.islice(iter(sft.batches(arrays, recipe.sft.batch_size, 0)), 6))
-    assert first.train_steps == 1
-    restored = trainer()
-    assert restored.train_steps == 1  # resumes "at update 1", skipping 4 micro-batches ...
-    state = restored.optimizer.opt_state
-    assert int(np.asarray(state.mini_step.value)) == 2  # ... with 2 already accumulated
+@pytest.mark.parametrize("name", TPU_RECIPES)
+def test_a_tpu_recipe_runs_all_four_stages_compiling_each_step_once(
+    name: str, full_run: Callable[[str], tuple[Records, Path]]
+) -> None:
+    uris, _ = full_run(name)
+    assert list(uris) == ["data_prep", "sft", "grpo", "evaluate"]
+    records = {stage: read(uri) for stage, uri in uris.items()}
+    assert all(r.status == "complete" for r in records.values())
+    dataset = records["data_prep"].output
+    assert dataset.packing  # type: ignore[union-attr]
+    sft, grpo, evaluation = (records[s].metrics for s in ("sft", "grpo", "evaluate"))
+    assert sft["rows_per_step"] == 16 * 8  # micro-batch 16, accumulation 8
+    assert sft["train_step_compilations"] == 1
+    assert grpo["train_step_compilations"] == 1
+    assert grpo["rollout_prefill_compilations"] == grpo["rollout_decode_compilations"] == 1
+    for model in ("base", "base-3shot", "sft", "grpo"):
+        for part in ("prefill", "decode"):
+            assert evaluation[f"{model}/sampler_{part}_compilations"] == 1, (model, part)
