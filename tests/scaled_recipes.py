@@ -3,7 +3,8 @@
 `scaled(name, root)` takes recipes/<name>.yaml and replaces only what a CPU cannot run or a
 test cannot wait for: the model (a tiny random network of the recipe's own family, the byte
 tokenizer), the data sources and sizes (the hub is unreachable here: the smoke recipe's
-offline generator, its sequence lengths, its split sizes), step counts, checkpoint cadence and
+offline generator, its prompt length, its split sizes, a row length that packs two
+examples), step counts, checkpoint cadence and
 generation lengths. The mesh stays the recipe's: the tests give the process as many CPU
 devices as it names. Every other stage setting (micro-batch sizes, gradient accumulation,
 packing, GRPO micro-batches, num_iterations, algorithm, clipping, KL, temperature, rewards,
@@ -48,6 +49,9 @@ SFT_STEPS = 3
 SFT_CHECKPOINT_EVERY = 2
 GRPO_STEPS = 3
 GENERATION_TOKENS = 16
+# The generator's SFT examples take 123-155 tokens: 320 packs two into most rows (the
+# smoke recipe's 160 holds one, and packing would change nothing)
+PACKED_LEN = 320
 
 
 def recipe_data(name: str) -> dict[str, Any]:
@@ -66,8 +70,8 @@ def scaled_data(name: str, root: str, **changes: dict[str, Any]) -> dict[str, An
     }
     for split in ("eval", "grpo", "sft"):
         data["data"][split] = smoke["data"][split]
-    for length in ("max_seq_len", "max_prompt_len"):
-        data["data"][length] = smoke["data"][length]
+    data["data"]["max_seq_len"] = PACKED_LEN
+    data["data"]["max_prompt_len"] = smoke["data"]["max_prompt_len"]
     data["sft"].update(max_steps=SFT_STEPS, checkpoint_every_steps=SFT_CHECKPOINT_EVERY)
     data["grpo"].update(
         max_steps=GRPO_STEPS, checkpoint_every_steps=1, max_generation_tokens=GENERATION_TOKENS

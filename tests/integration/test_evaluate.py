@@ -198,6 +198,12 @@ def test_stop_mid_model_resumes_to_the_same_report(trained, tmp_path: Path) -> N
         run(stopped)
     kept = sorted(p.name for p in (tmp_path / "split").rglob("progress/*/batch-*.json"))
     assert len(kept) == 6  # base's 4 batches and sft's first 2
-    resumed = run(RunContext(str(tmp_path / "split"), "ev", cache_dir=ctx.cache_dir)).output
+    second = run(RunContext(str(tmp_path / "split"), "ev", cache_dir=ctx.cache_dir))
+    resumed = second.output
     assert resumed.scores == whole.scores
     assert storage.read_bytes(resumed.samples_uri) == storage.read_bytes(whole.samples_uri)
+    # the resumed session compiled the sampler once, for the model it still generated with
+    metrics = StageRecord.model_validate(storage.read_json(second.record_uri)).metrics
+    assert metrics["sft/sampler_prefill_compilations"] == 1
+    assert metrics["sft/sampler_decode_compilations"] == 1
+    assert metrics["base/sampler_decode_compilations"] == 0  # read back, not generated

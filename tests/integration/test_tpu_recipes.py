@@ -166,6 +166,14 @@ def test_kill_9_in_grpo_with_two_iterations_resumes_bitwise(
     expected = lora_leaves(uninterrupted.output)  # type: ignore[arg-type]
     got = lora_leaves(record.output)  # type: ignore[arg-type]
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
+    # GRPO moved the adapters through the data: the rewards are all 0 on this untrained
+    # model, but the KL term (beta 0.04; the policy is away from the reference after SFT)
+    # has a gradient that depends on the prompts and completions, so a resume at the wrong
+    # prompts would not match. One KL value per optimizer update: num_iterations 2 x 3 steps.
+    kl = uninterrupted.history["kl"]
+    assert len(kl) == 6 and all(np.isfinite(kl)) and any(x != 0 for x in kl)
+    start = lora_leaves(read(reference["sft"]).output)  # type: ignore[arg-type]
+    assert any(not np.array_equal(a, b) for a, b in zip(start, expected, strict=True))
 
 
 @pytest.mark.parametrize("name", TPU_RECIPES)
@@ -176,8 +184,8 @@ def test_a_tpu_recipe_runs_all_four_stages_compiling_each_step_once(
     assert list(uris) == ["data_prep", "sft", "grpo", "evaluate"]
     records = {stage: read(uri) for stage, uri in uris.items()}
     assert all(r.status == "complete" for r in records.values())
-    dataset = records["data_prep"].output
-    assert dataset.packing  # type: ignore[union-attr]
+    arrays = load_sft_arrays(records["data_prep"].output)  # type: ignore[arg-type]
+    assert arrays["segment_ids"].max() > 1  # packed: rows hold several examples
     sft, grpo, evaluation = (records[s].metrics for s in ("sft", "grpo", "evaluate"))
     assert sft["rows_per_step"] == 16 * 8  # micro-batch 16, accumulation 8
     assert sft["train_step_compilations"] == 1
