@@ -1,15 +1,15 @@
 """The TPU recipes scaled to the tiny model, so their stage settings train on CPU in a test.
 
 `scaled(name, root)` takes recipes/<name>.yaml and replaces only what a CPU cannot run or a
-test cannot wait for: the model (a tiny random network of the recipe's own family, the byte
-tokenizer), the data sources and sizes (the hub is unreachable here: the smoke recipe's
-offline generator, its prompt length, its split sizes, a row length that packs two
-examples), step counts, checkpoint cadence and
-generation lengths. The mesh stays the recipe's: the tests give the process as many CPU
-devices as it names. Every other stage setting (micro-batch sizes, gradient accumulation,
-packing, GRPO micro-batches, num_iterations, algorithm, clipping, KL, temperature, rewards,
-learning rates, LoRA, evaluation models and batch size, dtype) is the recipe's exactly;
-tests/unit/test_scaled_recipes.py pins that the scaled recipe differs in `SCALED` fields only.
+test cannot wait for: the model (a tiny random network of the recipe's own family and dtype,
+the byte tokenizer), the data (the hub is unreachable here: the smoke recipe's offline
+generator, prompt length and split sizes, and rows of 320 tokens, which pack two examples),
+step counts, checkpoint cadence and generation lengths. The mesh stays the recipe's: the
+tests give the process as many CPU devices as it names. Every other stage setting
+(micro-batch sizes, gradient accumulation, packing, GRPO micro-batches, num_iterations,
+algorithm, clipping, KL, temperature, rewards, learning rates, LoRA, evaluation models and
+batch size, dtype) is the recipe's exactly; tests/unit/test_scaled_recipes.py pins that the
+scaled recipe differs in `SCALED` fields only.
 """
 
 from __future__ import annotations
