@@ -43,7 +43,7 @@ from stages.core.runner import (
 )
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models, optim
-from stages.modeling.compilations import counting_compilations
+from stages.modeling.compilations import TRAIN_STEP, counting_compilations
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.tunix_compat import release_scalar_listeners
 
@@ -152,6 +152,7 @@ def _train(
             ctx.stop,
             config.save_margin_seconds,
             clock,
+            items_per_step=config.gradient_accumulation_steps,  # stop between windows only
         ),
         ctx.progress,
         "sft",
@@ -161,7 +162,7 @@ def _train(
         metrics=lambda: latest_loss(trainer),
         library_bar=True,  # Tunix's trainer draws step/total and loss on a terminal
     )
-    with mesh, counting_compilations("_train_step") as compiles:
+    with mesh, counting_compilations(TRAIN_STEP) as compiles:
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
     release_scalar_listeners(trainer.metrics_logger)
     finished = time.time()

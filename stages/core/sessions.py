@@ -63,7 +63,7 @@ class StepClock:
 
     def step_seconds(self) -> float:
         """The slowest of the last few steps (conservative), 0 before two batches."""
-        recent = [b - a for a, b in zip(self.times[-6:], self.times[-5:], strict=False)]
+        recent = [b - a for a, b in itertools.pairwise(self.times[-6:])]  # the last five
         return max(recent, default=0.0)
 
 
@@ -73,15 +73,25 @@ def guarded(
     flag: StopFlag | None,
     save_margin_s: float,
     clock: StepClock,
+    items_per_step: int = 1,
 ) -> Iterator[T]:
     """`items` until a stop is requested or the deadline is too close for another step.
 
+    With gradient accumulation (`items_per_step` micro-batches per optimizer update) it stops
+    only between whole windows: a stop requested inside one takes effect once the window's
+    update is done. (Stopped inside a window, Tunix's trainer saves its optimizer state with
+    the window's gradients half accumulated, labelled with the last whole update; a resume
+    then re-reads those micro-batches from the window start and accumulates them twice.)
+
     With several JAX processes (multi-host) every step is a collective, so they must stop at
-    the same step: each step, the processes agree (one stops, all stop).
+    the same step: at each window boundary, the processes agree (one stops, all stop).
     """
-    for item in items:
+    for handed_out, item in enumerate(items):
         now = time.time()
-        if any_process(_should_stop(now, deadline, flag, save_margin_s, clock)):
+        window_start = handed_out % items_per_step == 0
+        if window_start and any_process(
+            _should_stop(now, deadline, flag, save_margin_s, clock, items_per_step)
+        ):
             return
         clock.times.append(now)
         yield item
@@ -105,11 +115,13 @@ def _should_stop(
     flag: StopFlag | None,
     save_margin_s: float,
     clock: StepClock,
+    items_per_step: int = 1,
 ) -> bool:
     if flag is not None and flag.is_set():
         log.warning("stopping training: %s", flag.reason)
         return True
-    if deadline is not None and deadline - now < clock.step_seconds() + save_margin_s:
+    needed = clock.step_seconds() * items_per_step + save_margin_s  # one more whole window
+    if deadline is not None and deadline - now < needed:
         log.warning("stopping training: %.0f s left before the session deadline", deadline - now)
         return True
     return False

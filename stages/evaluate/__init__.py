@@ -41,6 +41,7 @@ from stages.core.runner import (
 from stages.evaluate import fewshot, reports
 from stages.evaluate.progress import BatchTally, EvalProgress
 from stages.modeling import generation, models
+from stages.modeling.compilations import SAMPLER_FUNCTIONS, CompileCounter, counting_compilations
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -268,14 +269,17 @@ def _evaluate(
         return all(progress_of(label).complete(batches) for label in labels)
 
     all_scores, all_samples = [], []
+    compilations: dict[str, float] = {}
     with mesh:
         for name, artifact, network in _networks(
             config.models, checkpoints, spec, mesh, cache_dir, lambda m: finished(m, progress_of)
         ):
             for label, inputs, length in _variants(name, prompts, dataset, tokenizer, config):
-                completions = generate(
-                    network, tokenizer, inputs, config, length, spec, progress_of(label)
-                )
+                with counting_compilations() as compiles:
+                    completions = generate(
+                        network, tokenizer, inputs, config, length, spec, progress_of(label)
+                    )
+                compilations |= sampler_compilations(label, compiles)
                 scores, sample_rows = score(
                     label,
                     artifact.uri if artifact else None,
@@ -298,7 +302,16 @@ def _evaluate(
         reports.record_scores(report, checkpoints, directory)
     metrics = reports.record_metrics(all_scores)
     metrics.update(rewards.isolation_metrics(sandbox))
-    return report, metrics, {}
+    return report, metrics | compilations, {}
+
+
+def sampler_compilations(label: str, compiles: CompileCounter) -> dict[str, float]:
+    """`<label>/sampler_<prefill|decode>_compilations` in this session (0: read back, not
+    generated; the goal is 1: one compiled shape for every batch of a model)."""
+    return {
+        f"{label}/sampler_{part}_compilations": float(compiles.count_of(function))
+        for part, function in SAMPLER_FUNCTIONS.items()
+    }
 
 
 def hashed_config(config: EvalConfig) -> dict[str, Any]:

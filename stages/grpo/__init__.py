@@ -50,6 +50,12 @@ from stages.core.runner import (
 from stages.core.sessions import StepClock, guarded, nonempty
 from stages.grpo import metrics, rollouts, timing
 from stages.modeling import models, optim, tunix_compat
+from stages.modeling.compilations import (
+    SAMPLER_FUNCTIONS,
+    TRAIN_STEP,
+    CompileCounter,
+    counting_compilations,
+)
 from stages.modeling.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -272,6 +278,7 @@ def _reinforce(
         tunix_compat.resync_after_restore(session.cluster, session.learner, start_step)
     tunix_compat.skip_tunix_fast_forward(session.learner)
     timing.instrument(session.cluster, session.learner)  # far/seconds/<phase> per step
+    compilations = compilation_metrics(None)  # a session that trains no step compiles nothing
     if start_step < config.max_steps:  # Tunix would train one more step on a finished run
         rows = load_prompts(dataset, "grpo_train")
         batches = itertools.islice(
@@ -289,8 +296,10 @@ def _reinforce(
         started = time.perf_counter()
         first_batch_and_rest = nonempty(stream)
         if first_batch_and_rest is not None:  # else no time for a step: stop where restored
-            with session.mesh:
+            # (Tunix's close() at the end of train() clears every JAX listener: count inside)
+            with session.mesh, counting_compilations() as compiles:
                 session.learner.train(first_batch_and_rest)  # close() saves the last checkpoint
+            compilations = compilation_metrics(compiles)
         report_end(
             ctx.progress,
             "grpo",
@@ -314,7 +323,16 @@ def _reinforce(
         session.local_logs,
         session.log_uri,
     )
-    return _results(session, config, spec, sft, history, start_step)
+    artifact, scalars, curves = _results(session, config, spec, sft, history, start_step)
+    return artifact, {**scalars, **compilations}, curves
+
+
+def compilation_metrics(compiles: CompileCounter | None) -> dict[str, float]:
+    """This session's compilations of the actor's train step and of the rollout sampler."""
+    counts = {"train_step_compilations": compiles.count_of(TRAIN_STEP) if compiles else 0}
+    for part, function in SAMPLER_FUNCTIONS.items():
+        counts[f"rollout_{part}_compilations"] = compiles.count_of(function) if compiles else 0
+    return {name: float(count) for name, count in counts.items()}
 
 
 def _results(

@@ -202,10 +202,16 @@ def test_stop_mid_model_resumes_to_the_same_report(trained, tmp_path: Path) -> N
     assert len(kept) == 6  # base's 4 batches and sft's first 2
     updates: list[ProgressUpdate] = []
     resuming = RunContext(str(tmp_path / "split"), "ev", cache_dir=ctx.cache_dir)
-    resumed = run(dataclasses.replace(resuming, progress=updates.append)).output
+    second = run(dataclasses.replace(resuming, progress=updates.append))
+    resumed = second.output
     # progress over both models' 8 batches: the 6 kept ones count as done, 2 are generated
     assert [u.step for u in updates] == list(range(1, 9))
     assert {u.total for u in updates} == {8} and {u.stage for u in updates} == {"evaluate"}
     assert updates[-1].seconds_per_step is not None and updates[5].seconds_per_step is None
     assert resumed.scores == whole.scores
     assert storage.read_bytes(resumed.samples_uri) == storage.read_bytes(whole.samples_uri)
+    # the resumed session compiled the sampler once, for the model it still generated with
+    metrics = StageRecord.model_validate(storage.read_json(second.record_uri)).metrics
+    assert metrics["sft/sampler_prefill_compilations"] == 1
+    assert metrics["sft/sampler_decode_compilations"] == 1
+    assert metrics["base/sampler_decode_compilations"] == 0  # read back, not generated

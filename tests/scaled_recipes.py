@@ -1,0 +1,92 @@
+"""The TPU recipes scaled to the tiny model, so their stage settings train on CPU in a test.
+
+`scaled(name, root)` takes recipes/<name>.yaml and replaces only what a CPU cannot run or a
+test cannot wait for: the model (a tiny random network of the recipe's own family and dtype,
+the byte tokenizer), the data (the hub is unreachable here: the smoke recipe's offline
+generator, prompt length and split sizes, and rows of 320 tokens, which pack two examples),
+step counts, checkpoint cadence and generation lengths. The mesh stays the recipe's: the
+tests give the process as many CPU devices as it names. Every other stage setting
+(micro-batch sizes, gradient accumulation, packing, GRPO micro-batches, num_iterations,
+algorithm, clipping, KL, temperature, rewards, learning rates, LoRA, evaluation models and
+batch size, dtype) is the recipe's exactly; tests/unit/test_scaled_recipes.py pins that the
+scaled recipe differs in `SCALED` fields only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from pipeline.recipes import parse_recipe
+from schemas.recipe import Recipe
+from tests.conftest import REPO
+
+TPU_RECIPES = ("tpu-gemma3-1b-v5e8", "tpu-gemma3-1b-v5e16-multihost", "kaggle-gemma2-2b-v5e8")
+
+# Dotted paths the scaling replaces (a path covers everything below it).
+SCALED = (
+    "storage_root",
+    "model",
+    "data.eval",
+    "data.grpo",
+    "data.sft",
+    "data.max_seq_len",
+    "data.max_prompt_len",
+    "sft.max_steps",
+    "sft.checkpoint_every_steps",
+    "grpo.max_steps",
+    "grpo.checkpoint_every_steps",
+    "grpo.max_generation_tokens",
+    "eval.max_generation_tokens",
+)
+
+# SFT: three optimizer updates (whole accumulation windows), a checkpoint every second one,
+# so a stop inside the second window falls after an update that has no checkpoint yet.
+# GRPO: three prompt batches, a checkpoint after every one.
+SFT_STEPS = 3
+SFT_CHECKPOINT_EVERY = 2
+GRPO_STEPS = 3
+GENERATION_TOKENS = 16
+# The generator's SFT examples take 123-155 tokens: 320 packs two into most rows (the
+# smoke recipe's 160 holds one, and packing would change nothing)
+PACKED_LEN = 320
+
+
+def recipe_data(name: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+
+
+def scaled_data(name: str, root: str, **changes: dict[str, Any]) -> dict[str, Any]:
+    """recipes/<name>.yaml with the SCALED fields replaced (and `changes` merged last)."""
+    data = copy.deepcopy(recipe_data(name))
+    smoke = recipe_data("smoke")
+    data["storage_root"] = root
+    data["model"] = {
+        **smoke["model"],
+        "family": data["model"]["family"],
+        "dtype": data["model"]["dtype"],
+    }
+    for split in ("eval", "grpo", "sft"):
+        data["data"][split] = smoke["data"][split]
+    data["data"]["max_seq_len"] = PACKED_LEN
+    data["data"]["max_prompt_len"] = smoke["data"]["max_prompt_len"]
+    data["sft"].update(max_steps=SFT_STEPS, checkpoint_every_steps=SFT_CHECKPOINT_EVERY)
+    data["grpo"].update(
+        max_steps=GRPO_STEPS, checkpoint_every_steps=1, max_generation_tokens=GENERATION_TOKENS
+    )
+    data["eval"]["max_generation_tokens"] = GENERATION_TOKENS
+    for section, fields in changes.items():
+        data[section] = {**data.get(section, {}), **fields}
+    return data
+
+
+def scaled(name: str, root: str, **changes: dict[str, Any]) -> Recipe:
+    """The scaled recipe, validated like any other."""
+    return parse_recipe(scaled_data(name, root, **changes), f"{name} (scaled to the tiny model)")
+
+
+def devices_needed(name: str) -> int:
+    mesh = recipe_data(name)["mesh"]
+    return int(mesh.get("fsdp", 1)) * int(mesh.get("tp", 1))

@@ -1,0 +1,51 @@
+"""The TPU recipes scaled to the tiny model differ from the real ones only in the fields
+scaling must replace: the tests that train them run the recipes' own stage settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.recipes import parse_recipe
+from tests.scaled_recipes import SCALED, TPU_RECIPES, devices_needed, recipe_data, scaled
+
+
+def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted path -> value for every leaf of a dumped recipe."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out |= leaves(item, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return {prefix: value}
+
+
+def covered(path: str) -> bool:
+    return any(path == field or path.startswith(field + ".") for field in SCALED)
+
+
+@pytest.mark.parametrize("name", TPU_RECIPES)
+def test_a_scaled_recipe_differs_only_in_the_scaled_fields(name: str) -> None:
+    original = leaves(parse_recipe(recipe_data(name), name).model_dump(mode="json"))
+    small = leaves(scaled(name, "/tmp/unused").model_dump(mode="json"))
+    changed = {p for p in original.keys() | small.keys() if original.get(p) != small.get(p)}
+    assert changed, "scaling changed nothing"
+    assert {p for p in changed if not covered(p)} == set()
+    # what the TPU runs and the test must keep (spelled out: the exact settings)
+    kept = ("sft.gradient_accumulation_steps", "sft.batch_size", "data.packing", "mesh.fsdp")
+    kept += ("grpo.train_micro_batch_size", "grpo.num_iterations", "grpo.algorithm")
+    kept += ("grpo.rewards.answer_match", "grpo.rewards.format_strict", "model.dtype")
+    kept += ("model.family", "eval.batch_size", "sft.lora.rank", "grpo.batch_size")
+    assert {p: small[p] for p in kept} == {p: original[p] for p in kept}
+
+
+def test_the_scaled_recipes_keep_the_production_shapes() -> None:
+    """The settings the tests exist for: accumulation 8, packing, GRPO micro-batches, bf16."""
+    for name in TPU_RECIPES:
+        recipe = scaled(name, "/tmp/unused")
+        assert recipe.sft.gradient_accumulation_steps == 8 and recipe.data.packing
+        assert recipe.grpo.train_micro_batch_size == 2 and recipe.model.dtype == "bfloat16"
+        assert recipe.mesh.fsdp == devices_needed(name) and recipe.mesh.fsdp in (8, 16)
+        # a checkpoint cadence that leaves an update without a checkpoint (stop tests need it)
+        assert recipe.sft.max_steps > recipe.sft.checkpoint_every_steps > 1
