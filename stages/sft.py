@@ -130,9 +130,10 @@ def _train(
     mesh_spec: MeshSpec,
     ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
-    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
-    base = models.build_base_model(spec, mesh, ctx.model_cache)
+    # full-weight training changes the base network: it gets its own, never the run's shared one
+    base = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=config.lora is None)
     model = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
@@ -237,7 +238,7 @@ def train(
     dataset: DatasetArtifact, config: SFTConfig, model: ModelSpec, mesh: MeshSpec, ctx: RunContext
 ) -> StageOutcome[CheckpointArtifact]:
     """Train (or reuse, if committed) the SFT checkpoint for `dataset`."""
-    check_dataset(dataset, build_tokenizer(model, ctx.model_cache).name)
+    check_dataset(dataset, build_tokenizer(model, ctx.model_cache, ctx.shared).name)
     return run_stage(
         ctx,
         with_uris(identity(config, model, dataset.fingerprint), dataset=dataset.uri),
