@@ -29,8 +29,6 @@ from stages.core.shared import SharedBuilds
 from stages.modeling import models
 from tests.conftest import recipe_with
 
-pytestmark = pytest.mark.slow
-
 
 def _recipe(root: str) -> Recipe:
     return recipe_with(
@@ -103,6 +101,7 @@ def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.mark.slow  # two runs of the whole pipeline: ~90 s
 def test_shared_base_weights_change_no_result(
     tmp_path: Path, model_cache: str, counted_builds: list[str]
 ) -> None:
@@ -138,3 +137,18 @@ def test_shared_base_weights_change_no_result(
 def _dir(outcome: Any) -> str:
     """The stage directory's name, {node}-{hash12}: equal names, equal stage hashes."""
     return posixpath.basename(posixpath.dirname(outcome.record_uri))
+
+
+def test_a_network_whose_weights_change_is_never_the_shared_one(tmp_path: Path) -> None:
+    """Full-weight training or restore asks for a private network: built apart from the run's
+    shared one, which later stages still get unchanged."""
+    recipe = _recipe(str(tmp_path))
+    mesh = models.build_mesh(recipe.mesh)
+    shared = SharedBuilds()
+    first = models.base_model(recipe.model, mesh, "unused", shared, private=False)
+    private = models.base_model(recipe.model, mesh, "unused", shared, private=True)
+    again = models.base_model(recipe.model, mesh, "unused", shared, private=False)
+    assert again is first
+    assert private is not first
+    assert shared.builds == {"base_model": 1}
+    assert models.base_model(recipe.model, mesh, "unused", None, private=False) is not first
