@@ -6,8 +6,8 @@ appends it to a file (flushed, so it survives SIGKILL). The parent runs a fresh 
 checkpoint step 2 is committed, kills it, restarts it on the same storage until step 3 is
 committed, and kills it again; both with the compilation cache warmed by one earlier process.
 For each, it prints the seconds from launch to the first new step and how the samples taken
-until then split between phases (the innermost frame of FAR, Tunix, Orbax, JAX... that matches
-a phase's pattern).
+until then split between phases (the first phase of PHASES a frame of the sampled stack
+matches).
 
     JAX_PLATFORMS=cpu .venv/bin/python bench/restart_profile.py [--reps 2]
 """
@@ -27,17 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import restart  # bench/restart.py: the same child, launch and step detection
 
 INTERVAL = 0.01
-# phase name -> substrings of "file:function" frames; the first phase any frame matches wins
-# (frames are matched from the innermost outwards)
+# phase name -> substrings of "file:function" frames; a sample belongs to the first phase
+# (in this order) that any frame of its stack matches
 PHASES = (
     ("import", ("<frozen importlib._bootstrap",)),
     ("xla compile / load executable", ("compile_or_get_cached", "backend_compile")),
-    ("orbax restore", ("orbax", "maybe_restore")),
-    ("orbax save", ("checkpoint_manager.py:save", "async_checkpointer", "save_checkpoint")),
-    ("data stream", ("grain", "stages/sft.py:batches", "datasets.py")),
-    ("jax tracing", ("jax/_src/interpreters/partial_eval", "jax/_src/pjit", "jax/_src/api.py")),
+    ("orbax restore", ("maybe_restore",)),
+    ("orbax save / wait", ("checkpoint_manager.py:save", "wait_until_finished", ":close")),
+    ("jax tracing", ("jax/_src/interpreters/partial_eval", "jax/_src/pjit")),
     ("lora apply", ("qwix",)),
     ("base model build", ("dummy_model_creator", "build_base_model")),
+    ("data stream", ("grain", "stages/sft.py:batches", "datasets.py")),
     ("far records", ("stages/core/runner.py", "stages/core/storage.py")),
 )
 
@@ -65,10 +65,9 @@ def profiled_child(root: str, run: str, cache: str) -> None:
 
 
 def phase_of(stack: list[str]) -> str:
-    for frame in reversed(stack):
-        for name, patterns in PHASES:
-            if any(p in frame for p in patterns):
-                return name
+    for name, patterns in PHASES:
+        if any(p in frame for frame in stack for p in patterns):
+            return name
     return "other"
 
 
@@ -104,9 +103,19 @@ def main() -> None:
         root, cache = Path(tmp) / "runs", str(Path(tmp) / "xla")
         _, _, warm = restart.time_to_step(root, "warmup", cache, 1)
         restart.kill(warm)
+        ratios = []
         for rep in range(args.reps):
-            for kind, (elapsed, phases) in measure(root, cache, f"r{rep}").items():
+            try:
+                got = measure(root, cache, f"r{rep}")
+            except RuntimeError as e:  # a sampled child can crash (SIGSEGV seen once): say so
+                print(f"rep {rep} lost: {e}", flush=True)
+                continue
+            for kind, (elapsed, phases) in got.items():
                 print(f"rep {rep} {kind:<8} {elapsed:6.2f} s to the first new step: {phases}")
+            ratios.append(got["restart"][0] / got["fresh"][0])
+            print(f"rep {rep} restart / fresh {ratios[-1]:.2f}", flush=True)
+        if ratios:
+            print(restart.summarize("restart / fresh", ratios))
 
 
 if __name__ == "__main__":
