@@ -37,6 +37,7 @@ from schemas.record import RunSummary, StageSummary
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
 from stages.core.sessions import StopFlag, stop_on_sigterm
+from stages.core.shared import SharedBuilds
 from stages.modeling import compile_cache as compile_cache_lib
 
 TRANSIENT_RETRIES = 2
@@ -177,6 +178,7 @@ def run_recipe(
         sandbox_isolation=recipe.sandbox.isolation,
         sandbox_workers=recipe.sandbox.workers,
         primary=is_primary_process(),
+        shared=SharedBuilds(),  # the base network and tokenizer, built once for all stages
     )
     # the one place a run sets JAX's compilation cache: before any stage compiles
     compile_cache_lib.enable(compile_cache or ctx.model_cache)

@@ -122,10 +122,9 @@ def _distill(
     ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     mesh = models.build_mesh(mesh_spec)
-    teacher_net = models.restore_policy(
-        teacher, models.build_base_model(teacher.model, mesh, ctx.model_cache), mesh
-    )
-    base = models.build_base_model(student_spec, mesh, ctx.model_cache)
+    teacher_net = models.policy_network(teacher, mesh, ctx.model_cache, ctx.shared)
+    private = config.lora is None  # full-weight training changes its base network
+    base = models.base_model(student_spec, mesh, ctx.model_cache, ctx.shared, private=private)
     student = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
     vocab = models.tunix_config(student_spec).num_embed
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
@@ -184,7 +183,7 @@ def distill(
 ) -> StageOutcome[CheckpointArtifact]:
     """Train a student (config.student, default `model`) on `teacher`'s logits over `dataset`."""
     student = config.student or model
-    tokenizer_name = build_tokenizer(student, ctx.model_cache).name
+    tokenizer_name = build_tokenizer(student, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
     models.check_compatible(teacher, teacher.model, tokenizer_name)
     vocab, teacher_vocab = (models.tunix_config(m).num_embed for m in (student, teacher.model))

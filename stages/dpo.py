@@ -119,17 +119,17 @@ def _optimize(
     mesh_spec: MeshSpec,
     ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
-    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     text = storage.read_text(preferences.uri)
     pairs = [json.loads(line) for line in text.splitlines() if line.strip()]
     records = tokenize_pairs(pairs, tokenizer, config.max_response_len)
-    base = models.build_base_model(spec, mesh, ctx.model_cache)
+    # a full-weight policy is restored into (and trains) its base network: a private one
+    base = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=policy.lora is None)
     network = models.restore_policy(policy, base, mesh)
     reference = None
     if config.algorithm == "dpo":  # a frozen copy of the starting policy
-        own = base if policy.lora else models.build_base_model(spec, mesh, ctx.model_cache)
-        reference = models.restore_policy(policy, own, mesh)
+        reference = models.policy_network(policy, mesh, ctx.model_cache, ctx.shared, base)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
     trainer = build_trainer(network, reference, config, local_ckpt, local_logs)
@@ -191,7 +191,7 @@ def optimize(
     ctx: RunContext,
 ) -> StageOutcome[CheckpointArtifact]:
     """Train `policy` on `preferences` with DPO or ORPO (or reuse the committed result)."""
-    models.check_compatible(policy, model, build_tokenizer(model, ctx.model_cache).name)
+    models.check_compatible(policy, model, build_tokenizer(model, ctx.model_cache, ctx.shared).name)
     if find_record(preferences.uri, levels=2) is None:
         raise FileNotFoundError(f"preference pairs {preferences.uri} are not committed")
     return run_stage(

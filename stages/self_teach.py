@@ -151,13 +151,11 @@ def _teach(
     mesh_spec: MeshSpec,
     ctx: RunContext,
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
-    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, config.split)
     with mesh:
-        network = models.restore_policy(
-            policy, models.build_base_model(spec, mesh, ctx.model_cache), mesh
-        )
+        network = models.policy_network(policy, mesh, ctx.model_cache, ctx.shared)
         sampler = generation.build_sampler(
             network, tokenizer, spec, dataset.prompt_len, config.max_generation_tokens
         )
@@ -208,7 +206,7 @@ def teach(
     ctx: RunContext,
 ) -> StageOutcome[DatasetArtifact]:
     """SFT data from `policy`'s own completions that the rewards verify (or the committed one)."""
-    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
+    tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
     models.check_compatible(policy, model, tokenizer_name)
     for name in config.verify:

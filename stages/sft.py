@@ -136,9 +136,10 @@ def _train(
     ctx: RunContext,
     policy: CheckpointArtifact | None,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
-    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
-    base = models.build_base_model(spec, mesh, ctx.model_cache)
+    # full-weight training changes the base network: it gets its own, never the run's shared one
+    base = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=config.lora is None)
     model = starting_model(base, config, mesh, policy)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
@@ -279,7 +280,7 @@ def train(
     policy: CheckpointArtifact | None = None,
 ) -> StageOutcome[CheckpointArtifact]:
     """Train (or reuse, if committed) the SFT checkpoint for `dataset`, from `policy` if given."""
-    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
+    tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
     uris = {"dataset": dataset.uri}
     if policy is not None:

@@ -43,6 +43,7 @@ from stages.core import drift, storage
 from stages.core.errors import MissingInput
 from stages.core.progress import ProgressCallback
 from stages.core.sessions import StopFlag
+from stages.core.shared import SharedBuilds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,6 +93,8 @@ class RunContext:
     commit_wait_seconds: float = 600.0  # how long other processes wait for process 0's record
     progress: ProgressCallback | None = None  # per-step progress of training and evaluation
     node: str | None = None  # the pipeline node being run: names its directory (else the stage)
+    # base networks and tokenizers built once for the whole run (None: each stage builds its own)
+    shared: SharedBuilds | None = None
 
     @property
     def model_cache(self) -> str:

@@ -306,9 +306,9 @@ def _build_splits_or_explain(
 
 
 def _write_dataset(
-    directory: str, config: DataPrepConfig, model: ModelSpec, cache_dir: str
+    directory: str, config: DataPrepConfig, model: ModelSpec, ctx: RunContext
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
-    tokenizer = build_tokenizer(model, cache_dir)
+    tokenizer = build_tokenizer(model, ctx.model_cache, ctx.shared)
     quarantine = Quarantine()
     splits = _build_splits_or_explain(directory, config, tokenizer, quarantine)
     sequences = tokenize_on_grain(splits["sft_train"], tokenizer)
@@ -366,5 +366,5 @@ def prepare(
     return run_stage(
         ctx,
         identity(config, model),
-        lambda directory: _write_dataset(directory, config, model, ctx.model_cache),
+        lambda directory: _write_dataset(directory, config, model, ctx),
     )

@@ -38,6 +38,7 @@ from stages.core.runner import (
     run_stage,
     with_uris,
 )
+from stages.core.shared import SharedBuilds
 from stages.evaluate import fewshot, reports
 from stages.evaluate.progress import BatchTally, EvalProgress
 from stages.modeling import generation, models
@@ -183,12 +184,14 @@ def _networks(
     mesh: Any,
     cache_dir: str,
     finished: Callable[[str], bool] = lambda name: False,
+    shared: SharedBuilds | None = None,
 ) -> Any:
     """Yield (name, checkpoint or None, network); LoRA policies share one base network.
 
-    A model whose completions are all finished (`finished`) gets no network (None).
+    A model whose completions are all finished (`finished`) gets no network (None). The base
+    network is the run's shared one when `shared` is given.
     """
-    base = models.build_base_model(spec, mesh, cache_dir)
+    base = models.base_model(spec, mesh, cache_dir, shared, private=False)
     for name in names:
         artifact = checkpoints.get(name)
         if finished(name):
@@ -197,8 +200,7 @@ def _networks(
         if artifact is None:
             yield name, None, base
             continue
-        own_base = base if artifact.lora else models.build_base_model(spec, mesh, cache_dir)
-        yield name, artifact, models.restore_policy(artifact, own_base, mesh)
+        yield name, artifact, models.policy_network(artifact, mesh, cache_dir, shared, base)
 
 
 def few_shot_prompts(
@@ -250,7 +252,7 @@ def _evaluate(
     ctx: RunContext,
 ) -> tuple[EvalReport, dict[str, float], dict[str, list[float]]]:
     cache_dir = ctx.model_cache
-    tokenizer = build_tokenizer(spec, cache_dir)
+    tokenizer = build_tokenizer(spec, cache_dir, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, config.split)
     prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
@@ -272,7 +274,13 @@ def _evaluate(
     compilations: dict[str, float] = {}
     with mesh:
         for name, artifact, network in _networks(
-            config.models, checkpoints, spec, mesh, cache_dir, lambda m: finished(m, progress_of)
+            config.models,
+            checkpoints,
+            spec,
+            mesh,
+            cache_dir,
+            lambda m: finished(m, progress_of),
+            ctx.shared,
         ):
             for label, inputs, length in _variants(name, prompts, dataset, tokenizer, config):
                 with counting_compilations() as compiles:
@@ -361,7 +369,7 @@ def evaluate(
     ctx: RunContext,
 ) -> StageOutcome[EvalReport]:
     """Evaluate `config.models` ('base' needs no checkpoint; URIs are looked up)."""
-    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
+    tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
     resolved = resolve_checkpoints(config, checkpoints)
     for artifact in resolved.values():

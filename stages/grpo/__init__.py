@@ -198,9 +198,11 @@ def build_session(
     `rollout_mesh` puts the rollout model apart from the actor, with Tunix's own engine (a
     copy of the weights synced every step, one sampling seed for all steps); the stage runs
     everything on one mesh, the tests use it to show Tunix's stale-rollout resume defect."""
-    tokenizer = build_tokenizer(spec, ctx.model_cache)
+    tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
-    reference = models.build_base_model(spec, mesh, ctx.model_cache)
+    # a full-weight actor is restored into its reference network: that one is private
+    private = sft.lora is None
+    reference = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=private)
     actor = models.restore_policy(sft, reference, mesh)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
@@ -400,7 +402,7 @@ def reinforce(
     ctx: RunContext,
 ) -> StageOutcome[CheckpointArtifact]:
     """Run GRPO from the SFT checkpoint (or reuse a committed result)."""
-    tokenizer_name = build_tokenizer(model, ctx.model_cache).name
+    tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
     models.check_compatible(sft, model, tokenizer_name)
     rewards.validate_names(config.rewards)

@@ -28,6 +28,7 @@ from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
 from stages.core import drift, storage
 from stages.core.errors import InputError, MissingInput
+from stages.core.shared import SharedBuilds
 from stages.modeling import weight_sources
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,40 @@ def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
     directory = weight_sources.resolve(spec, cache_dir)
     with mesh:
         return from_safetensors(directory, config, mesh=mesh, dtype=dtype)
+
+
+def base_model(
+    spec: ModelSpec, mesh: Mesh, cache_dir: str, shared: SharedBuilds | None, private: bool
+) -> nnx.Module:
+    """The base network for a stage: the run's shared one, or one built for the caller alone.
+
+    `private`: the caller changes the weights (full-weight training or restore), so it gets
+    its own network. Otherwise the network comes from `shared` (built at its first use in the
+    run) and must not be changed: LoRA clones (`apply_lora`) leave it untouched.
+    """
+    if private or shared is None:
+        return build_base_model(spec, mesh, cache_dir)
+    key = (spec.model_dump_json(), mesh, cache_dir)
+    return shared.get("base_model", key, lambda: build_base_model(spec, mesh, cache_dir))
+
+
+def policy_network(
+    artifact: CheckpointArtifact,
+    mesh: Mesh,
+    cache_dir: str,
+    shared: SharedBuilds | None,
+    base: nnx.Module | None = None,
+) -> nnx.Module:
+    """The checkpoint's policy: a LoRA clone of a base network, or a private full network.
+
+    A LoRA policy goes on `base` (the caller's base network for artifact.model, left
+    unchanged), else on the run's shared base network.
+    """
+    if artifact.lora is None:
+        return restore_policy(artifact, build_base_model(artifact.model, mesh, cache_dir), mesh)
+    if base is None:
+        base = base_model(artifact.model, mesh, cache_dir, shared, private=False)
+    return restore_policy(artifact, base, mesh)
 
 
 def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> nnx.Module:

@@ -20,6 +20,7 @@ from typing import Protocol
 import sentencepiece as spm
 
 from schemas.recipe import BYTE_TOKENIZER_VOCAB, ModelSpec
+from stages.core.shared import SharedBuilds
 
 SPECIAL_TOKENS = (
     "<pad>",
@@ -118,8 +119,16 @@ class SentencePieceTokenizer:
         return int(self._end_of_turn)
 
 
-def build_tokenizer(spec: ModelSpec, cache_dir: str) -> ByteTokenizer | SentencePieceTokenizer:
-    """The tokenizer `spec` names; real models' come from their resolved weight directory."""
+def build_tokenizer(
+    spec: ModelSpec, cache_dir: str, shared: SharedBuilds | None = None
+) -> ByteTokenizer | SentencePieceTokenizer:
+    """The tokenizer `spec` names; real models' come from their resolved weight directory.
+
+    With `shared` (the run's SharedBuilds) it is built once per run and reused.
+    """
+    if shared is not None:
+        key = (spec.model_dump_json(), cache_dir)
+        return shared.get("tokenizer", key, lambda: build_tokenizer(spec, cache_dir))
     if spec.tokenizer == "bytes":
         return ByteTokenizer()
     from stages.modeling import weight_sources  # deferred: resolving may convert a GGUF file once
