@@ -1,0 +1,20 @@
+"""The two real-model demo recipes validate, and the reinforcement one differs from the
+default demo only where its measurement needs it (more held-out prompts, its GRPO settings),
+so its SFT row is the demo's SFT on the same task."""
+
+from __future__ import annotations
+
+from pipeline.recipes import load_recipe
+from tests.conftest import REPO
+
+
+def test_the_reinforce_demo_is_the_demo_with_more_prompts_and_its_grpo() -> None:
+    demo = load_recipe(str(REPO / "recipes" / "demo.yaml"))
+    reinforce = load_recipe(str(REPO / "recipes" / "demo-reinforce.yaml"))
+    assert reinforce.model == demo.model
+    assert reinforce.sft == demo.sft
+    for split in ("eval", "grpo", "sft"):
+        assert getattr(reinforce.data, split).sources == getattr(demo.data, split).sources
+    assert reinforce.data.eval.size >= 256  # enough paired prompts for a McNemar test
+    assert reinforce.eval.models == ["sft", "grpo"]  # GRPO is compared with SFT directly
+    assert reinforce.grpo.max_steps * reinforce.grpo.batch_size <= reinforce.data.grpo.size
