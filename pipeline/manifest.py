@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
@@ -37,6 +39,16 @@ def read_manifest(run_uri: str) -> RunManifest:
     return RunManifest.model_validate(storage.read_json(uri))
 
 
+def with_current_defaults(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded recipe as this code reads it: a field added since the run started
+    takes its default, which is not a change. (A recorded recipe this schema no longer
+    accepts is compared as recorded, so its differences show as changes.)"""
+    try:
+        return Recipe.model_validate(recorded).model_dump(mode="json")
+    except ValidationError:
+        return recorded
+
+
 def open_session(
     recipe: Recipe,
     ctx: RunContext,
@@ -54,9 +66,8 @@ def open_session(
     uri = manifest_uri(ctx.run_uri)
     if storage.exists(uri):
         manifest = read_manifest(ctx.run_uri)
-        changes = drift.check(
-            "the recipe", drift.recipe_changes(manifest.recipe, new), ctx.allow_changes
-        )
+        old = with_current_defaults(manifest.recipe)
+        changes = drift.check("the recipe", drift.recipe_changes(old, new), ctx.allow_changes)
     else:
         manifest = RunManifest(
             run=ctx.run, recipe=new, recipe_source=recipe_source, created_at=datetime.now(UTC)

@@ -3,8 +3,8 @@
 Entry point: `reinforce(dataset, sft, config, model, mesh, ctx)` ->
 StageOutcome[CheckpointArtifact].
 
-The policy starts from the SFT CheckpointArtifact (restored from its URI); the LoRA-free base
-network is the frozen reference for the KL term. Rollouts use Tunix's vanilla engine on the
+The policy starts from the SFT CheckpointArtifact (restored from its URI); a second, frozen
+restore of it is the reference for the KL term. Rollouts use Tunix's vanilla engine on the
 same mesh, sampling with a seed derived from the recipe seed and the global step
 (stages/grpo/rollouts.py). Actor checkpoints are written by Tunix under checkpoints/actor/, per-step
 metrics to tensorboard/ and the record's history, a few completions per step to samples.jsonl.
@@ -61,7 +61,8 @@ from stages.modeling.tokenizers import build_tokenizer
 log = logging.getLogger(__name__)
 # 2: per-step rollout seeds, exact resume position, TensorBoard, samples
 # 3: the optimizer from the recipe (schedule, clipping, weight decay, betas); algorithms
-STAGE_VERSION = 3
+# 4: the KL reference is the starting policy (a frozen restore of it), not the LoRA-free base
+STAGE_VERSION = 4
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "tensorboard"
 SAMPLES_FILE = "samples.jsonl"
@@ -200,10 +201,7 @@ def build_session(
     everything on one mesh, the tests use it to show Tunix's stale-rollout resume defect."""
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
-    # a full-weight actor is restored into its reference network: that one is private
-    private = sft.lora is None
-    reference = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=private)
-    actor = models.restore_policy(sft, reference, mesh)
+    reference, actor = _reference_and_actor(sft, spec, mesh, ctx)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
     eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
@@ -239,6 +237,26 @@ def build_session(
         log_uri,
         local_logs,
     )
+
+
+def _reference_and_actor(
+    sft: CheckpointArtifact, spec: ModelSpec, mesh: Any, ctx: RunContext
+) -> tuple[Any, Any]:
+    """Two restores of the starting policy: a frozen one, the KL reference, and the actor.
+
+    The KL term keeps the actor near the policy GRPO started from, as DPO's reference does.
+    (With the LoRA-free base as reference, the KL term pulled a LoRA actor back towards the
+    pretrained model and undid SFT whenever the rewards gave no signal.) LoRA restores are
+    clones sharing the base's frozen weights; full-weight restores each need a private base.
+    """
+    private = sft.lora is None
+    bases = [
+        models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=private)
+        for _ in range(2 if private else 1)
+    ]
+    reference = models.restore_policy(sft, bases[0], mesh)
+    actor = models.restore_policy(sft, bases[-1], mesh)
+    return reference, actor
 
 
 @dataclass

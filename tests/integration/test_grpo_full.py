@@ -78,7 +78,10 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     assert 3 <= start < GRPO_STEPS
     # some reward was earned, so the policy gradient was not zero everywhere
     assert max(reference.history["rewards/sum"]) > 0
-    assert all(np.isfinite(x) and x > 0 for x in reference.history["kl"])  # beta 0.04
+    # the KL reference is the starting (SFT) policy: 0 at the first update (the actor still is
+    # that policy), then the policy moves away from it (beta 0.04 keeps it near)
+    kl = reference.history["kl"]
+    assert all(np.isfinite(kl)) and abs(kl[0]) < 1e-5 and max(kl) > 1e-4, kl
     expected = lora_leaves(reference.output)  # type: ignore[arg-type]
     got = lora_leaves(record.output)  # type: ignore[arg-type]
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))

@@ -105,6 +105,24 @@ def test_manifest_records_sessions_and_refuses_a_changed_recipe() -> None:
     assert run_manifest.invocations[-1].changes == ["sft.max_steps: 150 -> 300"]
 
 
+def test_a_field_added_with_a_default_since_the_run_started_is_not_drift() -> None:
+    root = f"memory://far-drift-{uuid.uuid4().hex[:8]}"
+    recipe = recipe_with(root)
+    ctx = RunContext(root=root, run=recipe.name, flow_run_id="one")
+    manifest.open_session(recipe, ctx, "recipes/smoke.yaml")
+    run_manifest = manifest.read_manifest(ctx.run_uri)
+    older = dict(run_manifest.recipe)
+    older["eval"] = {k: v for k, v in older["eval"].items() if k != "split"}  # before it existed
+    storage.write_json(
+        manifest.manifest_uri(ctx.run_uri),
+        run_manifest.model_copy(update={"recipe": older}).model_dump(mode="json"),
+    )
+    assert manifest.open_session(recipe, ctx, "recipes/smoke.yaml") == []
+    changed = recipe_with(root, eval={"split": "grpo_train"})
+    with pytest.raises(drift.DriftError, match=r'eval\.split: "eval" -> "grpo_train"'):
+        manifest.open_session(changed, ctx, "edited.yaml")
+
+
 def test_status_of_a_path_that_is_not_a_run_says_what_it_expected() -> None:
     with pytest.raises(FileNotFoundError, match=r"no FAR run at memory://nowhere.*run\.json"):
         manifest.run_status("memory://nowhere")
