@@ -164,6 +164,7 @@ def on_api(api_url: str) -> Iterator[None]:
     block too: what prefect.testing.utilities.prefect_test_harness does for its server.
     """
     from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.events.worker import EventsWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with (
@@ -171,7 +172,13 @@ def on_api(api_url: str) -> Iterator[None]:
         # evaluated after the line above has entered: the settings it made current
         _temporary_global_settings_context(get_settings_context()),
     ):
-        yield
+        try:
+            yield
+        finally:
+            # Prefect keeps one events worker per process, bound to the API it first saw, and
+            # task runs reach the API as events: flush and stop it here, else later flows on
+            # another API (the in-process harness) send their task runs to this one
+            EventsWorker.drain_all()
 
 
 @pytest.fixture(scope="session")

@@ -288,9 +288,7 @@ def task_runs_of(flow_run_id: Any) -> dict[str, Any]:
     return {run.name.rsplit("-", 1)[0]: run for run in found}  # task runs are named "{task}-xyz"
 
 
-def test_three_short_sessions_reach_the_same_result_as_one(
-    prefect_server: None, tmp_path: Path
-) -> None:
+def test_short_sessions_reach_the_same_result_as_one(prefect_server: None, tmp_path: Path) -> None:
     changes = {
         "sft": {"max_steps": 60, "checkpoint_every_steps": 5, "save_margin_seconds": 0.5},
         "eval": {"models": ["sft"]},
@@ -310,9 +308,12 @@ def test_three_short_sessions_reach_the_same_result_as_one(
         if stopped_sft_sessions(run_uri) == stopped:
             budget *= 2
     sft_record = record(next(s.output_uri for s in summary.stages if s.stage == "sft"))
-    assert [s.outcome for s in sft_record.sessions] == ["stopped", "stopped", "complete"]
+    # a loaded machine doubles the budget until a session reaches SFT, and a doubled budget
+    # can finish SFT in its second session: at least one stop, then complete
+    outcomes = [s.outcome for s in sft_record.sessions]
+    assert len(outcomes) >= 2 and set(outcomes[:-1]) == {"stopped"} and outcomes[-1] == "complete"
     assert sft_record.metrics["resumed_from_step"] > 0
-    assert sessions >= 3 and len(manifest.read_manifest(run_uri).invocations) == sessions
+    assert sessions >= 2 and len(manifest.read_manifest(run_uri).invocations) == sessions
     for stage in ("sft", "grpo"):
         expected = next(s.output_uri for s in one.stages if s.stage == stage)
         got = next(s.output_uri for s in summary.stages if s.stage == stage)
