@@ -242,21 +242,23 @@ def build_session(
 def _reference_and_actor(
     sft: CheckpointArtifact, spec: ModelSpec, mesh: Any, ctx: RunContext
 ) -> tuple[Any, Any]:
-    """Two restores of the starting policy: a frozen one, the KL reference, and the actor.
+    """The starting policy twice: a frozen one, the KL reference, and the actor.
 
     The KL term keeps the actor near the policy GRPO started from, as DPO's reference does.
     (With the LoRA-free base as reference, the KL term pulled a LoRA actor back towards the
-    pretrained model and undid SFT whenever the rewards gave no signal.) LoRA restores are
-    clones sharing the base's frozen weights; full-weight restores each need a private base.
+    pretrained model and undid SFT whenever the rewards gave no signal.) LoRA: one restore,
+    and the actor is a copy of its adapters on the same frozen base weights. Full weights:
+    two restores, each into a private base.
     """
-    private = sft.lora is None
-    bases = [
-        models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=private)
-        for _ in range(2 if private else 1)
-    ]
-    reference = models.restore_policy(sft, bases[0], mesh)
-    actor = models.restore_policy(sft, bases[-1], mesh)
-    return reference, actor
+    if sft.lora is None:
+        reference, actor = (
+            models.restore_policy(sft, models.build_base_model(spec, mesh, ctx.model_cache), mesh)
+            for _ in range(2)
+        )
+        return reference, actor
+    base = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=False)
+    reference = models.restore_policy(sft, base, mesh)
+    return reference, models.copy_lora_policy(reference, mesh)
 
 
 @dataclass

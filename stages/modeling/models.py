@@ -154,6 +154,18 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
     return lora_model
 
 
+def copy_lora_policy(policy: nnx.Module, mesh: Mesh) -> nnx.Module:
+    """A second LoRA policy equal to `policy`: its adapters are copies, its frozen base
+    weights the same arrays. Cheaper than restoring the checkpoint again (which applies LoRA
+    to the network anew); the copies let one policy train (its trainer may donate its
+    adapters' buffers) while the other stays as it was.
+    """
+    graphdef, adapters, frozen = nnx.split(policy, nnx.LoRAParam, ...)  # type: ignore[misc]
+    with mesh:
+        copied = jax.tree.map(jnp.copy, adapters)
+    return nnx.merge(graphdef, copied, frozen)
+
+
 def param_bytes(network: nnx.Module) -> int:
     """Bytes of all parameters: what a full-weights checkpoint stores for the model."""
     leaves = jax.tree.leaves(nnx.state(network, nnx.Param))
