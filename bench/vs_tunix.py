@@ -149,11 +149,15 @@ def bare_grpo(
 
     config, prompt_len = recipe.grpo, recipe.data.max_prompt_len
     tokenizer = build_tokenizer(recipe.model, cache)
-    mesh, reference = bare_model(recipe, cache)
-    actor = bare_lora(reference, recipe.sft.lora, mesh)
+    mesh, base = bare_model(recipe, cache)
+    # The KL reference is the SFT policy, as in FAR (not the LoRA-free base): both the
+    # reference and the actor are the SFT checkpoint's adapters on the base, so both sides
+    # compute the same log-probabilities.
+    reference, actor = (bare_lora(base, recipe.sft.lora, mesh) for _ in range(2))
     manager = checkpoint_manager.CheckpointManager(sft_dir)
     with mesh:
-        manager.maybe_restore(actor, restore_only_lora_params=True)
+        for policy in (reference, actor):
+            manager.maybe_restore(policy, restore_only_lora_params=True)
     manager.close()
     role = rl_cluster_lib.Role
     cluster_config = rl_cluster_lib.ClusterConfig(

@@ -44,15 +44,23 @@ class PhaseTimer:
         self._inner: list[float] = []  # per open phase: seconds spent in phases nested in it
 
     def wrap(
-        self, phase: str, fn: Callable[..., Any], settle: Callable[[Any], Any] | None = None
+        self,
+        phase: str,
+        fn: Callable[..., Any],
+        settle: Callable[[Any], Any] | None = None,
+        before: Callable[[], Any] | None = None,
     ) -> Callable[..., Any]:
         """`fn`, timed as `phase`; `settle(result)` waits for its device work (default: the
-        result's arrays)."""
+        result's arrays). `before()` runs first, untimed here, so its seconds stay with the
+        enclosing phase: a checkpoint save first waits for the training step still running
+        (JAX dispatches asynchronously), and that wait is the update's time, not the save's."""
         if phase not in self.totals:
             raise ValueError(f"unknown GRPO phase {phase!r}; expected one of {PHASES}")
         wait = settle or jax.block_until_ready
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if before is not None:
+                before()
             start = self.clock()
             self._inner.append(0.0)
             try:

@@ -87,7 +87,7 @@ def wrap_grpo_phases(cluster: Any, learner: Any, wrap: Callable[..., Callable[..
     cluster.sync_weights = wrap("weight_sync", cluster.sync_weights, settle_actor)
     learner._compute_rewards = wrap("rewards", learner._compute_rewards)
     manager = actor.checkpoint_manager
-    manager.save = wrap("checkpoint_save", manager.save)
+    manager.save = wrap("checkpoint_save", manager.save, before=lambda: settle_actor(None))
 
 
 # --- jax.monitoring listeners ----------------------------------------------------------------

@@ -41,6 +41,29 @@ def test_nested_phase_is_subtracted_from_the_outer_one() -> None:
     assert emitted[1]["far/seconds/actor_update"][0] == 4.0
 
 
+def test_the_wait_before_a_save_is_the_enclosing_updates_time() -> None:
+    """The save first waits for the training step still running on the device (JAX
+    dispatches asynchronously); that wait belongs to the update, not to the save."""
+    clock, emitted = FakeClock(), []
+    timer = timing.PhaseTimer(emitted.append, clock)
+
+    def pending_training() -> None:
+        clock.now += 5.0
+
+    def save() -> None:
+        clock.now += 0.5
+
+    timed_save = timer.wrap("checkpoint_save", save, before=pending_training)
+
+    def update() -> None:
+        clock.now += 1.0  # dispatching the step
+        timed_save()
+
+    timer.wrap("actor_update", update)()
+    assert timer.totals["checkpoint_save"] == 0.5
+    assert timer.totals["actor_update"] == 6.0
+
+
 def test_a_failing_phase_is_still_timed_and_raises() -> None:
     clock, emitted = FakeClock(), []
     timer = timing.PhaseTimer(emitted.append, clock)
