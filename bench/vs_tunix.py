@@ -8,7 +8,10 @@ stages.grpo.reinforce) with a RunContext, each repetition in a new run directory
 alternate within one process (the order flips every repetition); one unmeasured warm-up
 repetition of each comes first. Per repetition the ratio is FAR's wall time per step over
 the bare script's, both from the call to the trained, saved result (model building and
-compilation included, as a user waits for them).
+compilation included, as a user waits for them). Both GRPO runs start from the same policy,
+FAR's SFT checkpoint; they differ in their sampling seeds (FAR seeds each step, the bare script
+uses Tunix's one key), so their completions, and so their rollout work, differ by chance.
+`--far-untimed` adds FAR's GRPO without its per-phase timer, on the same seeds as FAR's.
 
     JAX_PLATFORMS=cpu .venv/bin/python bench/vs_tunix.py --reps 5
     flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/vs_tunix.py \
@@ -207,7 +210,9 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def compare(recipe: Any, reps: int, workdir: Path, cache: str) -> dict[str, list[float]]:
+def compare(
+    recipe: Any, reps: int, workdir: Path, cache: str, untimed: bool = False
+) -> dict[str, list[float]]:
     from schemas.record import StageRecord
     from stages import data_prep, grpo, sft
     from stages.core import storage
@@ -232,22 +237,36 @@ def compare(recipe: Any, reps: int, workdir: Path, cache: str) -> dict[str, list
         history = StageRecord.model_validate(storage.read_json(out.record_uri)).history
         phases.append(timing.step_seconds(history))
 
+    def far_grpo_untimed() -> None:
+        """FAR's GRPO without its per-phase timer, which waits for each phase's device work."""
+        from unittest import mock
+
+        ctx = RunContext(str(workdir), f"far{next(counter)}", cache_dir=cache)
+        with mock.patch.object(timing, "instrument", lambda cluster, learner: None):
+            grpo.reinforce(dataset, sft_ckpt["far"], recipe.grpo, recipe.model, recipe.mesh, ctx)
+
     def bare_sft_run() -> None:
         out = workdir / f"bare{next(counter)}"
         bare_sft(recipe, arrays, str(out), cache)
-        sft_ckpt["bare"] = str(out / "ckpt")
 
     def bare_grpo_run() -> None:
-        bare_grpo(recipe, rows, sft_ckpt["bare"], str(workdir / f"bare{next(counter)}"), cache)
+        # From FAR's SFT checkpoint (the same Tunix layout), not the bare script's own: the two
+        # SFT runs see the data in different orders, and a different starting policy writes
+        # completions of other lengths, which is other rollout work (Tunix's sampler stops when
+        # every sequence has ended).
+        start = storage.fetch_tree(sft_ckpt["far"].uri)
+        bare_grpo(recipe, rows, start, str(workdir / f"bare{next(counter)}"), cache)
 
     ratios: dict[str, list[float]] = {"sft": [], "grpo": []}
     seconds: dict[str, list[float]] = {}
     for rep in range(reps + 1):  # repetition 0 warms up
         order = [("far", far_sft, far_grpo), ("bare", bare_sft_run, bare_grpo_run)]
         got: dict[str, float] = {}
-        for name, run_sft, run_grpo in order if rep % 2 else order[::-1]:
+        for name, run_sft, run_grpo in order[::-1] if rep % 2 else order:  # FAR first at 0
             got[f"{name}_sft"] = timed(run_sft)
             got[f"{name}_grpo"] = timed(run_grpo)
+            if name == "far" and untimed:  # the same SFT checkpoint, GRPO without the timer
+                got["far_untimed_grpo"] = timed(far_grpo_untimed)
         print(
             f"rep {rep}{' (warm-up)' if rep == 0 else ''}: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in got.items()),
@@ -259,6 +278,8 @@ def compare(recipe: Any, reps: int, workdir: Path, cache: str) -> dict[str, list
             seconds.setdefault(key, []).append(value)
         ratios["sft"].append(got["far_sft"] / got["bare_sft"])
         ratios["grpo"].append(got["far_grpo"] / got["bare_grpo"])
+        if untimed:
+            ratios.setdefault("grpo_untimed", []).append(got["far_untimed_grpo"] / got["bare_grpo"])
     for phase in phases[0]:
         seconds[f"far_grpo_step_{phase}"] = [p[phase] for p in phases[1:]]
     return {**{f"ratio_{k}": v for k, v in ratios.items()}, **seconds}
@@ -271,6 +292,11 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"))
+    parser.add_argument(
+        "--far-untimed",
+        action="store_true",
+        help="also run FAR's GRPO without its per-phase timer (what the timer's waits cost)",
+    )
     args = parser.parse_args()
     from stages.core.runner import RunContext
     from tests.conftest import recipe_with
@@ -283,7 +309,7 @@ def main() -> None:
     cache = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     with tempfile.TemporaryDirectory(prefix="far-vs-tunix-") as tmp:
         recipe = recipe_with(tmp, args.recipe, **changes)
-        results = compare(recipe, args.reps, Path(tmp), cache)
+        results = compare(recipe, args.reps, Path(tmp), cache, args.far_untimed)
     print(
         f"\n{args.recipe}: SFT {recipe.sft.max_steps} steps, GRPO {recipe.grpo.max_steps} "
         f"steps, {args.reps} repetitions; load average {os.getloadavg()}"
