@@ -32,7 +32,7 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
-from stages.core.datasets import check_dataset, load_sft_arrays
+from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -132,7 +132,7 @@ def _distill(
     trainer = build_trainer(student, teacher_net, config, vocab, local_ckpt, local_logs)
     start_step = trainer.train_steps
     stream = guarded(
-        iter(batches(load_sft_arrays(dataset), config.batch_size, config.seed)),
+        in_memory_stream(batches(load_sft_arrays(dataset), config.batch_size, config.seed)),
         ctx.deadline,
         ctx.stop,
         config.save_margin_seconds,

@@ -29,6 +29,7 @@ from schemas.artifacts import CheckpointArtifact, PreferenceDataset
 from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
+from stages.core.datasets import in_memory_stream
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -135,7 +136,7 @@ def _optimize(
     trainer = build_trainer(network, reference, config, local_ckpt, local_logs)
     start_step = trainer.train_steps
     stream = guarded(
-        iter(batches(records, config.batch_size, config.seed)),
+        in_memory_stream(batches(records, config.batch_size, config.seed)),
         ctx.deadline,
         ctx.stop,
         config.save_margin_seconds,

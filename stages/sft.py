@@ -31,7 +31,7 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
-from stages.core.datasets import check_dataset, load_sft_arrays
+from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.progress import reporting
 from stages.core.runner import (
@@ -148,7 +148,7 @@ def _train(
     arrays = load_sft_arrays(dataset)
     stream = reporting(
         guarded(
-            iter(batches(arrays, config.batch_size, config.seed)),
+            in_memory_stream(batches(arrays, config.batch_size, config.seed)),
             ctx.deadline,
             ctx.stop,
             config.save_margin_seconds,

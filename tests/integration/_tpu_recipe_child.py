@@ -73,8 +73,8 @@ def sft_only(name: str, root: str, dataset_record: str, stop_after: int | None) 
     recipe = scaled(name, root)
     flag = StopFlag()
     if stop_after is not None:
-        make_batches = sft.batches
-        sft.batches = lambda *a, **k: StopAfter(make_batches(*a, **k), stop_after, flag)  # type: ignore[assignment, return-value]
+        make_stream = sft.in_memory_stream
+        sft.in_memory_stream = lambda data: iter(StopAfter(make_stream(data), stop_after, flag))  # type: ignore[assignment]
     ctx = RunContext(root=root, run=RUN, stop=flag)
     trained = sft.train(output_of(dataset_record), recipe.sft, recipe.model, recipe.mesh, ctx)
     print(f"RECORD sft {trained.record_uri}", flush=True)
