@@ -39,21 +39,31 @@ def with_statistics(
             low, high = stats.rate_interval([float(r[key]) for r in rows])
             extra |= {f"{metric}_ci_low": low, f"{metric}_ci_high": high}
         if i:
-            before = scores[i - 1].name
-            paired = stats.paired_comparison(
-                before,
-                per_prompt(samples, before, "correct", k),
-                s.name,
-                per_prompt(samples, s.name, "correct", k),
-            )
-            extra |= {
-                f"{VS_PREVIOUS}/difference": paired.difference,
-                f"{VS_PREVIOUS}/only_this_right": float(paired.candidate_only),
-                f"{VS_PREVIOUS}/only_previous_right": float(paired.baseline_only),
-                f"{VS_PREVIOUS}/p_value": paired.p_value,
-            }
+            extra |= comparison_metrics(samples, scores[i - 1].name, s.name, k)
         out.append(s.model_copy(update={"metrics": {**s.metrics, **extra}}))
     return out
+
+
+# (metric prefix, per-sample key): accuracy keeps the unprefixed names it always had
+PAIRED_OUTCOMES = (("", "correct"), ("format_", "format"))
+
+
+def comparison_metrics(
+    samples: Sequence[dict[str, Any]], before: str, name: str, k: int
+) -> dict[str, float]:
+    """`name` against `before` on the same prompts, exact McNemar, for accuracy and format."""
+    extra: dict[str, float] = {}
+    for prefix, key in PAIRED_OUTCOMES:
+        paired = stats.paired_comparison(
+            before, per_prompt(samples, before, key, k), name, per_prompt(samples, name, key, k)
+        )
+        extra |= {
+            f"{VS_PREVIOUS}/{prefix}difference": paired.difference,
+            f"{VS_PREVIOUS}/{prefix}only_this_right": float(paired.candidate_only),
+            f"{VS_PREVIOUS}/{prefix}only_previous_right": float(paired.baseline_only),
+            f"{VS_PREVIOUS}/{prefix}p_value": paired.p_value,
+        }
+    return extra
 
 
 def record_metrics(scores: Sequence[ModelScores]) -> dict[str, float]:
@@ -76,20 +86,24 @@ def _interval(s: ModelScores, metric: str) -> str:
 
 
 def comparison_table(scores: Sequence[ModelScores]) -> str:
-    """Each model against the one before it on the same prompts (exact McNemar)."""
+    """Each model against the one before it on the same prompts (exact McNemar): accuracy,
+    then format rate ("right" there means the completion met the strict format)."""
     lines = [
-        "| model | vs | accuracy change | only this right | only previous right | p (McNemar) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | vs | metric | change | only this right | only previous right | p (McNemar) |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for before, s in itertools.pairwise(scores):
         m = s.metrics
-        if f"{VS_PREVIOUS}/p_value" not in m:
-            continue
-        lines.append(
-            f"| {s.name} | {before.name} | {m[f'{VS_PREVIOUS}/difference']:+.3f} | "
-            f"{m[f'{VS_PREVIOUS}/only_this_right']:.0f} | "
-            f"{m[f'{VS_PREVIOUS}/only_previous_right']:.0f} | {m[f'{VS_PREVIOUS}/p_value']:.3g} |"
-        )
+        for prefix, _ in PAIRED_OUTCOMES:
+            if f"{VS_PREVIOUS}/{prefix}p_value" not in m:
+                continue
+            lines.append(
+                f"| {s.name} | {before.name} | {prefix.rstrip('_') or 'accuracy'} | "
+                f"{m[f'{VS_PREVIOUS}/{prefix}difference']:+.3f} | "
+                f"{m[f'{VS_PREVIOUS}/{prefix}only_this_right']:.0f} | "
+                f"{m[f'{VS_PREVIOUS}/{prefix}only_previous_right']:.0f} | "
+                f"{m[f'{VS_PREVIOUS}/{prefix}p_value']:.3g} |"
+            )
     note = (
         "\nRates with Wilson 95% intervals. A change whose p-value is above 0.05 is within the"
         " noise of this many prompts.\n"

@@ -51,9 +51,12 @@ def test_paired_comparison_counts_only_discordant_prompts() -> None:
 
 def test_with_statistics_adds_intervals_and_comparison_with_the_previous_model() -> None:
     samples = [
-        {"model": m, "format": 1.0, "correct": c}
-        for m, outcomes in (("sft", [0, 0, 0, 0, 0, 0]), ("grpo", [1, 1, 1, 1, 1, 1]))
-        for c in outcomes
+        {"model": m, "format": f, "correct": c}
+        for m, outcomes, formats in (
+            ("sft", [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]),
+            ("grpo", [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]),
+        )
+        for c, f in zip(outcomes, formats, strict=True)
     ]
     scores = [
         ModelScores(
@@ -73,7 +76,11 @@ def test_with_statistics_adds_intervals_and_comparison_with_the_previous_model()
     metrics = reports.record_metrics([sft, grpo])
     assert metrics["grpo/vs_previous/only_this_right"] == 6 and "sft/accuracy_ci_high" in metrics
     table = reports.comparison_table([sft, grpo])
-    assert "| grpo | sft | +1.000 | 6 | 0 | 0.0312 |" in table
+    assert "| grpo | sft | accuracy | +1.000 | 6 | 0 | 0.0312 |" in table
+    # the format comparison is paired too: 4 prompts gained the format, 0 lost it
+    assert grpo.metrics["vs_previous/format_p_value"] == pytest.approx(2 / 16)
+    assert metrics["grpo/vs_previous/format_only_previous_right"] == 0
+    assert "| grpo | sft | format | +0.667 | 4 | 0 | 0.125 |" in table
 
 
 def test_worked_examples_come_from_segments_of_the_sft_split() -> None:
