@@ -44,8 +44,8 @@ def with_statistics(
     return out
 
 
-# (metric prefix, per-sample key): accuracy keeps the unprefixed names it always had
-PAIRED_OUTCOMES = (("", "correct"), ("format_", "format"))
+# (label, metric prefix, per-sample key): accuracy keeps the unprefixed names it always had
+PAIRED_OUTCOMES = (("accuracy", "", "correct"), ("format", "format_", "format"))
 
 
 def comparison_metrics(
@@ -53,7 +53,7 @@ def comparison_metrics(
 ) -> dict[str, float]:
     """`name` against `before` on the same prompts, exact McNemar, for accuracy and format."""
     extra: dict[str, float] = {}
-    for prefix, key in PAIRED_OUTCOMES:
+    for _, prefix, key in PAIRED_OUTCOMES:
         paired = stats.paired_comparison(
             before, per_prompt(samples, before, key, k), name, per_prompt(samples, name, key, k)
         )
@@ -94,11 +94,11 @@ def comparison_table(scores: Sequence[ModelScores]) -> str:
     ]
     for before, s in itertools.pairwise(scores):
         m = s.metrics
-        for prefix, _ in PAIRED_OUTCOMES:
+        for label, prefix, _ in PAIRED_OUTCOMES:
             if f"{VS_PREVIOUS}/{prefix}p_value" not in m:
                 continue
             lines.append(
-                f"| {s.name} | {before.name} | {prefix.rstrip('_') or 'accuracy'} | "
+                f"| {s.name} | {before.name} | {label} | "
                 f"{m[f'{VS_PREVIOUS}/{prefix}difference']:+.3f} | "
                 f"{m[f'{VS_PREVIOUS}/{prefix}only_this_right']:.0f} | "
                 f"{m[f'{VS_PREVIOUS}/{prefix}only_previous_right']:.0f} | "
