@@ -178,7 +178,10 @@ class SourceSpec(Frozen):
     adapter: Adapter | None = None
     config: str | None = None
     split: str = "train"
-    args: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    # scalars, or a list of them (e.g. basic_arithmetic operators: ["+", "-"])
+    args: dict[str, int | float | str | bool | list[int | float | str | bool]] = Field(
+        default_factory=dict
+    )
     size: PositiveInt | None = None
     domain: Domain | None = None
     # left out of the dump when unset, so recipes without it keep their stage hashes
@@ -399,7 +402,8 @@ class EvalConfig(Frozen):
 
     models: 'base', 'sft', 'grpo' (this run's stages) or any checkpoint URI.
     temperature 0 is greedy (batched outputs equal batch-size-1 outputs); with a temperature,
-    `samples` completions per prompt give pass@k and majority-vote accuracy. Every rate gets
+    `samples` completions per prompt give pass@k (unbiased, k = 1, 2, 4, ... samples),
+    majority-vote accuracy and the headroom table (stages/evaluate/headroom.py). Every rate gets
     a Wilson 95% interval and each model is compared with the one listed before it on the
     same prompts (exact McNemar test). `split` is the prompts scored: the held-out `eval`
     split, or `grpo_train` to find training prompts a model still fails (hard_subset) while
@@ -416,6 +420,13 @@ class EvalConfig(Frozen):
     samples: PositiveInt = 1
     seed: int = 0
     split: Literal["eval", "grpo_train"] = "eval"
+    # with samples > 1: also decode each model greedily, a row `<model>@greedy` beside it, so
+    # the report's headroom table sets pass@k against greedy accuracy
+    greedy: bool = False
+    # registered rewards also scored on every sample (its row in samples.jsonl gets
+    # `reward/<name>`, the report the mean per model): a hard_subset can then select by the
+    # reward a GRPO node trains on (`by: reward/<name>`)
+    rewards: list[str] = Field(default_factory=list)
 
     @field_validator("models")
     @classmethod
@@ -430,6 +441,11 @@ class EvalConfig(Frozen):
 
     @model_validator(mode="after")
     def _sampling(self) -> EvalConfig:
+        if self.greedy and self.samples < 2:
+            raise ValueError(
+                f"greedy: true adds a greedy row beside a sampled one; it needs samples >= 2 "
+                f"and a temperature, got samples={self.samples}"
+            )
         if self.samples > 1 and self.temperature == 0:
             raise ValueError(
                 f"samples={self.samples} needs a temperature > 0 (greedy "
@@ -457,13 +473,35 @@ class HardSubsetConfig(Frozen):
     """Which prompts an evaluation says are still hard, kept as a dataset to train on again.
 
     `model` names the evaluated model (a label in the report) whose results decide. A prompt
-    is hard when its mean correctness over samples is below `below`; when fewer than
-    `min_prompts` are, the lowest-scoring others fill up to it (so a following GRPO batch fits).
+    is hard when its mean correctness over samples is below `below` (and, with `above`, above
+    that); when fewer than `min_prompts` are, the others nearest the band fill up to it (so a
+    following GRPO batch fits).
+
+    With a sampled evaluation of the policy GRPO starts from (samples >= the GRPO group size),
+    `above: 0, below: 1` is DAPO's dynamic sampling done before training: prompts the policy
+    always or never solves give groups of equal rewards and no gradient, and are dropped.
     """
 
     model: Annotated[str, Field(min_length=1)]
     below: Annotated[float, Field(gt=0, le=1)] = 1.0
     min_prompts: PositiveInt = 1
+    # keep only prompts solved more often than this too: `above: 0` with `below: 1` keeps the
+    # informative band, prompts the model solves sometimes (a GRPO group of them has reward
+    # variance); the top-up to min_prompts then takes the prompts nearest the band
+    above: Annotated[float, Field(ge=0, lt=1)] | None = None
+    # the per-sample outcome whose mean over a prompt's samples is its solve rate: `correct`
+    # (the evaluation's accuracy) or `reward/<name>` for a reward the evaluation scored
+    # (EvalConfig.rewards; a reward in [0, 1])
+    by: Annotated[str, Field(pattern=r"^(correct|format|reward/[A-Za-z0-9_.-]+)$")] = "correct"
+
+    @model_validator(mode="after")
+    def _band(self) -> HardSubsetConfig:
+        if self.above is not None and self.above >= self.below:
+            raise ValueError(
+                f"hard_subset keeps solve rates in (above, below): above={self.above} must be "
+                f"less than below={self.below}"
+            )
+        return self
 
 
 class SelfTeachConfig(Frozen):

@@ -1,5 +1,5 @@
-"""Hard-subset stage: the training prompts an evaluation says a model still fails, as a new
-dataset.
+"""Hard-subset stage: the training prompts an evaluation says a model still fails (or, with a
+band, solves only sometimes), as a new dataset.
 
 Entry point: `select(evaluation, dataset, config, ctx) -> StageOutcome[DatasetArtifact]`.
 
@@ -7,8 +7,10 @@ The evaluation must have scored the dataset's `grpo_train` split (an evaluate no
 `split: grpo_train`): the hard prompts are training prompts, and the held-out `eval` split is
 never trained on, so a later evaluation on it stays held out. An evaluation of the eval split
 is refused. From the evaluation's per-sample results (samples.jsonl: model, id, correct), the
-prompts whose mean correctness for `config.model` is below `config.below` are kept (topped up
-with the lowest-scoring others to `config.min_prompts`), in the dataset's own format: their
+prompts whose mean correctness for `config.model` is below `config.below` (and above
+`config.above` when set: the informative band, DAPO's dynamic sampling done from a measured
+solve rate) are kept, topped up with the others nearest the band to `config.min_prompts`, in
+the dataset's own format: their
 rows become `grpo_train`, the dataset's `eval` split is carried over unchanged, and
 selection.jsonl lists every evaluated prompt with its score and whether it was kept. A
 continued GRPO node trains on it in a later session. No training happens here.
@@ -44,22 +46,53 @@ SELECTION_FILE = "selection.jsonl"
 TRAINING_SPLIT = "grpo_train"  # the split an evaluation must have scored
 
 
-def prompt_scores(samples: list[dict[str, object]], model: str) -> dict[str, float]:
-    """Mean correctness per prompt id of one evaluated model."""
+def prompt_scores(
+    samples: list[dict[str, object]], model: str, by: str = "correct"
+) -> dict[str, float]:
+    """Mean outcome `by` (correctness, or a reward the evaluation scored) per prompt id of one
+    evaluated model."""
     per_prompt: dict[str, list[float]] = defaultdict(list)
     for row in samples:
-        if row["model"] == model:
-            per_prompt[str(row["id"])].append(float(row["correct"]))  # type: ignore[arg-type]
+        if row["model"] != model:
+            continue
+        if by not in row:
+            scored = sorted(k for k in row if k.startswith("reward/"))
+            raise ValueError(
+                f"hard_subset by={by!r}: the evaluation's samples have no such outcome (its "
+                f"rewards: {scored}); list the reward in the evaluate node's config.rewards"
+            )
+        per_prompt[str(row["id"])].append(float(row[by]))  # type: ignore[arg-type]
     if not per_prompt:
         models = sorted({str(r["model"]) for r in samples})
         raise ValueError(f"the evaluation has no samples of model {model!r}; it has {models}")
     return {prompt: sum(v) / len(v) for prompt, v in per_prompt.items()}
 
 
+def in_band(score: float, config: HardSubsetConfig) -> bool:
+    """Below `below` and, when set, above `above`."""
+    return score < config.below and (config.above is None or score > config.above)
+
+
+def distance_to_band(score: float, config: HardSubsetConfig) -> float:
+    """How far a score lies outside (above, below); 0 inside. Without `above`, the score
+    itself, so the top-up takes the lowest-scoring prompts first."""
+    if config.above is None:
+        return score
+    return max(0.0, config.above - score, score - config.below)
+
+
 def hard_ids(scores: dict[str, float], config: HardSubsetConfig) -> list[str]:
-    """Ids under the threshold, topped up with the lowest-scoring others to min_prompts."""
-    ranked = sorted(scores, key=lambda prompt: (scores[prompt], prompt))
-    chosen = [p for p in ranked if scores[p] < config.below]
+    """Ids in the band, topped up with the others nearest it to min_prompts."""
+    ranked = sorted(
+        scores,
+        key=lambda p: (
+            not in_band(scores[p], config),
+            distance_to_band(scores[p], config),
+            scores[p],
+            p,
+        ),
+    )
+    chosen = [p for p in ranked if in_band(scores[p], config)]
     if len(chosen) < config.min_prompts:
         if len(scores) < config.min_prompts:
             raise ValueError(
@@ -75,7 +108,7 @@ def _select(
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
     text = storage.read_text(evaluation.samples_uri)
     samples = [json.loads(line) for line in text.splitlines() if line.strip()]
-    scores = prompt_scores(samples, config.model)
+    scores = prompt_scores(samples, config.model, config.by)
     chosen = set(hard_ids(scores, config))
     rows = load_prompts(dataset, TRAINING_SPLIT)
     held_out = load_prompts(dataset, "eval")
@@ -91,17 +124,20 @@ def _select(
         extra_files={SELECTION_FILE: jsonl_bytes(selection)},
     )
     failed = sum(1 for s in scores.values() if s < config.below)
+    banded = sum(1 for s in scores.values() if in_band(s, config))
     log.info(
-        "hard_subset: %d of %d prompts kept (%d under %.2f)",
+        "hard_subset: %d of %d prompts kept (%d under %.2f, %d in the band)",
         len(kept),
         len(rows),
         failed,
         config.below,
+        banded,
     )
     metrics = {
         "prompts_evaluated": float(len(scores)),
         "prompts_kept": float(len(kept)),
         "prompts_below_threshold": float(failed),
+        "prompts_in_band": float(banded),
         "mean_score_kept": sum(scores[i] for i in chosen) / len(chosen),
     }
     return artifact, metrics, {}
@@ -110,7 +146,14 @@ def _select(
 def identity(
     config: HardSubsetConfig, evaluation_fingerprint: str, dataset_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"hard_subset": config.model_dump(mode="json")}
+    # `above` unset and `by` correct are left out: subsets made before those fields existed
+    # keep their hash and directory
+    dumped = config.model_dump(mode="json")
+    if dumped["above"] is None:
+        del dumped["above"]
+    if dumped["by"] == "correct":
+        del dumped["by"]
+    hashed = {"hard_subset": dumped}
     inputs = {"evaluation": evaluation_fingerprint, "dataset": dataset_fingerprint}
     return StageIdentity("hard_subset", STAGE_VERSION, hashed, inputs)
 

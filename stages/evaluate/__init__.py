@@ -22,6 +22,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,14 +40,17 @@ from stages.core.runner import (
     with_uris,
 )
 from stages.core.shared import SharedBuilds
-from stages.evaluate import fewshot, reports
+from stages.evaluate import fewshot, headroom, reports
 from stages.evaluate.progress import BatchTally, EvalProgress
 from stages.modeling import generation, models
 from stages.modeling.compilations import SAMPLER_FUNCTIONS, CompileCounter, counting_compilations
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 3  # 3: k-shot base row, Wilson intervals, paired McNemar comparisons
+# 3: k-shot base row, Wilson intervals, paired McNemar comparisons
+# 4: sampled models get the headroom metrics (unbiased pass@k, solve-rate histogram) and, with
+#    `greedy`, a greedy row; every model's metrics say its samples per prompt
+STAGE_VERSION = 4
 
 
 def generate(
@@ -109,10 +113,12 @@ def score(
     completions: Sequence[str],
     samples: int,
     sandbox: rewards.SandboxStats | None = None,
+    rewards_to_score: Sequence[str] = (),
 ) -> tuple[ModelScores, list[dict[str, Any]]]:
     """Scores over prompts x samples (completions are prompt-major), and per-sample rows.
 
     `sandbox` names the isolation level and pool size; its counters are this model's own.
+    `rewards_to_score`: registered rewards scored on every sample too (`reward/<name>`).
     """
     given = sandbox or rewards.SandboxStats()
     stats = rewards.SandboxStats(given.isolation, given.workers)
@@ -122,12 +128,15 @@ def score(
         for c, r in zip(completions, expanded, strict=True)
     ]
     exact, correct = correctness(expanded, completions, stats)
+    scored = extra_rewards(expanded, completions, rewards_to_score, stats)
     per_prompt = np.asarray(correct).reshape(len(rows), samples)
     metrics = {
+        "samples": float(samples),
         "exact_accuracy": float(np.mean(exact)),
         "pass@1": float(per_prompt.mean()),
-        f"pass@{samples}": float(per_prompt.max(axis=1).mean()),
+        **(headroom.headroom_metrics(per_prompt) if samples > 1 else {}),
         "majority_accuracy": majority_accuracy(rows, completions, samples),
+        **{key: float(np.mean(values)) for key, values in scored.items()},
         "sandbox_runs": float(stats.runs),
         "sandbox_failures": float(stats.failures),
         **rewards.isolation_metrics(stats),
@@ -160,10 +169,32 @@ def score(
             "format": f,
             "exact": e,
             "correct": k,
+            **{key: values[i] for key, values in scored.items()},
         }
-        for r, c, f, e, k in zip(expanded, completions, fmt, exact, correct, strict=True)
+        for i, (r, c, f, e, k) in enumerate(
+            zip(expanded, completions, fmt, exact, correct, strict=True)
+        )
     ]
     return scores, sample_rows
+
+
+REWARD_PREFIX = "reward/"  # per-sample scores of EvalConfig.rewards
+
+
+def extra_rewards(
+    rows: Sequence[dict[str, Any]],
+    completions: Sequence[str],
+    names: Sequence[str],
+    stats: rewards.SandboxStats,
+) -> dict[str, list[float]]:
+    """`reward/<name>` -> each completion's score under that registered reward."""
+    refs = rewards.references(
+        [r["answer"] for r in rows], [json.dumps(r.get("tests", [])) for r in rows]
+    )
+    return {
+        REWARD_PREFIX + name: rewards.get_reward(name).score(completions, refs, stats)
+        for name in names
+    }
 
 
 def majority_accuracy(rows: Sequence[dict[str, Any]], completions: Sequence[str], k: int) -> float:
@@ -215,12 +246,30 @@ def few_shot_prompts(
     return shown, -(-longest // 16) * 16
 
 
-def _variant_labels(name: str, config: EvalConfig) -> list[tuple[str, bool, int]]:
-    """The rows one model gives: itself and, for the base model, its k-shot variant."""
-    labels = [(name, False, 0)]
+@dataclass(frozen=True)
+class Variant:
+    """One row of the report: a model decoded one way (k-shot, sampled or greedy)."""
+
+    label: str
+    shots: int  # worked examples before each prompt (0: zero-shot)
+    config: EvalConfig  # the decoding settings of this row (greedy rows: temperature 0, 1 sample)
+
+    def batches(self, prompts: int) -> int:
+        return -(-prompts * self.config.samples // self.config.batch_size)
+
+
+def _variant_labels(name: str, config: EvalConfig) -> list[Variant]:
+    """The rows one model gives: itself, for the base model its k-shot variant, and with
+    `config.greedy` a greedy row beside each sampled one."""
+    variants = [Variant(name, 0, config)]
     if name == "base" and config.base_shots:
-        labels.append((f"base-{config.base_shots}shot", True, config.base_shots))
-    return labels
+        variants.append(Variant(f"base-{config.base_shots}shot", config.base_shots, config))
+    if config.greedy:
+        greedy = config.model_copy(update={"temperature": 0.0, "samples": 1, "greedy": False})
+        variants += [
+            Variant(v.label + reports.GREEDY_SUFFIX, v.shots, greedy) for v in list(variants)
+        ]
+    return variants
 
 
 def _variants(
@@ -229,15 +278,16 @@ def _variants(
     dataset: DatasetArtifact,
     tokenizer: Tokenizer,
     config: EvalConfig,
-) -> list[tuple[str, list[str], int]]:
-    """(row label, prompts, prompt length) for each row of model `name`."""
+) -> list[tuple[Variant, list[str], int]]:
+    """(row, its prompts each repeated for its samples, prompt length) for model `name`."""
     out = []
-    for label, shot, k in _variant_labels(name, config):
-        if shot:
-            shown, length = few_shot_prompts(dataset, tokenizer, prompts, k)
-            out.append((label, shown, length))
+    for variant in _variant_labels(name, config):
+        repeated = [p for p in prompts for _ in range(variant.config.samples)]
+        if variant.shots:
+            shown, length = few_shot_prompts(dataset, tokenizer, repeated, variant.shots)
+            out.append((variant, shown, length))
         else:
-            out.append((label, prompts, dataset.prompt_len))
+            out.append((variant, repeated, dataset.prompt_len))
     return out
 
 
@@ -255,11 +305,10 @@ def _evaluate(
     tokenizer = build_tokenizer(spec, cache_dir, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     rows = load_prompts(dataset, config.split)
-    prompts = [r["prompt"] for r in rows for _ in range(config.samples)]
+    prompts = [r["prompt"] for r in rows]
     progress: dict[str, EvalProgress] = {}
-    batches = -(-len(prompts) // config.batch_size)
-    rows_reported = sum(len(_variant_labels(name, config)) for name in config.models)
-    tally = BatchTally(ctx.progress, batches * rows_reported)
+    total = sum(v.batches(len(rows)) for m in config.models for v in _variant_labels(m, config))
+    tally = BatchTally(ctx.progress, total)
 
     def progress_of(label: str) -> EvalProgress:
         if label not in progress:
@@ -267,8 +316,10 @@ def _evaluate(
         return progress[label]
 
     def finished(name: str, progress_of: Callable[[str], EvalProgress]) -> bool:
-        labels = [label for label, _, _ in _variant_labels(name, config)]
-        return all(progress_of(label).complete(batches) for label in labels)
+        return all(
+            progress_of(v.label).complete(v.batches(len(rows)))
+            for v in _variant_labels(name, config)
+        )
 
     all_scores, all_samples = [], []
     compilations: dict[str, float] = {}
@@ -282,10 +333,11 @@ def _evaluate(
             lambda m: finished(m, progress_of),
             ctx.shared,
         ):
-            for label, inputs, length in _variants(name, prompts, dataset, tokenizer, config):
+            for variant, inputs, length in _variants(name, prompts, dataset, tokenizer, config):
+                label = variant.label
                 with counting_compilations() as compiles:
                     completions = generate(
-                        network, tokenizer, inputs, config, length, spec, progress_of(label)
+                        network, tokenizer, inputs, variant.config, length, spec, progress_of(label)
                     )
                 compilations |= sampler_compilations(label, compiles)
                 scores, sample_rows = score(
@@ -293,8 +345,9 @@ def _evaluate(
                     artifact.uri if artifact else None,
                     rows,
                     completions,
-                    config.samples,
+                    variant.config.samples,
                     sandbox,
+                    config.rewards,
                 )
                 all_scores.append(scores)
                 all_samples += sample_rows
@@ -304,7 +357,7 @@ def _evaluate(
                     scores.format_rate,
                     scores.accuracy,
                 )
-    all_scores = reports.with_statistics(all_scores, all_samples, config.samples)
+    all_scores = reports.with_statistics(all_scores, all_samples)
     report = reports.write_report(directory, all_scores, all_samples, checkpoints)
     if ctx.primary:  # evaluation files are records: one process (JAX process 0) writes them
         reports.record_scores(report, checkpoints, directory)
@@ -323,11 +376,14 @@ def sampler_compilations(label: str, compiles: CompileCounter) -> dict[str, floa
 
 
 def hashed_config(config: EvalConfig) -> dict[str, Any]:
-    """The config as hashed: the default split (eval) is left out, so evaluations made before
-    `split` existed keep their hash and directory."""
+    """The config as hashed: the default split (eval), greedy (off) and rewards (none) are left
+    out, so evaluations made before those fields existed keep their hash and directory."""
     dumped = config.model_dump(mode="json")
     if dumped["split"] == "eval":
         del dumped["split"]
+    for field in ("greedy", "rewards"):  # off by default
+        if not dumped[field]:
+            del dumped[field]
     return dumped
 
 
@@ -374,6 +430,7 @@ def evaluate(
     resolved = resolve_checkpoints(config, checkpoints)
     for artifact in resolved.values():
         models.check_compatible(artifact, model, tokenizer_name)
+    rewards.validate_names(dict.fromkeys(config.rewards, 1.0))
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
     return run_stage(

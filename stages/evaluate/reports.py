@@ -16,18 +16,25 @@ from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
 from schemas.record import Evaluation
 from stages.core import storage
 from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
-from stages.evaluate import stats
+from stages.evaluate import headroom, stats
+
+GREEDY_SUFFIX = "@greedy"  # the row of a sampled model decoded greedily (EvalConfig.greedy)
 
 VS_PREVIOUS = "vs_previous"  # metric prefix of the paired comparison with the model before
 
 
-def per_prompt(samples: Sequence[dict[str, Any]], name: str, key: str, k: int) -> list[float]:
-    """One model's `key` outcome per prompt, in prompt order (its first sample of k)."""
-    return [float(r[key]) for r in [r for r in samples if r["model"] == name][::k]]
+def per_prompt(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[float]:
+    """One model's `key` outcome per prompt, in prompt order (its first sample of each: rows
+    of one model may be sampled k times and another's greedy once)."""
+    first: dict[str, float] = {}
+    for r in samples:
+        if r["model"] == name:
+            first.setdefault(str(r["id"]), float(r[key]))
+    return list(first.values())
 
 
 def with_statistics(
-    scores: Sequence[ModelScores], samples: Sequence[dict[str, Any]], k: int
+    scores: Sequence[ModelScores], samples: Sequence[dict[str, Any]]
 ) -> list[ModelScores]:
     """Scores with Wilson 95% intervals of format rate and accuracy (per completion) and,
     from the second model on, the exact McNemar comparison with the model before it."""
@@ -39,7 +46,7 @@ def with_statistics(
             low, high = stats.rate_interval([float(r[key]) for r in rows])
             extra |= {f"{metric}_ci_low": low, f"{metric}_ci_high": high}
         if i:
-            extra |= comparison_metrics(samples, scores[i - 1].name, s.name, k)
+            extra |= comparison_metrics(samples, scores[i - 1].name, s.name)
         out.append(s.model_copy(update={"metrics": {**s.metrics, **extra}}))
     return out
 
@@ -49,13 +56,13 @@ PAIRED_OUTCOMES = (("accuracy", "", "correct"), ("format", "format_", "format"))
 
 
 def comparison_metrics(
-    samples: Sequence[dict[str, Any]], before: str, name: str, k: int
+    samples: Sequence[dict[str, Any]], before: str, name: str
 ) -> dict[str, float]:
     """`name` against `before` on the same prompts, exact McNemar, for accuracy and format."""
     extra: dict[str, float] = {}
     for _, prefix, key in PAIRED_OUTCOMES:
         paired = stats.paired_comparison(
-            before, per_prompt(samples, before, key, k), name, per_prompt(samples, name, key, k)
+            before, per_prompt(samples, before, key), name, per_prompt(samples, name, key)
         )
         extra |= {
             f"{VS_PREVIOUS}/{prefix}difference": paired.difference,
@@ -109,6 +116,22 @@ def comparison_table(scores: Sequence[ModelScores]) -> str:
         " noise of this many prompts.\n"
     )
     return "\n".join(lines) + "\n" + note
+
+
+def headroom_section(scores: Sequence[ModelScores]) -> str:
+    """The headroom table of every sampled model (with its greedy row's accuracy when the
+    evaluation decoded it greedily too), or nothing when no model was sampled."""
+    by_name = {s.name: s for s in scores}
+    rows = []
+    for s in scores:
+        n = int(s.metrics.get("samples", 1))
+        if n < 2:
+            continue
+        greedy = by_name.get(s.name + GREEDY_SUFFIX)
+        rows.append((s.name, n, s.metrics, None if greedy is None else greedy.accuracy))
+    if not rows:
+        return ""
+    return "\n## Headroom\n\n" + headroom.headroom_table(rows)
 
 
 def markdown_table(scores: Sequence[ModelScores]) -> str:
@@ -263,7 +286,7 @@ def write_report(
     storage.write_bytes(samples_uri, samples_bytes)
     storage.write_text(
         storage.join(directory, "report.md"),
-        markdown_table(scores) + "\n" + comparison_table(scores),
+        markdown_table(scores) + "\n" + comparison_table(scores) + headroom_section(scores),
     )
     storage.write_bytes(storage.join(directory, "metrics.png"), metrics_plot(scores))
     histories = {name: find_checkpoint_record(a.uri)[1].history for name, a in checkpoints.items()}

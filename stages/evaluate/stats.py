@@ -106,3 +106,29 @@ def paired_comparison(
         baseline_only=baseline_only,
         p_value=mcnemar_exact_p(candidate_only, baseline_only),
     )
+
+
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+    """Unbiased pass@k of one prompt from `samples` draws with `correct` right (Chen et al.
+    2021): 1 - C(n - c, k) / C(n, k), the chance that k draws without replacement from the n
+    hold at least one right completion."""
+    if not 1 <= k <= samples:
+        raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}), got k={k}")
+    if not 0 <= correct <= samples:
+        raise ValueError(f"correct must lie in [0, {samples}], got {correct}")
+    if samples - correct < k:
+        return 1.0
+    return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
+
+
+def pass_at_ks(samples: int) -> list[int]:
+    """The k reported for n samples a prompt: 1, 2, 4, ... up to n (and n itself)."""
+    ks = [1 << i for i in range(samples.bit_length()) if 1 << i <= samples]
+    return ks if ks[-1] == samples else [*ks, samples]
+
+
+def informative_group_chance(solve_rate: float, group: int) -> float:
+    """Chance that a GRPO group of `group` completions of a prompt solved at `solve_rate`
+    holds both a right and a wrong one (a group with zero reward variance carries no
+    gradient): 1 - p^G - (1 - p)^G."""
+    return 1.0 - solve_rate**group - (1.0 - solve_rate) ** group

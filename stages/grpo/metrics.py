@@ -3,7 +3,8 @@
 Tunix logs each reward's mean, the total, completion lengths (and the actor's KL) through its
 metrics logger, to TensorBoard when the training config names a log directory.
 `StepObserver` is a Tunix metric_fn that adds what Tunix does not compute, the fraction of
-groups whose rewards are all equal (they carry no GRPO signal) and the strict-format rate,
+groups whose rewards are all equal (they carry no GRPO signal; its complement is logged as the
+informative-group fraction) and the strict-format rate,
 and keeps a few completions per step. `MetricsHistory` collects the per-step numbers through
 the cluster's external-logger hook for the stage record.
 """
@@ -18,6 +19,7 @@ import numpy as np
 from stages import rewards
 
 ZERO_VARIANCE = "far/zero_variance_groups"
+INFORMATIVE = "far/informative_groups"  # 1 - ZERO_VARIANCE: the groups that carry a gradient
 FORMAT_RATE = "far/format_rate"
 TOTAL_REWARD = "rewards/score/mean"  # Tunix: the per-step mean of the summed rewards
 LENGTHS = ("completions/mean_length", "completions/max_length")
@@ -65,8 +67,10 @@ class StepObserver:
                 }
             )
         strict = [rewards_format(c) for c in completions]
+        flat = zero_variance_fraction(scores, self.num_generations)
         return {
-            ZERO_VARIANCE: (zero_variance_fraction(scores, self.num_generations), np.mean),
+            ZERO_VARIANCE: (flat, np.mean),
+            INFORMATIVE: (1.0 - flat, np.mean),
             FORMAT_RATE: (float(np.mean(strict)), np.mean),
         }
 
@@ -107,12 +111,15 @@ class MetricsHistory:
         return curves
 
     def summary(self) -> dict[str, float]:
-        """First and last value of every reward metric and the format rate; the session's
-        total seconds of each timed phase (far/seconds/<phase>, stages/grpo/timing.py)."""
+        """First and last value of every reward metric and the format rate; the session's mean
+        informative-group fraction; its total seconds of each timed phase (far/seconds/<phase>,
+        stages/grpo/timing.py)."""
         out: dict[str, float] = {}
         for name, history in sorted(self.values.items()):
             if name.startswith("rewards/") or name == FORMAT_RATE:
                 out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
+            elif name == INFORMATIVE:
+                out[f"{name}/mean"] = float(np.mean(history))
             elif name.startswith(SECONDS_PREFIX):
                 out[f"{name}/total"] = float(sum(history))
         return out

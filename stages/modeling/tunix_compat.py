@@ -11,11 +11,14 @@ upgrade must be a decision, re-checked against these tests, never a silent chang
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 from flax import nnx
+from tunix.models.gemma3 import model as gemma3_model
+from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from stages.modeling import tunix_version
@@ -198,3 +201,81 @@ def gemma3_qk_norm_scales(attention: Any) -> tuple[Any, Any]:
     Tunix 0.1.7 keeps them as private attributes with no public accessor; the export test
     (tests/integration/test_real_model.py) checks the exported logits against transformers."""
     return attention._query_norm.scale, attention._key_norm.scale
+
+
+# --- log-probabilities of the completion only --------------------------------------------------
+
+# Tunix 0.1.7's own function, kept for the models the replacement does not handle and for the
+# test that shows its cost (tests/unit/test_completion_logits.py).
+TUNIX_COMPUTE_PER_TOKEN_LOGPS = rl_common.compute_per_token_logps
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("pad_id", "eos_id", "stop_gradient", "return_logits", "temperature"),
+)
+def completion_per_token_logps(
+    graphdef: Any,
+    state: Any,
+    prompt_tokens: jax.Array,
+    completion_tokens: jax.Array,
+    pad_id: int,
+    eos_id: int,
+    images: jax.Array | None = None,
+    stop_gradient: bool = True,
+    return_logits: bool = False,
+    segment_ids: jax.Array | None = None,
+    segment_positions: jax.Array | None = None,
+    temperature: float = 1.0,
+) -> Any:
+    """tunix.rl.common.compute_per_token_logps with the output projection applied to the
+    completion positions only.
+
+    Tunix 0.1.7 decodes every position of prompt + completion to full-vocabulary logits and
+    then slices the completion's (XLA does not move the slice before the matmul): with Gemma
+    3's 262,144-token vocabulary the projection is about 0.34 of the 0.54 GFLOP a token costs,
+    and for a 64-token prompt before 32 completion tokens two thirds of it is thrown away, in
+    the actor update (forward and backward) and the reference and old-policy log-probs. Here
+    the model runs to its final norm (`output_hidden_states`, a public argument); its own
+    full logits are then unused and compiled away, and only the hidden states that predict
+    completion tokens are projected. Same arithmetic per position: log-probs and gradients
+    equal Tunix's bit for bit (test). Packed sequences, images and other model families go
+    to Tunix's function unchanged.
+    """
+    model = nnx.merge(graphdef, state)
+    if segment_ids is not None or images is not None or not isinstance(model, gemma3_model.Gemma3):
+        return TUNIX_COMPUTE_PER_TOKEN_LOGPS(
+            graphdef,
+            state,
+            prompt_tokens,
+            completion_tokens,
+            pad_id=pad_id,
+            eos_id=eos_id,
+            images=images,
+            stop_gradient=stop_gradient,
+            return_logits=return_logits,
+            segment_ids=segment_ids,
+            segment_positions=segment_positions,
+            temperature=temperature,
+        )
+    tokens, positions, mask, _ = rl_common.process_ids(
+        prompt_tokens, completion_tokens, pad_id, eos_id
+    )
+    model(tokens, positions=positions, cache=None, attention_mask=mask, output_hidden_states=True)
+    hidden = jax.tree.leaves(nnx.pop(model, nnx.Intermediate))[-1]  # after the final norm
+    keep = completion_tokens.shape[1]
+    logits = model.embedder.decode(hidden[:, -keep - 1 : -1])
+    if temperature not in (0.0, 1.0):
+        logits /= temperature
+    per_token_logps = rl_common.selective_log_softmax(logits, tokens[:, -keep:])
+    if stop_gradient:
+        per_token_logps = jax.lax.stop_gradient(per_token_logps)
+        logits = jax.lax.stop_gradient(logits)
+    return (per_token_logps, logits) if return_logits else per_token_logps
+
+
+def project_completion_only() -> None:
+    """Route every Tunix log-prob computation (GRPO's actor loss, reference and old-policy
+    log-probs, rollout log-probs) through completion_per_token_logps. Tunix reads the function
+    from its module at each call, so this is one assignment; idempotent."""
+    rl_common.compute_per_token_logps = completion_per_token_logps

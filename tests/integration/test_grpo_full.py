@@ -4,6 +4,7 @@ per-step metrics (TensorBoard, record history, samples.jsonl) and a reward that 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from schemas.recipe import HardSubsetConfig
 from schemas.record import StageRecord
-from stages import data_prep, grpo, rewards, sft
+from stages import data_prep, evaluate, grpo, hard_subset, rewards, sft
 from stages.core import storage
 from stages.core.datasets import load_prompts
 from stages.core.runner import RunContext
+from stages.grpo import metrics as grpo_metrics
 from stages.modeling import tunix_compat
 from tests.conftest import REPO, recipe_with
 from tests.integration._grpo_child import GRPO_STEPS
@@ -199,28 +202,25 @@ def lora_sft(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, str]:
     return dataset, sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output, root
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lora_grpo_learns_a_learnable_reward(
-    seed: int, lora_sft: tuple[Any, Any, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """LoRA GRPO raises a dense reward on 3 seeds (prompt order and rollout sampling).
+LETTER_BAR = 0.35  # "sometimes" prompts: the 4-step SFT policy at 0.3 meets it about half the time
 
-    Sampling runs at temperature 0.3: the random tiny model's tied output embedding is so
-    small (std 0.02, so every logit lies within about +-1.5 of the others) that at
-    temperature 1 every policy reachable by adapters below the final norm samples nearly
-    uniform bytes (policy entropy 6.21 nats of ln 512 = 6.24; the most letter-heavy hidden
-    state raises the per-token letter mass from 0.102 to 0.121 only), so LoRA had nothing to
-    learn there; at 0.3 the same bound allows 0.21. The rollout does sample from the live
-    adapters (the sampler holds the actor's own variables: the test below).
-    Margin: one step's mean reward varies with sd ~0.07 between steps, so the difference of
-    two 5-step means has sd ~0.07 * sqrt(2 / 5) = 0.044; 0.15 is over 3 of those.
-    Measured (first five steps -> last five): seed 0 0.33 -> 0.66, seed 1 0.46 -> 0.74,
-    seed 2 0.35 -> 0.81; at temperature 1 (lr 3e-3, seed 0) 0.248 -> 0.249.
-    """
-    dataset, policy, root = lora_sft
-    reward = rewards.Reward("letter_fraction", letter_fraction, "test-only")
-    monkeypatch.setitem(rewards.REGISTRY, "letter_fraction", reward)
-    recipe = recipe_with(
+
+def letter_bar(answer: str) -> float:
+    """A prompt's bar, from its answer: 0 (always met), 2 (never), or LETTER_BAR."""
+    kind = int(hashlib.sha256(answer.encode()).hexdigest(), 16) % 3
+    return (0.0, 2.0, LETTER_BAR)[kind]
+
+
+def banded_letters(completions: Sequence[str], refs: Any, stats: object) -> list[float]:
+    """1.0 when a completion's letter share reaches its prompt's bar (test-only): a third of
+    the prompts are always solved, a third never, a third sometimes, so only a third of the
+    GRPO groups carry a gradient unless the difficulty filter drops the others."""
+    shares = letter_fraction(completions, refs, stats)
+    return [float(s >= letter_bar(r.answer)) for s, r in zip(shares, refs, strict=True)]
+
+
+def banded_recipe(root: str, seed: int) -> Any:
+    return recipe_with(
         root,
         sft={"max_steps": 4},
         grpo={
@@ -231,14 +231,110 @@ def test_lora_grpo_learns_a_learnable_reward(
             "temperature": 0.3,
             "max_generation_tokens": 16,
             "seed": seed,
-            "rewards": {"letter_fraction": 1.0, "format_strict": 0.0, "answer_match": 0.0},
+            "rewards": {"banded_letters": 1.0},
         },
     )
-    ctx = RunContext(root, f"learn-{seed}")  # one run per seed (the drift guard)
+
+
+@pytest.fixture(scope="module")
+def filtered(lora_sft: tuple[Any, Any, str]) -> Iterator[Any]:
+    """The 4-step SFT policy's training prompts kept by the difficulty filter: an evaluation
+    samples 4 completions a prompt at the GRPO temperature and scores them with the GRPO
+    reward; hard_subset keeps the prompts solved sometimes (0 < rate < 1)."""
+    dataset, policy, root = lora_sft
+    with pytest.MonkeyPatch.context() as patch:
+        register_test_rewards(patch)
+        recipe, ctx = banded_recipe(root, 0), RunContext(root, "filter")
+        probe = recipe.eval.model_copy(
+            update={
+                "models": ["sft"],
+                "split": "grpo_train",
+                "samples": 4,
+                "temperature": 0.3,
+                "max_generation_tokens": 16,
+                "rewards": ["banded_letters"],
+            }
+        )
+        report = evaluate.evaluate(dataset, {"sft": policy}, probe, recipe.model, recipe.mesh, ctx)
+        band = HardSubsetConfig(
+            model="sft", above=0.0, below=1.0, min_prompts=2, by="reward/banded_letters"
+        )
+        kept = hard_subset.select(report.output, dataset, band, ctx)
+        yield kept.output
+
+
+def register_test_rewards(patch: pytest.MonkeyPatch) -> None:
+    for name, function in (
+        ("banded_letters", banded_letters),
+        ("letter_fraction", letter_fraction),
+    ):
+        patch.setitem(rewards.REGISTRY, name, rewards.Reward(name, function, "test-only"))
+
+
+def informative_curve(
+    dataset: Any, policy: Any, root: str, seed: int, name: str
+) -> tuple[list[float], list[float]]:
+    """(informative-group fraction, mean reward) per step of a banded-reward GRPO run."""
+    recipe = banded_recipe(root, seed)
+    ctx = RunContext(root, name)  # one run per dataset and seed (the drift guard)
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-    record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
-    curve = record.history["rewards/letter_fraction"]
-    assert len(curve) == LEARN_STEPS
+    history = StageRecord.model_validate(storage.read_json(outcome.record_uri)).history
+    assert len(history["rewards/banded_letters"]) == LEARN_STEPS
+    return history[grpo_metrics.INFORMATIVE], history["rewards/banded_letters"]
+
+
+def test_difficulty_filter_keeps_the_prompts_solved_sometimes(
+    lora_sft: tuple[Any, Any, str], filtered: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filter drops the prompts whose bar is 0 or 2 (always or never met), and with the
+    same seed the filtered run's groups carry a gradient far more often."""
+    dataset, policy, root = lora_sft
+    kept = filtered
+    train = load_prompts(dataset, "grpo_train")
+    rows = load_prompts(kept, "grpo_train")
+    assert 2 <= len(rows) < len(train)
+    assert all(letter_bar(r["answer"]) == LETTER_BAR for r in rows), rows
+    assert load_prompts(kept, "eval") == load_prompts(dataset, "eval")  # held out, unchanged
+    register_test_rewards(monkeypatch)
+    unfiltered, _ = informative_curve(dataset, policy, root, 0, "unfiltered")
+    informative, _ = informative_curve(kept, policy, root, 0, "filtered-0")
+    # measured (seed 0, 20 steps of 2 groups): 0.925 filtered, 0.425 unfiltered. Groups of 4
+    # at a solve rate near 1/2 are informative 1 - 2 / 16 = 0.875 of the time, and only the
+    # third of the unfiltered prompts whose bar is LETTER_BAR can be (a step's fraction has
+    # sd ~0.35, so a 20-step mean ~0.08, and the difference ~0.11: 0.3 is under the measured
+    # 0.5 by more than 1.5 of those)
+    assert np.mean(informative) > np.mean(unfiltered) + 0.3, (informative, unfiltered)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lora_grpo_learns_a_learnable_reward_through_the_filter(
+    seed: int,
+    lora_sft: tuple[Any, Any, str],
+    filtered: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LoRA GRPO raises a learnable reward on the filtered prompts on 3 seeds (prompt order
+    and rollout sampling).
+
+    Sampling runs at temperature 0.3: the random tiny model's tied output embedding is so
+    small (std 0.02, so every logit lies within about +-1.5 of the others) that at
+    temperature 1 every policy reachable by adapters below the final norm samples nearly
+    uniform bytes (policy entropy 6.21 nats of ln 512 = 6.24; the most letter-heavy hidden
+    state raises the per-token letter mass from 0.102 to 0.121 only), so LoRA had nothing to
+    learn there; at 0.3 the same bound allows 0.21. The rollout does sample from the live
+    adapters (the sampler holds the actor's own variables: the test below).
+    Measured, mean reward of the first five steps -> the last five: seed 0 0.50 -> 0.73,
+    seed 1 0.58 -> 0.88, seed 2 0.53 -> 1.00 (unfiltered, seed 0: 0.43 -> 0.53).
+    Margin: a step's mean of 8 binary rewards varies with sd ~0.16 (seed 0's first ten
+    steps), so the difference of two 5-step means has sd ~0.10; 0.15 is 1.5 of those below
+    the smallest rise measured. The runs are deterministic on a machine (seeded rollouts),
+    so the margin guards against a code change that slows learning, not run-to-run noise.
+    """
+    _, policy, root = lora_sft
+    kept = filtered
+    register_test_rewards(monkeypatch)
+    name = f"filtered-{seed}"
+    _, curve = informative_curve(kept, policy, root, seed, name)
     assert np.mean(curve[-5:]) > np.mean(curve[:5]) + 0.15, curve
 
 

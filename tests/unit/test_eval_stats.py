@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from schemas.artifacts import ModelScores
-from stages.evaluate import fewshot, reports, stats
+from schemas.recipe import EvalConfig
+from stages.evaluate import fewshot, headroom, reports, stats
 
 
 @pytest.mark.parametrize(
@@ -51,12 +52,12 @@ def test_paired_comparison_counts_only_discordant_prompts() -> None:
 
 def test_with_statistics_adds_intervals_and_comparison_with_the_previous_model() -> None:
     samples = [
-        {"model": m, "format": f, "correct": c}
+        {"model": m, "id": f"p{i}", "format": f, "correct": c}
         for m, outcomes, formats in (
             ("sft", [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]),
             ("grpo", [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]),
         )
-        for c, f in zip(outcomes, formats, strict=True)
+        for i, (c, f) in enumerate(zip(outcomes, formats, strict=True))
     ]
     scores = [
         ModelScores(
@@ -69,7 +70,7 @@ def test_with_statistics_adds_intervals_and_comparison_with_the_previous_model()
         )
         for m, a in (("sft", 0.0), ("grpo", 1.0))
     ]
-    sft, grpo = reports.with_statistics(scores, samples, 1)
+    sft, grpo = reports.with_statistics(scores, samples)
     assert "vs_previous/p_value" not in sft.metrics
     assert grpo.metrics["vs_previous/p_value"] == pytest.approx(2 / 64)
     assert grpo.metrics["accuracy_ci_low"] == pytest.approx(0.6097, abs=1e-4)
@@ -126,3 +127,67 @@ def test_training_plot_puts_each_quantity_in_its_own_panel() -> None:
     assert len(titles) == 7 and not any("global_step" in s for v in titles.values() for s in v)
     assert reports.training_plot(histories).startswith(b"\x89PNG")
     assert reports.training_plot({}).startswith(b"\x89PNG")
+
+
+# (samples n, correct c, k) -> unbiased pass@k, 1 - C(n-c, k) / C(n, k)
+PASS_AT_K = [
+    (8, 0, 1, 0.0),
+    (8, 8, 8, 1.0),
+    (8, 2, 1, 0.25),  # pass@1 is the mean over samples
+    (8, 2, 2, 1 - 15 / 28),  # C(6,2)=15, C(8,2)=28
+    (8, 2, 8, 1.0),  # at k = n: solved at least once
+    (4, 1, 4, 1.0),
+    (4, 3, 2, 1.0),  # n - c < k: every pair holds a right one
+]
+
+
+@pytest.mark.parametrize(("n", "c", "k", "expected"), PASS_AT_K)
+def test_pass_at_k_is_the_unbiased_estimator(n: int, c: int, k: int, expected: float) -> None:
+    assert stats.pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_refuses_a_k_beyond_the_samples() -> None:
+    with pytest.raises(ValueError, match=r"1 <= k <= samples \(4\), got k=8"):
+        stats.pass_at_k(4, 1, 8)
+    assert stats.pass_at_ks(8) == [1, 2, 4, 8]
+    assert stats.pass_at_ks(6) == [1, 2, 4, 6]
+    assert stats.informative_group_chance(0.5, 4) == pytest.approx(1 - 2 / 16)
+    assert stats.informative_group_chance(0.0, 8) == 0.0
+
+
+def test_headroom_metrics_and_table() -> None:
+    # 4 prompts x 4 samples: never, once, three times, always solved
+    per_prompt = np.array([[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1]])
+    m = headroom.headroom_metrics(per_prompt)
+    assert m["pass@1"] == pytest.approx(8 / 16)
+    assert m["pass@4"] == pytest.approx(3 / 4)
+    assert m["pass@2"] == pytest.approx((0 + 0.5 + 1 + 1) / 4)  # once of 4: 1 - C(3,2)/C(4,2)
+    assert [m[headroom.histogram_key(c, 4)] for c in range(5)] == [1, 1, 0, 1, 1]
+    assert (m["solved_never"], m["solved_sometimes"], m["solved_always"]) == (0.25, 0.5, 0.25)
+    table = headroom.headroom_table([("sft", 4, {**m, "majority_accuracy": 0.5}, 0.25)])
+    assert "| sft | 4 | 0.250 | 0.500 | 0.625 | 0.750 | 0.500 | 0.250 | 0.500 | 0.250 |" in table
+    assert "| sft | 1 | 1 | 0 | 1 | 1 |" in table
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        headroom.headroom_metrics(np.ones((3, 1)))
+
+
+def test_report_shows_headroom_of_sampled_models_beside_their_greedy_row() -> None:
+    sampled = ModelScores(
+        name="sft",
+        checkpoint_uri=None,
+        num_prompts=2,
+        format_rate=1.0,
+        accuracy=0.5,
+        mean_completion_chars=10.0,
+        metrics={"samples": 2.0, **headroom.headroom_metrics(np.array([[1, 0], [0, 0]]))},
+    )
+    greedy = sampled.model_copy(update={"name": "sft@greedy", "accuracy": 0.0, "metrics": {}})
+    section = reports.headroom_section([sampled, greedy])
+    assert "## Headroom" in section and "| sft | 2 | 0.000 | 0.250 | 0.500 |" in section
+    assert reports.headroom_section([greedy]) == ""
+
+
+def test_greedy_rows_need_a_sampled_evaluation() -> None:
+    with pytest.raises(ValueError, match="needs samples >= 2"):
+        EvalConfig(greedy=True)
+    EvalConfig(greedy=True, samples=4, temperature=1.0)

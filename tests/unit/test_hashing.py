@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from schemas.recipe import Recipe
-from stages import data_prep, evaluate, grpo, sft
+from schemas.recipe import HardSubsetConfig, Recipe
+from stages import data_prep, evaluate, grpo, hard_subset, sft
 from stages.core.runner import RunContext, StageIdentity, stage_directory
 from tests.conftest import recipe_with
 
@@ -98,12 +98,25 @@ def test_hash_is_stable_across_processes() -> None:
 
 
 def test_options_added_later_leave_default_hashes_alone() -> None:
-    """eval.split (default: eval) is not hashed at its default, and an sft without a policy
+    """eval.split (default: eval), eval.greedy and eval.rewards, hard_subset.above and
+    hard_subset.by are not hashed at their defaults, and an sft without a policy
     has the inputs it always had, so stages made before either existed keep their
     directories; a policy to continue from moves the sft hash."""
     identity = evaluate.identity(BASE.eval, BASE.model, FP_DATA, {})
     assert "split" not in identity.config["eval"]
-    assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - {"split"}
+    later = {"split", "greedy", "rewards"}
+    assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - later
+    headroom = BASE.eval.model_copy(update={"samples": 4, "temperature": 1.0, "greedy": True})
+    moved = evaluate.identity(headroom, BASE.model, FP_DATA, {})
+    assert moved.config["eval"]["greedy"] is True and moved.digest != identity.digest
+    scored = BASE.eval.model_copy(update={"rewards": ["format_strict"]})
+    assert evaluate.identity(scored, BASE.model, FP_DATA, {}).digest != identity.digest
+    plain = HardSubsetConfig(model="grpo")
+    hard = hard_subset.identity(plain, FP_DATA, FP_DATA)
+    assert set(hard.config["hard_subset"]) == {"model", "below", "min_prompts"}
+    for changed in ({"above": 0.0}, {"by": "reward/format_strict"}):
+        banded = HardSubsetConfig(model="grpo", **changed)
+        assert hard_subset.identity(banded, FP_DATA, FP_DATA).digest != hard.digest
     fresh = sft.identity(BASE.sft, BASE.model, FP_DATA)
     assert fresh.inputs == {"dataset": FP_DATA}
     assert fresh == sft.identity(BASE.sft, BASE.model, FP_DATA, None)

@@ -36,6 +36,31 @@ def test_hard_ids(below: float, min_prompts: int, expected: list[str]) -> None:
     assert hard_subset.hard_ids(scores, config) == expected
 
 
+# (above, below, min_prompts) -> the ids kept: the informative band drops the prompts always
+# (c: 1.0) and never (b: 0.0) solved; a top-up takes the prompts nearest the band
+BAND_SCORES = {"a": 0.5, "b": 0.0, "c": 1.0, "d": 0.75, "e": 0.125}
+BAND_CASES: list[tuple[float, float, int, list[str]]] = [
+    (0.0, 1.0, 1, ["e", "a", "d"]),
+    (0.2, 1.0, 1, ["a", "d"]),  # e (0.125) is under the band
+    (0.0, 0.6, 1, ["e", "a"]),  # d (0.75) is over it
+    (0.0, 1.0, 4, ["e", "a", "d", "b"]),  # b and c both lie 0 outside: the lower score first
+    (0.2, 0.6, 3, ["a", "e", "d"]),  # e lies 0.075 under the band, d 0.15 over it
+]
+
+
+@pytest.mark.parametrize(("above", "below", "min_prompts", "expected"), BAND_CASES)
+def test_informative_band(
+    above: float, below: float, min_prompts: int, expected: list[str]
+) -> None:
+    config = HardSubsetConfig(model="sft", above=above, below=below, min_prompts=min_prompts)
+    assert hard_subset.hard_ids(BAND_SCORES, config) == expected
+
+
+def test_band_must_be_open() -> None:
+    with pytest.raises(ValueError, match=r"above=0.5 must be less than below=0.5"):
+        HardSubsetConfig(model="sft", above=0.5, below=0.5)
+
+
 def test_hard_subset_names_the_models_it_has() -> None:
     with pytest.raises(ValueError, match=r"no samples of model 'rl'; it has \['grpo', 'sft'\]"):
         hard_subset.prompt_scores(SAMPLES, "rl")

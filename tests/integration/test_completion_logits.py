@@ -1,0 +1,97 @@
+"""Log-probs of the completion without full-vocabulary logits over the prompt
+(tunix_compat.completion_per_token_logps): the cost Tunix's own function pays, and equal
+results, log-probs and gradients bit for bit, on a tiny Gemma 3 with LoRA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from schemas.recipe import LoraSpec
+from stages.modeling import models, tunix_compat
+from tests.conftest import recipe_with
+
+VOCAB = 4096  # large enough that the output projection dominates, as Gemma 3's 262k does
+PROMPT, COMPLETION, BATCH = 48, 16, 4
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any, Any]:
+    root = str(tmp_path_factory.mktemp("logits"))
+    recipe = recipe_with(root, model={"architecture": {"num_embed": VOCAB}})
+    mesh = models.build_mesh(recipe.mesh)
+    with mesh:
+        network = models.apply_lora(
+            models.build_base_model(recipe.model, mesh, root), LoraSpec(rank=4, alpha=8.0), mesh
+        )
+    adapters = nnx.state(network, nnx.LoRAParam)  # B starts at 0: move it so LoRA counts
+    nnx.update(network, jax.tree.map(lambda x: x + 0.01, adapters))
+    keys = jax.random.split(jax.random.key(0), 2)
+    prompts = jax.random.randint(keys[0], (BATCH, PROMPT), 2, VOCAB).at[:, :7].set(0)  # left pad
+    completions = jax.random.randint(keys[1], (BATCH, COMPLETION), 2, VOCAB).at[:, 11:].set(0)
+    return network, prompts, completions, mesh
+
+
+def logps(function: Any, network: Any, prompts: Any, completions: Any, **kw: Any) -> Any:
+    graphdef, state = nnx.split(network)
+    return function(graphdef, state, prompts, completions, pad_id=0, eos_id=1, **kw)
+
+
+def flops(function: Any, network: Any, prompts: Any, completions: Any) -> float:
+    graphdef, state = nnx.split(network)
+    compiled = function.lower(graphdef, state, prompts, completions, pad_id=0, eos_id=1).compile()
+    cost = compiled.cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def test_tunix_projects_the_prompt_to_the_vocabulary_too(policy: tuple[Any, ...]) -> None:
+    """The defect, on Tunix alone: its compiled log-prob function costs about (prompt +
+    completion) / completion times the projection it needs; FAR's costs the completion's."""
+    network, prompts, completions, mesh = policy
+    with mesh:
+        tunix = flops(tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS, network, prompts, completions)
+        ours = flops(tunix_compat.completion_per_token_logps, network, prompts, completions)
+    embed = network.embedder.input_embedding.value.shape[1]
+    projection = 2 * BATCH * embed * VOCAB  # flops of one position's logits, per batch
+    # Tunix pays the projection at all PROMPT + COMPLETION positions, FAR at COMPLETION
+    assert tunix - ours == pytest.approx(projection * PROMPT, rel=0.05), (tunix, ours)
+
+
+def test_log_probs_logits_and_gradients_equal_tunix_bit_for_bit(policy: tuple[Any, ...]) -> None:
+    network, prompts, completions, mesh = policy
+    temperature = 0.7  # the rollout temperature divides the logits on both paths
+    with mesh:
+        tunix, tunix_logits = logps(
+            tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS,
+            network, prompts, completions, return_logits=True, temperature=temperature,
+        )  # fmt: skip
+        ours, our_logits = logps(
+            tunix_compat.completion_per_token_logps,
+            network, prompts, completions, return_logits=True, temperature=temperature,
+        )  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(tunix))
+        np.testing.assert_array_equal(np.asarray(our_logits), np.asarray(tunix_logits))
+        graphdef, _ = nnx.split(network)
+        _, adapters, frozen = nnx.split(network, nnx.LoRAParam, ...)
+
+        def loss(function: Any) -> Any:
+            """Gradient of a weighted sum of log-probs with respect to the adapters."""
+
+            def of(trained: Any) -> Any:
+                state = nnx.merge_state(trained, frozen)
+                out = function(graphdef, state, prompts, completions, pad_id=0, eos_id=1,
+                               stop_gradient=False, temperature=temperature)  # fmt: skip
+                return jnp.sum(out * jnp.arange(COMPLETION))
+
+            return jax.grad(of)(adapters)
+
+        ours_grad = loss(tunix_compat.completion_per_token_logps)
+        tunix_grad = loss(tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS)
+    for a, b in zip(jax.tree.leaves(ours_grad), jax.tree.leaves(tunix_grad), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(ours_grad))
