@@ -38,7 +38,7 @@ run: env
 lint: env
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas stages pipeline
+	$(BIN)/mypy schemas stages pipeline flows
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/deptry .
 

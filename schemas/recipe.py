@@ -7,6 +7,7 @@ rejects unknown fields; validators say which value they got and what they expect
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Literal, get_args
@@ -373,6 +374,14 @@ class GRPOConfig(Frozen):
     def _some_reward(cls, value: dict[str, float]) -> dict[str, float]:
         if not value:
             raise ValueError("rewards must name at least one registered reward, got {}")
+        for name, weight in value.items():
+            if not math.isfinite(weight):
+                raise ValueError(f"reward {name!r} has weight {weight}; expected a finite number")
+        if all(weight == 0 for weight in value.values()):
+            raise ValueError(
+                f"every reward weight is 0 ({value}), so every completion scores 0 and GRPO "
+                f"learns nothing; give at least one reward a non-zero weight"
+            )
         return value
 
     @model_validator(mode="after")
@@ -639,6 +648,8 @@ class Recipe(Frozen):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     # The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate.
     pipeline: list[StageNode] | None = Field(default=None, min_length=1)
+    # A negative reward weight turns a reward into a penalty; refused unless said here.
+    allow_negative_reward_weights: bool = False
 
     @field_validator("storage_root")
     @classmethod
@@ -659,6 +670,24 @@ class Recipe(Frozen):
         if value is not None and value.total_seconds() <= 0:
             raise ValueError(f"session_budget must be positive, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _negative_weights_said(self) -> Recipe:
+        if self.allow_negative_reward_weights:
+            return self
+        configs = [("grpo", self.grpo)] + [
+            (f"pipeline node {n.id!r} config", n.config)
+            for n in self.pipeline or []
+            if isinstance(n, GRPONode) and n.config is not None
+        ]
+        for where, config in configs:
+            negative = {k: w for k, w in config.rewards.items() if w < 0}
+            if negative:
+                raise ValueError(
+                    f"{where}.rewards: negative weight(s) {negative} punish what the reward "
+                    f"measures; if that is meant, set allow_negative_reward_weights: true"
+                )
+        return self
 
     @model_validator(mode="after")
     def _batches_fit(self) -> Recipe:
