@@ -1,4 +1,4 @@
-"""The deployable FAR flow: JSON parameters in, the same four stages as `far run` out.
+"""The deployable FAR flow: JSON parameters in, the same DAG of stages as `far run` out.
 
 A Prefect deployment (deploy/prefect.yaml) can only pass JSON parameters, so this flow takes
 a recipe URI (a path relative to the repository, or a gs:// URI) and the `far run` overrides,

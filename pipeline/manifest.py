@@ -1,7 +1,7 @@
 """A run as a whole: its manifest (run.json) and its progress, read from storage alone.
 
 `open_session` is called once per session (a `far run`, `far resume` or a scheduled run): it
-refuses a recipe that drifted from the one the run started with (stages/drift.py) and appends
+refuses a recipe that drifted from the one the run started with (stages/core/drift.py) and appends
 the session to the manifest. `run_status` answers `far status` from the stage directories, so
 it works from any machine, with or without the Prefect server that ran them.
 """

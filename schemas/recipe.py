@@ -16,7 +16,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from schemas.base import Frozen
 
-BYTE_TOKENIZER_VOCAB = 272  # 16 reserved special ids + 256 byte ids (stages/tokenizers.py)
+BYTE_TOKENIZER_VOCAB = 272  # 16 reserved special ids + 256 byte ids (stages/modeling/tokenizers.py)
 _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
