@@ -55,7 +55,7 @@ def prompt_scores(samples: list[dict[str, object]], model: str) -> dict[str, flo
         models = sorted({str(r["model"]) for r in samples})
         raise InputError(
             f"hard_subset.model: the evaluation has no samples of model {model!r}; "
-            f"expected one of {models}"
+            f"it has {models} (set model to one of them)"
         )
     return {prompt: sum(v) / len(v) for prompt, v in per_prompt.items()}
 

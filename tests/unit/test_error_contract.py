@@ -39,7 +39,7 @@ def test_hard_subset_of_an_uncommitted_evaluation(tmp_path: Path) -> None:
 
 def test_hard_subset_model_the_evaluation_does_not_hold() -> None:
     samples: list[dict[str, object]] = [{"model": "sft", "id": "1", "correct": 1.0}]
-    with pytest.raises(InputError, match=r"no samples of model 'grpo'; expected one of \['sft'\]"):
+    with pytest.raises(InputError, match=r"no samples of model 'grpo'; it has \['sft'\]"):
         hard_subset.prompt_scores(samples, "grpo")
     with pytest.raises(InputError, match=r"min_prompts is 5"):
         hard_subset.hard_ids({"1": 1.0}, HardSubsetConfig(model="sft", min_prompts=5))
