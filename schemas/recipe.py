@@ -56,7 +56,8 @@ class Architecture(Frozen):
     num_heads: PositiveInt
     head_dim: PositiveInt
     num_kv_heads: PositiveInt
-    sliding_window_size: PositiveInt = 512  # Gemma3 local layers need one
+    sliding_window_size: PositiveInt = 512
+    """Gemma3 local layers need one"""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Architecture:
@@ -259,18 +260,25 @@ class DataPrepConfig(Frozen):
 class SFTConfig(Frozen):
     """Supervised format training with Tunix PeftTrainer."""
 
-    max_steps: PositiveInt  # optimizer steps
-    batch_size: PositiveInt  # the micro-batch: rows per forward/backward pass
-    gradient_accumulation_steps: PositiveInt = 1  # "fit to tile": 8 on a v5e-8
-    learning_rate: PositiveFloat = 1e-3  # the peak, with a schedule
+    max_steps: PositiveInt
+    """optimizer steps"""
+    batch_size: PositiveInt
+    """the micro-batch: rows per forward/backward pass"""
+    gradient_accumulation_steps: PositiveInt = 1
+    """'fit to tile': 8 on a v5e-8"""
+    learning_rate: PositiveFloat = 1e-3
+    """the peak, with a schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
     warmup_steps: Annotated[int, Field(ge=0)] = 0
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     max_grad_norm: PositiveFloat | None = 1.0
-    lora: LoraSpec | None = Field(default_factory=LoraSpec)  # null: train full weights
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    """null: train full weights"""
     checkpoint_every_steps: PositiveInt = 50
-    checkpoint_every_seconds: PositiveFloat | None = None  # also save on a timer
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
+    checkpoint_every_seconds: PositiveFloat | None = None
+    """also save on a timer"""
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """kept free before a deadline"""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -339,10 +347,13 @@ class GRPOConfig(Frozen):
     """
 
     max_steps: PositiveInt
-    batch_size: PositiveInt  # prompts per step; each gets num_generations completions
-    train_micro_batch_size: PositiveInt | None = None  # prompts per backward pass
+    batch_size: PositiveInt
+    """prompts per step; each gets num_generations completions"""
+    train_micro_batch_size: PositiveInt | None = None
+    """prompts per backward pass"""
     num_generations: Annotated[int, Field(ge=2)] = 4
-    num_iterations: PositiveInt = 1  # policy updates per batch (mu in the GRPO paper)
+    num_iterations: PositiveInt = 1
+    """policy updates per batch (mu in the GRPO paper)"""
     algorithm: GRPOAlgorithm = "grpo"
     max_generation_tokens: PositiveInt = 32
     temperature: PositiveFloat = 0.9
@@ -350,24 +361,31 @@ class GRPOConfig(Frozen):
     top_k: PositiveInt | None = None
     beta: Annotated[float, Field(ge=0)] = 0.04
     epsilon: PositiveFloat = 0.2
-    epsilon_high: PositiveFloat | None = None  # dapo only: upper clip (DAPO paper: 0.28)
-    overlong_penalty: OverlongPenalty | None = None  # dapo only
-    learning_rate: PositiveFloat = 3e-6  # the peak, with lr_schedule
+    epsilon_high: PositiveFloat | None = None
+    """dapo only: upper clip (DAPO paper: 0.28)"""
+    overlong_penalty: OverlongPenalty | None = None
+    """dapo only"""
+    learning_rate: PositiveFloat = 3e-6
+    """the peak, with lr_schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1  # of the optimizer updates
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """of the optimizer updates"""
     weight_decay: Annotated[float, Field(ge=0)] = 0.1
     adam_b1: Annotated[float, Field(ge=0, lt=1)] = 0.9
     adam_b2: Annotated[float, Field(ge=0, lt=1)] = 0.99
-    max_grad_norm: PositiveFloat | None = 0.1  # null: no clipping
-    # reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS
+    max_grad_norm: PositiveFloat | None = 0.1
+    """null: no clipping"""
     rewards: Annotated[dict[str, float], BeforeValidator(_expand_reward_preset)] = Field(
         default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
     )
+    """reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS"""
     checkpoint_every_steps: PositiveInt = 50
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
-    samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4  # completions kept in samples.jsonl
-    # Seeds the prompt order and, with the global step, each step's rollout sampling key.
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """kept free before a deadline"""
+    samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
+    """completions kept in samples.jsonl"""
     seed: int = 0
+    """Seeds the prompt order and, with the global step, each step's rollout sampling key."""
 
     @field_validator("rewards")
     @classmethod
@@ -416,9 +434,9 @@ class EvalConfig(Frozen):
     """
 
     models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
-    # 'base' is also evaluated with this many worked examples from the SFT training split
-    # before each prompt (never from the evaluation split); 0: zero-shot only
     base_shots: Annotated[int, Field(ge=0, le=16)] = 3
+    """'base' is also evaluated with this many worked examples from the SFT training split before
+    each prompt (never from the evaluation split); 0: zero-shot only"""
     max_generation_tokens: PositiveInt = 32
     batch_size: PositiveInt = 8
     temperature: Annotated[float, Field(ge=0)] = 0.0
@@ -459,7 +477,8 @@ class SandboxConfig(Frozen):
     """
 
     isolation: Literal["bwrap", "process"] = "bwrap"
-    workers: PositiveInt | None = None  # sandboxes at a time; None: one per CPU
+    workers: PositiveInt | None = None
+    """sandboxes at a time; None: one per CPU"""
 
 
 class HardSubsetConfig(Frozen):
@@ -576,22 +595,26 @@ class _Node(Frozen):
 
 class DataPrepNode(_Node):
     kind: Literal["data_prep"]
-    config: DataPrepConfig | None = None  # None: the recipe's `data`
+    config: DataPrepConfig | None = None
+    """None: the recipe's `data`"""
 
 
 class SFTNode(_Node):
     kind: Literal["sft"]
-    config: SFTConfig | None = None  # None: the recipe's `sft`
+    config: SFTConfig | None = None
+    """None: the recipe's `sft`"""
 
 
 class GRPONode(_Node):
     kind: Literal["grpo"]
-    config: GRPOConfig | None = None  # None: the recipe's `grpo`
+    config: GRPOConfig | None = None
+    """None: the recipe's `grpo`"""
 
 
 class EvaluateNode(_Node):
     kind: Literal["evaluate"]
-    config: EvalConfig | None = None  # None: the recipe's `eval`, models 'base' + the inputs
+    config: EvalConfig | None = None
+    """None: the recipe's `eval`, models 'base' + the inputs"""
 
 
 class HardSubsetNode(_Node):
@@ -646,10 +669,10 @@ class Recipe(Frozen):
     grpo: GRPOConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    # The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate.
     pipeline: list[StageNode] | None = Field(default=None, min_length=1)
-    # A negative reward weight turns a reward into a penalty; refused unless said here.
+    """The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate."""
     allow_negative_reward_weights: bool = False
+    """A negative reward weight turns a reward into a penalty; refused unless said here."""
 
     @field_validator("storage_root")
     @classmethod
