@@ -381,7 +381,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate like `far run`, print the plan; exit 0, or 2 when anything would be refused."""
-    plan = plan_run(args.recipe, args.root, args.name, None, args.overrides)
+    try:
+        plan = plan_run(args.recipe, args.root, args.name, None, args.overrides)
+    except IsolationUnavailable as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     validate_run(plan.recipe, plan.root, cache_dir)
     nodes, refused = preview(plan.recipe, plan.root, args.allow_change)

@@ -20,6 +20,7 @@ from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, storage
+from stages.core.errors import MissingInput
 from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
 
 MANIFEST_NAME = "run.json"
@@ -32,7 +33,7 @@ def manifest_uri(run_uri: str) -> str:
 def read_manifest(run_uri: str) -> RunManifest:
     uri = manifest_uri(run_uri)
     if not storage.exists(uri):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"no FAR run at {run_uri}: expected {MANIFEST_NAME} there (give the run's URI, "
             f"{{storage_root}}/{{name}}, as `far run` printed it)"
         )

@@ -93,12 +93,16 @@ def preview(
     for node in dag.nodes:
         state = states.get(node.id)
         digest = state.directory.rsplit("-", 1)[-1] if state and state.directory else None
-        touched = [str(c) for c in changes if _touches(c.path, node, recipe)]
+        touching = [c for c in changes if _touches(c.path, node, recipe)]
+        touched = "; ".join(str(c) for c in touching)
         if refused:
-            why = "; ".join(touched) or "the session as a whole is refused"
+            why = touched or "the session as a whole is refused"
             plans[node.id] = NodePlan(node.id, node.kind, "refused", digest, why)
-        elif touched:
-            plans[node.id] = NodePlan(node.id, node.kind, "run", None, "; ".join(touched))
+        elif touching and drift.continuable(touching) and state and state.step:
+            why = f"from step {state.step} in a new directory ({touched})"
+            plans[node.id] = NodePlan(node.id, node.kind, "continue", None, why)
+        elif touching:
+            plans[node.id] = NodePlan(node.id, node.kind, "run", None, touched)
         elif any(plans[up].action != "skip" for up in dag.upstream(node.id)):
             plans[node.id] = NodePlan(node.id, node.kind, "run", None, "an input changes")
         elif state is None or state.state == "not started":

@@ -48,3 +48,17 @@ def test_hard_subset_model_the_evaluation_does_not_hold() -> None:
 def test_preference_row_without_a_prompt() -> None:
     with pytest.raises(InputError, match=r"no prompt or instruction field: \['chosen'\]"):
         preferences.pair_from_row({"chosen": "a"}, "pairs")
+
+
+def test_a_run_uri_that_holds_no_run(tmp_path: Path) -> None:
+    from pipeline.manifest import read_manifest
+
+    with pytest.raises(MissingInput, match=r"no FAR run at .*expected run\.json there"):
+        read_manifest(str(tmp_path))
+
+
+def test_an_unrendered_deployment_parameter() -> None:
+    from flows.deployment import reject_unrendered_templates
+
+    with pytest.raises(InputError, match=r"parameter name is an unrendered template"):
+        reject_unrendered_templates({"name": "{{ $FAR_NAME }}"})

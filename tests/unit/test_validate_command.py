@@ -237,7 +237,9 @@ def test_plan_refused_by_the_drift_guard(
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
     assert rows["data_prep"][3] == "skip"
-    assert rows["sft"][3] == "run" and "sft.max_steps" in " ".join(rows["sft"])
+    # a continuation setting: sft resumes its checkpoint (step 1) in a new directory
+    assert rows["sft"][3:7] == ["continue", "from", "step", "1"]
+    assert "sft.max_steps" in " ".join(rows["sft"])
     assert rows["grpo"][3] == "run"  # its input changes
 
 
@@ -270,3 +272,36 @@ def test_summary_prints_every_evaluation_report(
     cli.print_summary(summary)
     out = capsys.readouterr().out
     assert "table of evaluate_all" in out and "table of sft" not in out
+
+
+def test_the_far_executable_refuses_a_bad_node_before_compute(tmp_path: Path) -> None:
+    """As a user runs it: the installed `far validate`, one line on stderr, exit 2."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    recipe = _write(tmp_path, _dag_with("self_teach", config={"verify": ["no_such_reward"]}))
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(BIN / "far"), "validate", recipe], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "unknown reward 'no_such_reward'" in done.stderr
+    assert done.stdout == ""
+
+
+def test_validate_where_the_sandbox_cannot_run(tmp_path: Path) -> None:
+    """Without bubblewrap on PATH the bwrap isolation is refused: one line, exit 2."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    env = {"PATH": str(BIN), "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(BIN / "far"), "validate", _write(tmp_path, smoke_data())],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "bubblewrap is not installed" in done.stderr
