@@ -42,7 +42,8 @@ lint: env
 	$(BIN)/mypy schemas stages pipeline flows
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/deptry .
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@# the docs site, strictly (not --quiet: it hides the warnings that --strict counts)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The documentation site (mkdocs-material) into site/; the reference pages are generated from
 # the code by `python -m flows.gen_docs` (a test fails when a committed one is stale).

@@ -16,12 +16,15 @@ from tests.e2e.test_prefect_ui import CHROMIUM, CHROMIUM_FLAGS
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(out)],
+    built = subprocess.run(
+        # not --quiet: it hides the warnings that --strict counts
+        [str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(out)],
         cwd=REPO,
-        check=True,
+        capture_output=True,
+        text=True,
         env={"PATH": str(BIN), "NO_MKDOCS_2_WARNING": "1"},
     )
+    assert built.returncode == 0, built.stderr
     return out
 
 

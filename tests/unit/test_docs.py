@@ -75,3 +75,12 @@ def test_the_path_check_finds_a_dead_path() -> None:
     assert paths == ["stages/drift.py", "stages/core/drift.py"]
     assert not exists(paths[0]) and exists(paths[1])
     assert exists("flows/far_flow.run_recipe") and not exists("flows/runs.run_recipe")
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """At most ~200 lines; the long-form text lives in docs/ (the site)."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+    text = "\n".join(lines)
+    for command in ("make run", "make test"):
+        assert command in text
