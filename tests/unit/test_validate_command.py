@@ -9,7 +9,9 @@ training): exit 2 and one line naming the node, field or file, or the plan and e
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,15 @@ from tests.conftest import REPO, smoke_data
 from tests.unit.test_records import checkpoint_stage
 
 DAG = yaml.safe_load((REPO / "recipes" / "smoke-dag.yaml").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment() -> Iterator[None]:
+    """`far` sets Prefect's defaults in os.environ (setdefault); keep them out of other tests."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _write(tmp_path: Path, data: dict[str, Any], name: str = "recipe.yaml") -> str:
