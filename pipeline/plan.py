@@ -8,9 +8,12 @@ recipe is valid, before any stage starts). No Prefect and no JAX here: it stays 
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline import manifest
 from pipeline.dag import build_dag
@@ -18,6 +21,7 @@ from pipeline.recipes import load_recipe
 from schemas.recipe import Recipe, StageNode
 from stages import rewards
 from stages.core import drift, storage
+from stages.core.runner import IDENTITY_NAME
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class NodePlan:
 
     node: str
     kind: str
-    action: str  # run | continue | skip | refused
+    action: str  # run | continue | skip | refused | - (not reached after a refused stage)
     stage_hash: str | None  # the directory's hash (first 12 hex digits); None: not known yet
     detail: str
 
@@ -90,14 +94,22 @@ def preview(
     refused = [c for c in changes if not drift.is_allowed(c, allow_changes)]
     states = {s.stage: s for s in manifest.run_status(run_uri) if s.state != "superseded"}
     plans: dict[str, NodePlan] = {}
+    stopped_at: list[drift.Change] = []  # a stage refused when it starts: the flow ends there
     for node in dag.nodes:
         state = states.get(node.id)
         digest = state.directory.rsplit("-", 1)[-1] if state and state.directory else None
         touching = [c for c in changes if _touches(c.path, node, recipe)]
+        code = _code_change(node.kind, state)
+        touching += [code] if code is not None else []
         touched = "; ".join(str(c) for c in touching)
         if refused:
             why = touched or "the session as a whole is refused"
             plans[node.id] = NodePlan(node.id, node.kind, "refused", digest, why)
+        elif stopped_at:
+            plans[node.id] = NodePlan(node.id, node.kind, "-", None, "not reached")
+        elif code is not None and not drift.is_allowed(code, allow_changes):
+            stopped_at.append(code)
+            plans[node.id] = NodePlan(node.id, node.kind, "refused", digest, touched)
         elif touching and drift.continuable(touching) and state and state.step:
             why = f"from step {state.step} in a new directory ({touched})"
             plans[node.id] = NodePlan(node.id, node.kind, "continue", None, why)
@@ -112,7 +124,36 @@ def preview(
         else:
             step = f"step {state.step or 0}/{state.max_steps}" if state.max_steps else "partial"
             plans[node.id] = NodePlan(node.id, node.kind, "continue", digest, f"from {step}")
-    return [plans[n.id] for n in dag.nodes], _says(refused) if refused else None
+    refusal = refused or stopped_at
+    return [plans[n.id] for n in dag.nodes], _says(refusal) if refusal else None
+
+
+def stage_version(kind: str) -> int | None:
+    """A stage kind's STAGE_VERSION, read from its module's source without importing it (a
+    stage imports JAX and Tunix, seconds that a plan does not need); None if not found."""
+    spec = importlib.util.find_spec(f"stages.{kind}")
+    if spec is None or spec.origin is None:
+        return None
+    for statement in ast.parse(Path(spec.origin).read_text()).body:
+        if (
+            isinstance(statement, ast.Assign)
+            and [getattr(t, "id", None) for t in statement.targets] == ["STAGE_VERSION"]
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, int)
+        ):
+            return statement.value.value
+    return None
+
+
+def _code_change(kind: str, state: manifest.StageState | None) -> drift.Change | None:
+    """The stage's code version against the one its directory was started with (drift)."""
+    if state is None or state.directory is None:
+        return None
+    started = storage.read_json(storage.join(state.directory, IDENTITY_NAME)).get("version")
+    current = stage_version(kind)
+    if started is None or current is None or started == current:
+        return None
+    return drift.Change(f"code.{kind}_version", started, current)
 
 
 def _touches(path: str, node: StageNode, recipe: Recipe) -> bool:

@@ -21,6 +21,7 @@ import yaml
 
 from flows import cli
 from pipeline.manifest import manifest_uri
+from pipeline.plan import stage_version
 from pipeline.recipes import RecipeError, load_recipe, parse_recipe
 from schemas.record import RunManifest, RunSummary, StageSummary
 from stages.core import storage
@@ -212,13 +213,39 @@ def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
         created_at=datetime.now(UTC),
     )
     storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
-    checkpoint_stage(ctx, "data_prep", {}, {})
+    checkpoint_stage(ctx, "data_prep", {}, {})  # a stage with identity version 1, committed
+    _set_version(ctx, "data_prep", stage_version("data_prep"))  # as this code's data_prep
     checkpoint_stage(ctx, "sft", {}, {})
     grpo = storage.join(ctx.run_uri, "grpo-0123456789ab")
     identity = {"created_at": "2026-01-01T00:00:00", "config": {"grpo": {"max_steps": 8}}}
     storage.write_json(storage.join(grpo, IDENTITY_NAME), identity)
     storage.write_bytes(storage.join(grpo, "checkpoints/actor/3/w"), b"w")
     return path, ctx
+
+
+def _set_version(ctx: RunContext, node: str, version: int | None) -> None:
+    """Mark the node's directory as started by this stage code version."""
+    directory = next(n for n in storage.list_dirs(ctx.run_uri) if n.startswith(f"{node}-"))
+    uri = storage.join(ctx.run_uri, directory, IDENTITY_NAME)
+    storage.write_json(uri, {**storage.read_json(uri), "version": version})
+
+
+def test_plan_refuses_a_stage_whose_code_version_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bumped STAGE_VERSION is drift: refused when that stage starts, so the flow ends there."""
+    path, ctx = _started_run(tmp_path)
+    _set_version(ctx, "sft", 0)
+    code, out, err = _far(capsys, "validate", path)
+    assert code == cli.EXIT_INVALID
+    assert "refused by the drift guard: code.sft_version: 0 -> 1" in err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert rows["data_prep"][3] == "skip"
+    assert rows["sft"][3] == "refused" and "code.sft_version: 0 -> 1" in " ".join(rows["sft"])
+    assert rows["grpo"][2:] == ["-", "-", "not", "reached"]
+    code, out, _ = _far(capsys, "validate", path, "--allow-change", "code.sft_version")
+    assert code == 0
+    assert [line.split()[3] for line in out.splitlines()[2:]] == ["skip", "run", "run", "run"]
 
 
 def test_plan_reads_what_is_complete_partial_or_not_started(
