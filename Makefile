@@ -2,6 +2,7 @@
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
 #   make test   lint, type-check and run every test (the UI test needs a chromium: see browser)
+#   make docs   the documentation site (docs/, mkdocs-material) into site/
 #   make env    the .venv, plus bubblewrap and libseccomp for the reward sandbox (apt-get as root)
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint env browser build-info sandbox clean-runs
+.PHONY: run test lint env browser build-info sandbox clean-runs docs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +39,17 @@ run: env
 lint: env
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas stages pipeline
+	$(BIN)/mypy schemas stages pipeline flows
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/deptry .
+	@# the docs site, strictly (not --quiet: it hides the warnings that --strict counts)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The documentation site (mkdocs-material) into site/; the reference pages are generated from
+# the code by `python -m flows.gen_docs` (a test fails when a committed one is stale).
+docs: env
+	$(BIN)/python -m flows.gen_docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The Prefect UI test drives a system chromium through playwright (no browser download). With
 # one on PATH nothing is installed; as root Debian's is installed; otherwise the UI test is

@@ -18,31 +18,42 @@ import httpx
 
 from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
-from pipeline.plan import RunPlan, plan_recipe, plan_run
+from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_preview
 from pipeline.recipes import RecipeError, parse_recipe
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages.core import storage
 from stages.core.errors import InputError, is_input_error
-from stages.core.runner import RunContext
+from stages.core.runner import RunContext, find_checkpoint_record
 from stages.modeling import tunix_version
 from stages.rewards import IsolationUnavailable
 
+EXIT_PROBLEMS = 1  # `far audit` found problems; also a defect or outage (with its traceback)
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
 log = logging.getLogger("far")
 
-DESCRIPTION = """\
-FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason:
-data-prep -> SFT-format -> GRPO-reinforce -> evaluation, as one Prefect flow.
-
-Every stage writes its output under {storage_root}/{name}/{stage}-{hash}/ and a record
-(stage.json) last. Running the same recipe again skips every completed stage, so a run
-that stopped (session over, machine preempted, a failure) continues where it left off.
+EXIT_CODES = """\
+Exit codes: 0 done (for `far validate`: the recipe is valid and the session would start);
+1 `far audit` found problems, or a defect or outage (printed with its traceback);
+2 invalid recipe or input, one line naming the field or file (-v adds the traceback);
+3 stopped at the session deadline or by SIGTERM (run the same command again to continue);
+4 another session holds the run's lease (it names the holder; see --lease-wait).
 """
 
-RUN_EPILOG = """\
+DESCRIPTION = f"""\
+FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason. A recipe names a
+DAG of stages (by default data-prep -> SFT-format -> GRPO-reinforce -> evaluation; also
+hard_subset, self_teach, preferences, dpo, distill) run as one Prefect flow.
+
+Every stage writes its output under {{storage_root}}/{{name}}/{{node}}-{{hash}}/ and a record
+(stage.json) last. Running the same recipe again skips every completed stage, so a run
+that stopped (session over, machine preempted, a failure) continues where it left off.
+
+{EXIT_CODES}"""
+
+RUN_EPILOG = f"""\
 examples:
   far run recipes/smoke.yaml                      tiny random model, about a minute on CPU
   far run recipes/smoke.yaml sft.max_steps=20 --name smoke-short
@@ -53,14 +64,12 @@ mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
 Continuing a run with a changed recipe or stage code is refused with the differences
 (exit 2); start a new run with --name, or accept named changes with --allow-change, e.g.
   far run recipes/smoke.yaml --allow-change sft.max_steps   (continues SFT from its checkpoint)
-Before any stage runs, the recipe, rewards, mesh (against the devices present), model and
-tokenizer, data files, evaluation checkpoints and storage root are checked. An invalid input
-found at any point, bad data included, ends the run with one line naming the field or file
-(-v adds the traceback).
-Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline,
-4 another session holds the run's lease (it names the holder; see --lease-wait).
-"""
-EXIT_PROBLEMS = 1
+Before any stage runs, the recipe and every node of its DAG (rewards, verify lists,
+preferences sources, data files, evaluation checkpoints), the mesh (against the devices
+present), model and tokenizer, and storage root are checked: `far validate` runs the same
+checks and prints the plan without running anything. An invalid input found at any point,
+bad data included, ends the run with one line naming the field or file.
+{EXIT_CODES}"""
 EXIT_PREFECT = 1
 # Prefect's temporary server (a new SQLite database, migrations, then the API) starts in about
 # 11 s on an idle 2-core machine and took longer than Prefect's 20 s default on a busy one.
@@ -81,12 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="far", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"far {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
         "run",
         help="run (or continue) a FAR recipe end to end",
         description=(
-            "Validate RECIPE in full, then run its four stages as a Prefect flow.\n"
+            "Validate RECIPE in full, then run its DAG of stages as a Prefect flow.\n"
             "Stages already complete on storage (a stage.json record) are skipped, so running\n"
             "the same command again continues a run that stopped."
         ),
@@ -101,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-budget", help="stop cleanly after this long, e.g. 9h, 90m (overrides recipe)"
     )
     _add_session_options(run)
+    _add_validate_command(commands)
     _add_run_commands(commands)
     export = commands.add_parser(
         "export",
@@ -122,6 +133,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common_options(export)
     return parser
+
+
+def package_version() -> str:
+    """The installed far package's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("far")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add_validate_command(commands: Any) -> None:
+    validate = commands.add_parser(
+        "validate",
+        help="check a recipe in full and print the plan, without running anything",
+        description=(
+            "Every check `far run` makes before compute (the recipe, each node of its DAG,\n"
+            "the mesh, model and tokenizer, data files, storage root), then the plan: each\n"
+            "node in the order it runs, its stage hash where its directory exists, and\n"
+            "whether a run would run it, continue it, skip it, or be refused by the drift\n"
+            "guard. No model is built (only its tokenizer) and nothing is trained. It writes\n"
+            "only a probe under the storage root (deleted) and, for a model not cached yet,\n"
+            "its weights into the cache (downloaded or converted once, as `far run` would)."
+        ),
+        epilog="Exit codes: 0 valid and the session would start; 2 invalid, or refused by\n"
+        "the drift guard (the changes and the --allow-change flags are named).",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    validate.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
+    _add_override_argument(validate)
+    validate.add_argument("--root", help="override the recipe's storage_root (path or URI)")
+    validate.add_argument("--name", help="override the recipe's run name")
+    validate.add_argument(
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="as for `far run`: a change from the run's recipe to accept",
+    )
+    validate.add_argument(
+        "--cache-dir",
+        default=os.environ.get("FAR_CACHE_DIR"),
+        help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
+    )
+    validate.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
 
 
 def _add_override_argument(parser: argparse.ArgumentParser) -> None:
@@ -301,8 +358,8 @@ def print_summary(summary: RunSummary) -> None:
     for s in summary.stages:
         took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
         print(f"  {s.stage:<10} {took:<27} {s.output_uri}")
-    for s in summary.stages:
-        if s.stage == "evaluate":  # the report's table sits beside report.json
+    for s in summary.stages:  # every evaluation's table (report.md beside its report.json)
+        if s.output_uri.endswith("/report.json"):
             print("\n" + storage.read_text(s.output_uri.rsplit("/", 1)[0] + "/report.md"))
     ran = sum(s.seconds for s in summary.stages)
     overhead = summary.seconds - ran
@@ -322,6 +379,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     return run_and_report(plan, args.recipe, args)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate like `far run`, print the plan; exit 0, or 2 when anything would be refused."""
+    try:
+        plan = plan_run(args.recipe, args.root, args.name, None, args.overrides)
+    except IsolationUnavailable as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    validate_run(plan.recipe, plan.root, cache_dir)
+    nodes, refused = preview(plan.recipe, plan.root, args.allow_change)
+    run_uri = storage.join(plan.root, plan.recipe.name)
+    print(f"recipe {args.recipe}: valid; run '{plan.recipe.name}' at {run_uri}")
+    print(f"  {'node':<14} {'kind':<12} {'stage hash':<13} {'action':<9} why")
+    print(render_preview(nodes))
+    if refused is not None:
+        print(f"far: {refused}", file=sys.stderr)
+        return EXIT_INVALID
+    return 0
 
 
 def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) -> int:
@@ -459,14 +536,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    storage.check_export_target(args.out_dir)  # before the seconds importing JAX and Tunix
+    find_checkpoint_record(args.checkpoint_uri)
     from stages.export import export_checkpoint  # deferred: imports JAX and Tunix
 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
-    try:
-        out = export_checkpoint(args.checkpoint_uri, args.out_dir, cache_dir)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"far: {e}", file=sys.stderr)
-        return EXIT_INVALID
+    out = export_checkpoint(args.checkpoint_uri, args.out_dir, cache_dir)
     print(f"exported {args.checkpoint_uri} -> {out}")
     return 0
 
@@ -497,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
     handlers = {
         "run": cmd_run,
+        "validate": cmd_validate,
         "export": cmd_export,
         "resume": cmd_resume,
         "status": cmd_status,

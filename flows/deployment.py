@@ -1,4 +1,4 @@
-"""The deployable FAR flow: JSON parameters in, the same four stages as `far run` out.
+"""The deployable FAR flow: JSON parameters in, the same DAG of stages as `far run` out.
 
 A Prefect deployment (deploy/prefect.yaml) can only pass JSON parameters, so this flow takes
 a recipe URI (a path relative to the repository, or a gs:// URI) and the `far run` overrides,
@@ -23,6 +23,7 @@ from flows.far_flow import run_recipe
 from pipeline.plan import plan_run
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
+from stages.core.errors import InputError
 from stages.core.runner import RunContext
 
 INCOMPLETE_STATE_NAME = "Incomplete"
@@ -96,7 +97,7 @@ def reject_unrendered_templates(parameters: dict[str, str | None]) -> None:
     """
     for key, value in parameters.items():
         if value is not None and "{{" in value:
-            raise ValueError(
+            raise InputError(
                 f"parameter {key} is an unrendered template {value!r}: set the environment "
                 "variable it names before `prefect deploy`, or pass the parameter to the run"
             )

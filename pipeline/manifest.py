@@ -1,7 +1,7 @@
 """A run as a whole: its manifest (run.json) and its progress, read from storage alone.
 
 `open_session` is called once per session (a `far run`, `far resume` or a scheduled run): it
-refuses a recipe that drifted from the one the run started with (stages/drift.py) and appends
+refuses a recipe that drifted from the one the run started with (stages/core/drift.py) and appends
 the session to the manifest. `run_status` answers `far status` from the stage directories, so
 it works from any machine, with or without the Prefect server that ran them.
 """
@@ -20,6 +20,7 @@ from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, storage
+from stages.core.errors import MissingInput
 from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
 
 MANIFEST_NAME = "run.json"
@@ -32,7 +33,7 @@ def manifest_uri(run_uri: str) -> str:
 def read_manifest(run_uri: str) -> RunManifest:
     uri = manifest_uri(run_uri)
     if not storage.exists(uri):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"no FAR run at {run_uri}: expected {MANIFEST_NAME} there (give the run's URI, "
             f"{{storage_root}}/{{name}}, as `far run` printed it)"
         )

@@ -19,6 +19,33 @@ class RecipeError(InputError):
     """A recipe that cannot be used; the message lists every bad field."""
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A YAML mapping that names one key twice."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last
+    value silently, so `lr: 1e-4` written twice in a section would hide the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(
+                    f"duplicate key {key!r} at line {line} (first at line {seen[key]}); "
+                    f"keep one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as Python values, refusing duplicate mapping keys."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
+
+
 def describe(error: ValidationError) -> str:
     """One line per problem: the dotted field path, what is wrong, and the value given."""
     lines = []
@@ -57,7 +84,7 @@ def parse_assignments(assignments: Sequence[str]) -> list[tuple[list[str], Any]]
                 f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. sft.max_steps=20"
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise RecipeError(f"override {item!r}: the value is not valid YAML: {e}") from e
         parsed.append(([k.strip() for k in keys], value))
@@ -92,10 +119,14 @@ def load_recipe(
     `assignments` (`sft.max_steps=20`) any field by its dotted path, before validation."""
     try:
         text = storage.read_text(uri)
+    except IsADirectoryError as e:
+        raise RecipeError(f"recipe {uri} is a directory; expected a recipe YAML file") from e
     except FileNotFoundError as e:
         raise RecipeError(f"recipe not found: {uri}") from e
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"recipe {uri} is not UTF-8 text: {e}") from e
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise RecipeError(f"recipe {uri} is not valid YAML: {e}") from e
     return parse_recipe(apply_assignments(data, assignments, uri), uri, overrides)

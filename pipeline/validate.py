@@ -1,17 +1,30 @@
 """Everything about a run that can be checked before any compute, checked at once.
 
-`far run` and the scheduled deployment call `validate_run` after the recipe parsed and before
-the flow starts, so a wrong reward name, a mesh larger than the machine, an unreachable model,
-a missing data file or evaluation checkpoint, or a storage root that cannot be written is
-refused in seconds with one line naming the field or file, instead of after data-prep (or SFT)
-already ran. Each check raises stages.core.errors.InputError.
+`far run`, `far validate` and the scheduled deployment call `validate_run` after the recipe
+parsed and before the flow starts, so a wrong reward name (in the `grpo` section or any `grpo`
+node), a `self_teach` node verifying with an unknown reward, a `preferences` node given both a
+file and samples, a mesh larger than the machine, an unreachable model, a missing data file (of
+any node) or evaluation checkpoint, or a storage root that cannot be written is refused in
+seconds with one line naming the node, field or file, instead of after the stages before it
+spent their compute. Each check raises stages.core.errors.InputError.
 """
 
 from __future__ import annotations
 
 import uuid
 
-from schemas.recipe import DataPrepConfig, EvalConfig, GRPOConfig, MeshSpec, ModelSpec, Recipe
+from pipeline.dag import build_dag, node_config
+from schemas.recipe import (
+    DataPrepConfig,
+    EvalConfig,
+    GRPOConfig,
+    MeshSpec,
+    ModelSpec,
+    PreferencesConfig,
+    Recipe,
+    SelfTeachConfig,
+    StageNode,
+)
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
@@ -21,22 +34,67 @@ EVAL_STAGE_NAMES = ("base", "sft", "grpo")
 
 def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
     """Every check below, cheapest first; the first failure raises InputError."""
-    check_rewards(recipe.grpo)
+    check_nodes(recipe)
     check_storage_writable(root)
-    check_data_files(recipe.data)
-    check_eval_checkpoints(recipe.eval)
     check_mesh(recipe.mesh)
     check_model(recipe.model, cache_dir)
 
 
-def check_rewards(config: GRPOConfig) -> None:
+def check_nodes(recipe: Recipe) -> None:
+    """Each node of the recipe's DAG (the default one too) with the config it will run with."""
+    explicit = recipe.pipeline is not None
+    for node in build_dag(recipe).nodes:
+        config = node_config(recipe, node)
+        where = f"pipeline node {node.id!r} ({node.kind}): config." if explicit else ""
+        if isinstance(config, GRPOConfig):
+            check_rewards(config, f"{where}rewards" if explicit else "grpo.rewards")
+        elif isinstance(config, SelfTeachConfig):
+            check_reward_names(config.verify, f"{where}verify")
+        elif isinstance(config, PreferencesConfig):
+            check_preferences(node, config, f"{where}file")
+        elif isinstance(config, DataPrepConfig):
+            check_data_files(config, f"{where}" if explicit else "data.")
+        elif isinstance(config, EvalConfig):
+            check_eval_checkpoints(config, f"{where}models" if explicit else "eval.models")
+
+
+def check_rewards(config: GRPOConfig, field: str = "grpo.rewards") -> None:
+    check_reward_names(list(config.rewards), field)
+
+
+def check_reward_names(names: list[str], field: str) -> None:
     from stages.rewards import REGISTRY
 
-    for name in config.rewards:
+    for name in names:
         if name not in REGISTRY:
             raise InputError(
-                f"grpo.rewards: unknown reward {name!r}; expected one of {sorted(REGISTRY)}"
+                f"{field}: unknown reward {name!r}; expected one of {sorted(REGISTRY)}"
             )
+
+
+def check_preferences(node: StageNode, config: PreferencesConfig, field: str) -> None:
+    """Pairs come from a file or from a samples input, never both, never neither."""
+    samples = node.inputs.get("samples")
+    if config.file is not None and samples is not None:
+        raise InputError(
+            f"{field}: {config.file!r} and input samples <- {samples!r} both give pairs; "
+            f"keep one (remove config.file, or the samples input)"
+        )
+    if config.file is None and samples is None:
+        raise InputError(
+            f"{field}: node {node.id!r} has no pairs to read; set config.file to a json/jsonl "
+            f"file of pairs, or give it a samples input (an evaluate or grpo node)"
+        )
+    if config.file is not None:
+        check_is_file(config.file, field, "preference pairs file")
+
+
+def check_is_file(uri: str, field: str, what: str) -> None:
+    """`uri` exists and is a file, not a directory."""
+    if not storage.exists(uri):
+        raise MissingInput(f"{field}: {what} not found: {uri}")
+    if storage.is_dir(uri):
+        raise InputError(f"{field}: {uri} is a directory; expected a {what}")
 
 
 def check_storage_writable(root: str) -> None:
@@ -52,23 +110,22 @@ def check_storage_writable(root: str) -> None:
         ) from e
 
 
-def check_data_files(config: DataPrepConfig) -> None:
+def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
     for split in ("eval", "grpo", "sft"):
         for index, source in enumerate(getattr(config, split).sources):
-            if source.kind == "file" and not storage.exists(source.name):
-                raise MissingInput(
-                    f"data.{split}.sources[{index}].name: data source file not found: {source.name}"
-                )
+            field = f"{prefix}{split}.sources[{index}].name"
+            if source.kind == "file":
+                check_is_file(source.name, field, "data source file")
 
 
-def check_eval_checkpoints(config: EvalConfig) -> None:
+def check_eval_checkpoints(config: EvalConfig, field: str = "eval.models") -> None:
     for index, name in enumerate(config.models):
-        if name in EVAL_STAGE_NAMES:
-            continue
+        if name in EVAL_STAGE_NAMES or "/" not in name:
+            continue  # this run's stages (and, in a pipeline, the node's inputs)
         try:
             find_checkpoint_record(name)
         except FileNotFoundError as e:
-            raise MissingInput(f"eval.models[{index}]: {e}") from e
+            raise MissingInput(f"{field}[{index}]: {e}") from e
 
 
 def check_mesh(spec: MeshSpec) -> None:

@@ -6,4 +6,4 @@ from pydantic import BaseModel, ConfigDict
 class Frozen(BaseModel):
     """An immutable contract. Unknown fields are errors, so a typo in a recipe never passes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)

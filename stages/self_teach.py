@@ -32,6 +32,7 @@ from stages.core.datasets import (
     pad_rows,
     write_derived_dataset,
 )
+from stages.core.errors import InputError
 from stages.core.runner import (
     RunContext,
     SessionExpired,
@@ -166,7 +167,7 @@ def _teach(
     sequences = [sft_sequence(s["prompt"], s["completion"], tokenizer) for s in kept]
     fitting = [(k, q) for k, q in zip(kept, sequences, strict=True) if len(q[0]) <= dataset.seq_len]
     if not fitting:
-        raise ValueError(
+        raise InputError(
             f"self_teach kept no completion: none of {len(samples)} samples scored >= "
             f"{config.min_score} on every reward of {config.verify} within {dataset.seq_len} tokens"
         )

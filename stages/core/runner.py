@@ -240,7 +240,7 @@ def run_stage(
 
     `work` returns the output, scalar metrics and per-step histories (training curves).
     `carry_over` names subdirectories (checkpoints) a continuable allowed change brings over
-    from the run's previous directory of this stage (see stages/drift.py).
+    from the run's previous directory of this stage (see stages/core/drift.py).
     """
     stage, digest = identity.stage, identity.digest
     directory = stage_directory(ctx, stage, digest)

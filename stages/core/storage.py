@@ -49,12 +49,29 @@ def exists(uri: str) -> bool:
     return bool(fs.exists(path))
 
 
+def is_dir(uri: str) -> bool:
+    """True when `uri` is a directory (a local one, or a prefix holding objects)."""
+    fs, path = _split(uri)
+    return bool(fs.isdir(path))
+
+
+def check_export_target(out_uri: str) -> None:
+    """An export writes a directory: an existing file there is refused, never overwritten."""
+    if exists(out_uri) and not is_dir(out_uri):
+        raise InputError(
+            f"export target {out_uri} is a file; expected a directory (new or existing) to "
+            f"write the Hugging Face model into"
+        )
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = _split(uri)
     try:
         return bytes(fs.cat_file(path))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"no such file: {uri}") from e
+    except IsADirectoryError as e:
+        raise IsADirectoryError(f"{uri} is a directory, not a file") from e
 
 
 def write_bytes(uri: str, data: bytes) -> None:

@@ -140,6 +140,50 @@ def test_the_far_executable_with_its_temporary_server(tmp_path: Path) -> None:
         assert unwanted not in done.stderr + done.stdout, done.stderr
 
 
+def _far_run(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "JAX_PLATFORMS": "cpu",
+    }
+    return subprocess.run(
+        [str(BIN / "far"), *argv], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_directory_where_a_file_belongs_is_refused_before_start_up(
+    tmp_path: Path, command: str
+) -> None:
+    """A data source and a recipe that are directories: one line and exit 2 before the flow
+    (and its Prefect server) starts, never a traceback after data-prep's start-up."""
+    folder = tmp_path / "rows.jsonl"
+    folder.mkdir()
+    recipe = _recipe(tmp_path, "rows.jsonl", None)
+    done = _far_run(tmp_path, command, str(recipe))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"far: data.eval.sources[0].name: {folder} is a directory; expected a data source file"
+    ]
+    assert "Starting temporary server" not in done.stdout + done.stderr  # no flow started
+    done = _far_run(tmp_path, command, str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"far: recipe {tmp_path} is a directory; expected a recipe YAML file"
+    ]
+
+
+def test_duplicate_keys_in_a_recipe_are_refused(tmp_path: Path) -> None:
+    recipe = tmp_path / "twice.yaml"
+    text = yaml.safe_dump({**smoke_data(), "storage_root": str(tmp_path / "runs")}, sort_keys=False)
+    recipe.write_text(text.replace("\nsft:\n", "\nsft:\n  max_steps: 3\n", 1))
+    done = _far_run(tmp_path, "run", str(recipe))
+    assert done.returncode == 2, done.stderr
+    assert "duplicate key 'max_steps' at line" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
 def test_a_temporary_server_that_does_not_start_in_time_is_explained(tmp_path: Path) -> None:
     """The startup timeout is sized for slow machines (300 s); when even that is not enough
     (here: 1 s), `far` says what happened and what to do instead of a Prefect traceback."""

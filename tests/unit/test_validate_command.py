@@ -1,0 +1,345 @@
+"""The whole recipe checked before compute, and `far validate`: every DAG node's rewards,
+verify lists, preferences sources and data files; reward weights that cannot be meant;
+duplicate YAML keys; a directory where a file belongs; the plan read from storage.
+
+Each case runs `flows.cli.main` in this process (no Prefect server, no model build, no
+training): exit 2 and one line naming the node, field or file, or the plan and exit 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows import cli
+from pipeline.manifest import manifest_uri
+from pipeline.plan import stage_version
+from pipeline.recipes import RecipeError, load_recipe, parse_recipe
+from schemas.record import RunManifest, RunSummary, StageSummary
+from stages.core import storage
+from stages.core.runner import IDENTITY_NAME, RunContext
+from tests.conftest import REPO, smoke_data
+from tests.unit.test_records import checkpoint_stage
+
+DAG = yaml.safe_load((REPO / "recipes" / "smoke-dag.yaml").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment() -> Iterator[None]:
+    """`far` sets Prefect's defaults in os.environ (setdefault); keep them out of other tests."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _write(tmp_path: Path, data: dict[str, Any], name: str = "recipe.yaml") -> str:
+    data = {**data, "storage_root": str(tmp_path / "runs")}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def _dag_with(node_id: str, **changes: Any) -> dict[str, Any]:
+    """recipes/smoke-dag.yaml with one node's fields replaced."""
+    nodes = [{**n, **changes} if n["id"] == node_id else n for n in DAG["pipeline"]]
+    return {**DAG, "pipeline": nodes}
+
+
+def _far(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _refused(capsys: pytest.CaptureFixture[str], recipe: str, pattern: str) -> None:
+    code, out, err = _far(capsys, "validate", recipe)
+    assert code == cli.EXIT_INVALID, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err  # one line, no traceback
+    assert lines[0].startswith("far: ")
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_unknown_reward_of_a_grpo_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = {"max_steps": 2, "batch_size": 2, "rewards": {"answer_matchs": 1.0}}
+    recipe = _write(tmp_path, _dag_with("grpo_hard", config=config))
+    _refused(capsys, recipe, r"node 'grpo_hard' \(grpo\): config\.rewards: unknown reward")
+
+
+def test_unknown_reward_in_a_self_teach_verify_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = _write(tmp_path, _dag_with("self_teach", config={"verify": ["format_strictt"]}))
+    _refused(capsys, recipe, r"'self_teach' \(self_teach\): config\.verify: unknown reward")
+
+
+def test_preferences_with_a_file_and_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    recipe = _write(tmp_path, _dag_with("pairs", config={"file": str(pairs)}))
+    _refused(capsys, recipe, r"'pairs' \(preferences\): config\.file: .* both give pairs")
+
+
+def test_preferences_with_neither_a_file_nor_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = _write(tmp_path, _dag_with("pairs", inputs={}))
+    _refused(capsys, recipe, r"'pairs' \(preferences\): config\.file: .* no pairs to read")
+
+
+def test_preferences_file_that_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "pairs-folder"
+    folder.mkdir()
+    recipe = _write(tmp_path, _dag_with("pairs", inputs={}, config={"file": str(folder)}))
+    _refused(capsys, recipe, r"pairs-folder is a directory; expected a preference pairs file")
+
+
+def test_data_file_of_a_pipeline_data_prep_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = dict(DAG["data"])
+    gone = {"kind": "file", "name": str(tmp_path / "gone.jsonl"), "adapter": "gsm8k"}
+    data["eval"] = {"size": 2, "sources": [gone]}
+    recipe = _write(tmp_path, _dag_with("data_prep", config=data))
+    _refused(capsys, recipe, r"'data_prep' \(data_prep\): config\.eval\.sources\[0\]\.name: .*")
+
+
+def test_data_source_that_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = smoke_data()
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    data["data"]["eval"] = {
+        "size": 2,
+        "sources": [{"kind": "file", "name": str(folder), "adapter": "gsm8k"}],
+    }
+    recipe = _write(tmp_path, data)
+    _refused(capsys, recipe, r"data\.eval\.sources\[0\]\.name: .*rows is a directory; expected")
+
+
+def test_recipe_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(capsys, str(tmp_path), r"recipe .* is a directory; expected a recipe YAML file")
+
+
+def test_duplicate_keys_are_named_with_their_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = yaml.safe_dump(smoke_data(), sort_keys=False)
+    text = text.replace("\nsft:\n", "\nsft:\n  max_steps: 7\n", 1)  # a second max_steps in sft
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    code, _, err = _far(capsys, "validate", str(path))
+    assert code == cli.EXIT_INVALID
+    assert "duplicate key 'max_steps' at line" in err and "(first at line" in err
+    once = _write(tmp_path, smoke_data(), "once.yaml")
+    code, _, err = _far(
+        capsys, "validate", once, "grpo.rewards={format_strict: 1, format_strict: 2}"
+    )
+    assert code == cli.EXIT_INVALID and "duplicate key 'format_strict' at line 1" in err
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ({"format_strict": math.nan}, r"weight nan; expected a finite number"),
+        ({"format_strict": math.inf}, r"weight inf; expected a finite number"),
+        ({"format_strict": 0.0, "answer_match": 0.0}, r"every reward weight is 0"),
+        ({"format_strict": -1.0, "answer_match": 1.0}, r"grpo\.rewards: negative weight"),
+    ],
+    ids=["nan", "inf", "all-zero", "negative"],
+)
+def test_reward_weights_that_cannot_be_meant(weights: dict[str, float], message: str) -> None:
+    data = smoke_data()
+    data["grpo"] = {**data["grpo"], "rewards": weights}
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe(data, "weights")
+
+
+def test_negative_weights_when_the_recipe_says_so() -> None:
+    data = smoke_data()
+    data["grpo"] = {**data["grpo"], "rewards": {"format_strict": -1.0, "answer_match": 1.0}}
+    recipe = parse_recipe({**data, "allow_negative_reward_weights": True}, "said")
+    assert recipe.grpo.rewards["format_strict"] == -1.0
+
+
+def test_negative_weight_of_a_pipeline_grpo_node() -> None:
+    config = {"max_steps": 2, "batch_size": 2, "rewards": {"answer_match": -0.5}}
+    with pytest.raises(RecipeError, match=r"node 'grpo_hard' config\.rewards: negative"):
+        parse_recipe(_dag_with("grpo_hard", config=config), "dag")
+
+
+def test_export_target_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"x")
+    code, _, err = _far(capsys, "export", str(tmp_path / "ckpt"), str(target))
+    assert code == cli.EXIT_INVALID
+    assert "export target" in err and "is a file; expected a directory" in err
+    code, _, err = _far(capsys, "export", str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert code == cli.EXIT_INVALID and "no committed FAR checkpoint at" in err
+
+
+def test_plan_of_a_new_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _far(capsys, "validate", _write(tmp_path, DAG))
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [r[0] for r in rows][:4] == ["data_prep", "sft", "grpo", "evaluate"]
+    assert len(rows) == len(DAG["pipeline"]) and all(r[3] == "run" for r in rows)
+    assert not (tmp_path / "runs" / "smoke-dag").exists()  # nothing written but the probe
+
+
+def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
+    """The smoke recipe's run with data_prep and sft committed and grpo stopped at step 3."""
+    path = _write(tmp_path, smoke_data())
+    recipe = load_recipe(path)
+    ctx = RunContext(root=str(tmp_path / "runs"), run=recipe.name)
+    manifest = RunManifest(
+        run=recipe.name,
+        recipe=recipe.model_dump(mode="json"),
+        recipe_source=path,
+        created_at=datetime.now(UTC),
+    )
+    storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
+    checkpoint_stage(ctx, "data_prep", {}, {})  # a stage with identity version 1, committed
+    _set_version(ctx, "data_prep", stage_version("data_prep"))  # as this code's data_prep
+    checkpoint_stage(ctx, "sft", {}, {})
+    grpo = storage.join(ctx.run_uri, "grpo-0123456789ab")
+    identity = {"created_at": "2026-01-01T00:00:00", "config": {"grpo": {"max_steps": 8}}}
+    storage.write_json(storage.join(grpo, IDENTITY_NAME), identity)
+    storage.write_bytes(storage.join(grpo, "checkpoints/actor/3/w"), b"w")
+    return path, ctx
+
+
+def _set_version(ctx: RunContext, node: str, version: int | None) -> None:
+    """Mark the node's directory as started by this stage code version."""
+    directory = next(n for n in storage.list_dirs(ctx.run_uri) if n.startswith(f"{node}-"))
+    uri = storage.join(ctx.run_uri, directory, IDENTITY_NAME)
+    storage.write_json(uri, {**storage.read_json(uri), "version": version})
+
+
+def test_plan_refuses_a_stage_whose_code_version_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bumped STAGE_VERSION is drift: refused when that stage starts, so the flow ends there."""
+    path, ctx = _started_run(tmp_path)
+    _set_version(ctx, "sft", 0)
+    code, out, err = _far(capsys, "validate", path)
+    assert code == cli.EXIT_INVALID
+    assert "refused by the drift guard: code.sft_version: 0 -> 1" in err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert rows["data_prep"][3] == "skip"
+    assert rows["sft"][3] == "refused" and "code.sft_version: 0 -> 1" in " ".join(rows["sft"])
+    assert rows["grpo"][2:] == ["-", "-", "not", "reached"]
+    code, out, _ = _far(capsys, "validate", path, "--allow-change", "code.sft_version")
+    assert code == 0
+    assert [line.split()[3] for line in out.splitlines()[2:]] == ["skip", "run", "run", "run"]
+
+
+def test_plan_reads_what_is_complete_partial_or_not_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ctx = _started_run(tmp_path)
+    code, out, err = _far(capsys, "validate", path)
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    sft_dir = next(n for n in storage.list_dirs(ctx.run_uri) if n.startswith("sft-"))
+    assert rows["data_prep"][3] == "skip" and rows["sft"][3] == "skip"
+    assert rows["sft"][2] == sft_dir.rsplit("-", 1)[1]  # the stage hash of its directory
+    assert rows["grpo"][2:] == ["0123456789ab", "continue", "from", "step", "3/8"]
+    assert rows["evaluate"][3] == "run"
+
+
+def test_plan_refused_by_the_drift_guard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = _started_run(tmp_path)
+    code, out, err = _far(capsys, "validate", path, "sft.max_steps=9")
+    assert code == cli.EXIT_INVALID
+    assert "refused by the drift guard: sft.max_steps:" in err
+    assert "--allow-change sft.max_steps" in err
+    assert all(line.split()[3] == "refused" for line in out.splitlines()[2:])
+    code, out, err = _far(capsys, "validate", path, "sft.max_steps=9", "--allow-change", "sft")
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert rows["data_prep"][3] == "skip"
+    # a continuation setting: sft resumes its checkpoint (step 1) in a new directory
+    assert rows["sft"][3:7] == ["continue", "from", "step", "1"]
+    assert "sft.max_steps" in " ".join(rows["sft"])
+    assert rows["grpo"][3] == "run"  # its input changes
+
+
+def test_version_and_exit_codes_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("far ")
+    text = cli.build_parser().format_help()
+    for code in ("0 done", "1 `far audit`", "2 invalid", "3 stopped", "4 another session"):
+        assert code in " ".join(text.split()), code
+
+
+def test_summary_prints_every_evaluation_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report of an evaluate node with any id (not only one named `evaluate`)."""
+    stages = []
+    for node in ("evaluate_all", "sft"):
+        folder = tmp_path / node
+        folder.mkdir()
+        (folder / "report.md").write_text(f"table of {node}")
+        output = folder / ("report.json" if node != "sft" else "checkpoints")
+        stages.append(
+            StageSummary(
+                stage=node, output_uri=str(output), record_uri="", skipped=True, seconds=0.0
+            )
+        )
+    summary = RunSummary(run="r", run_uri=str(tmp_path), complete=True, stages=stages, seconds=1.0)
+    cli.print_summary(summary)
+    out = capsys.readouterr().out
+    assert "table of evaluate_all" in out and "table of sft" not in out
+
+
+def test_the_far_executable_refuses_a_bad_node_before_compute(tmp_path: Path) -> None:
+    """As a user runs it: the installed `far validate`, one line on stderr, exit 2."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    recipe = _write(tmp_path, _dag_with("self_teach", config={"verify": ["no_such_reward"]}))
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(BIN / "far"), "validate", recipe], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "unknown reward 'no_such_reward'" in done.stderr
+    assert done.stdout == ""
+
+
+def test_validate_where_the_sandbox_cannot_run(tmp_path: Path) -> None:
+    """Without bubblewrap on PATH the bwrap isolation is refused: one line, exit 2."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    env = {"PATH": str(BIN), "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(BIN / "far"), "validate", _write(tmp_path, smoke_data())],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "bubblewrap is not installed" in done.stderr
