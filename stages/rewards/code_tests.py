@@ -193,6 +193,8 @@ def _only_data(node: ast.expr) -> None:
                 raise Ungradable(f"{func.id}() would be decided beside the candidate")
             for arg in node.args:
                 _only_data(arg.value if isinstance(arg, ast.Starred) else arg)
+        if isinstance(func, ast.Attribute) and _computed(func.value):
+            raise Ungradable(f"a method of a returned value: {ast.unparse(node)[:80]}")
         return  # the candidate's (or a module's) function: its arguments are inputs
     if isinstance(node, ast.Subscript | ast.Attribute):
         _only_data(node.value)
@@ -206,6 +208,12 @@ def _only_data(node: ast.expr) -> None:
             _only_data(element)
     elif not isinstance(node, ast.Name | ast.Constant):
         raise Ungradable(f"{type(node).__name__} would be decided beside the candidate")
+
+
+def _computed(node: ast.expr) -> bool:
+    """True for a value computed by a call (`f(x).startswith` is the value's own method: it
+    could answer anything), not for a module's or a constant's attribute (`math.floor`)."""
+    return any(isinstance(n, ast.Call) for n in ast.walk(node))
 
 
 def _split(left: ast.expr, right: ast.expr) -> tuple[ast.expr, Any]:
@@ -376,7 +384,8 @@ def imports_of(tests: Sequence[str]) -> list[str]:
 # [index, "error", exception name]. The alarm only stops honest slow calls early: the limit
 # that counts is measured by the parent from outside (`read_results`).
 HARNESS = r"""
-import json, os, signal, sys
+import json, os, random, signal, sys
+random.seed(0)  # the same completion draws the same numbers in every sandbox
 from collections import Counter, OrderedDict, defaultdict
 _DICTS = (dict, Counter, OrderedDict, defaultdict)  # captured before the candidate runs
 _data = json.loads(DATA)

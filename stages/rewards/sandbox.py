@@ -560,8 +560,13 @@ def run_many(
     if not sources:
         return []
     count = max(1, min(len(sources), workers or os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="far-sandbox") as pool:
-        return list(pool.map(lambda s: run_python(s, limits, isolation), sources))
+    try:
+        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="far-sandbox") as pool:
+            return list(pool.map(lambda s: run_python(s, limits, isolation), sources))
+    except RuntimeError as e:  # "can't start new thread": the host is out of tasks or memory
+        if "thread" not in str(e):
+            raise
+        return [run_python(s, limits, isolation) for s in sources]  # here, one at a time
 
 
 def missing_isolation(isolation: Isolation) -> str | None:

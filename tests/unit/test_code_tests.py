@@ -155,6 +155,8 @@ def test_verdicts_in_the_parent(check: Check, value: Any, verdict: bool) -> None
         "assert type(f(1)) == int",  # a builtin whose answer the value (or a shadow) decides
         "assert callable(f)",
         "assert all(x == 1 for x in f(1))",
+        "assert f(1).startswith('a')",  # the returned value's own method answers
+        "assert f(1).count(2) == 1",
     ],
 )
 def test_shapes_decided_only_inside_the_sandbox_are_ungradable(test: str) -> None:
@@ -200,3 +202,5 @@ def test_a_function_named_like_a_builtin_is_the_candidates() -> None:
     )
     (check,) = parse_test("assert len([1, 2]) == 2")
     assert check.expression == "len([1, 2])" and check.wrappers == ()
+    (check,) = parse_test("assert math.floor(f(1)) == 3")  # a module's function stays inside
+    assert check.expression == "math.floor(f(1))"

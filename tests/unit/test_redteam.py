@@ -452,6 +452,28 @@ def test_a_sandbox_the_host_cannot_start_scores_zero_and_is_counted() -> None:
     assert (runs, failures, math_failures) == (2, 2, 1)
 
 
+NO_THREADS = """
+import json, resource, threading
+from stages import rewards
+from stages.rewards import Reference, SandboxStats
+vm = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+threading.stack_size(1 << 31)  # no thread's stack fits: the pool cannot start a worker
+stats = SandboxStats("bwrap", workers=2)
+scores = rewards.code_pass_rate([HONEST] * 2, [Reference("", TESTS)] * 2, stats)
+print(json.dumps([scores, stats.runs, stats.failures]))
+"""
+
+
+def test_a_host_that_cannot_start_the_pool_still_grades_the_batch() -> None:
+    """Out of memory for a worker thread's stack (as out of tasks): the batch is graded in
+    the caller's thread instead of raising out of code_pass_rate."""
+    program = NO_THREADS.replace("HONEST", repr(HONEST)).replace("TESTS", repr(ONE_TEST))
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [[1.0, 1.0], 2, 0]
+
+
 SPIN = "t = time.process_time()\n    while time.process_time() - t < {seconds}:\n        pass\n"
 DODGES = {  # each computes for 3.5 s of CPU in the call (the per-call limit is 2 s)
     "ignore_every_timer_signal": (
@@ -550,3 +572,10 @@ FORGE_SHAPES = [  # (test, completion that passes it only by deciding inside the
 def test_a_verdict_is_never_decided_inside_the_sandbox(test: str, code: str) -> None:
     scores, _ = _grade([code], (test,))
     assert scores == [0.0]
+
+
+def test_a_completion_that_draws_random_numbers_scores_the_same_every_time() -> None:
+    """The harness seeds `random` the same way in every sandbox."""
+    code = "import random\ndef add(a, b):\n    return a + b + random.choice([0, 0, 1])"
+    scores, _ = _grade([code] * 6, ADD_TESTS)
+    assert len(set(scores)) == 1, scores
