@@ -10,6 +10,7 @@ honest solution in the same batch still scores 1.0.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -416,14 +418,37 @@ def test_memory_pinned_outside_the_address_space_limit_is_refused() -> None:
 
 
 def test_a_thread_bomb_holds_a_bounded_number_of_host_tasks() -> None:
-    """On main one sandbox held 9,032 host PIDs: its task limit was shared by every sandbox."""
+    """On main one sandbox held 9,032 host PIDs: its task limit was shared by every sandbox.
+    Counted from the host: the tasks (threads) of every sandboxed process, while it runs."""
     from stages.rewards.sandbox import run_python
 
-    count = THREAD_BOMB.replace("ok = started >= 1000" + WIN, "print(started)")
-    result = run_python(count, rewards.CODE_LIMITS)
+    count = THREAD_BOMB.replace("ok = started >= 1000" + WIN, "time.sleep(1)\nprint(started)")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(run_python, count, rewards.CODE_LIMITS)
+        most = 0
+        while not running.done():
+            most = max(most, _host_tasks())
+            time.sleep(0.05)
+        result = running.result()
     assert result.ok and int(result.stdout) < 64
+    assert 0 < most < 64
     scores, _ = _grade([THREAD_BOMB, THREAD_BOMB, HONEST])
     assert scores == [0.0, 0.0, 1.0]
+
+
+def _host_tasks() -> int:
+    """Host tasks of the sandboxes this process started (not other jobs' on this machine)."""
+    total = 0
+    for pid in _sandboxed_processes():
+        with contextlib.suppress(OSError, StopIteration):
+            if _parent(_parent(int(pid))) == os.getpid():  # sandbox <- bwrap <- this process
+                total += len(os.listdir(f"/proc/{pid}/task"))
+    return total
+
+
+def _parent(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line.split()[1] for line in status if line.startswith("PPid:")))
 
 
 CANNOT_START = """
