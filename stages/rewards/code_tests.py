@@ -578,7 +578,7 @@ def read_results(
 
 def _parsed(stdout: str, line_cpu: Sequence[float] | None) -> list[tuple[Any, Any, Any, float]]:
     found = []
-    for i, line in enumerate(stdout.splitlines()):
+    for i, line in enumerate(stdout.split("\n")):
         try:
             index, status, payload = json.loads(line)
         except (ValueError, TypeError, RecursionError):

@@ -234,7 +234,7 @@ class SandboxResult:
     stderr: str
     timed_out: bool
     # CPU seconds the whole sandbox had used when the parent read each complete stdout line
-    # (aligned with stdout.splitlines()), measured by the kernel from outside the sandbox
+    # (one per newline-ended line of stdout, in order), measured by the kernel from outside
     line_cpu: tuple[float, ...] = ()
     cpu_seconds: float = 0.0  # its total CPU time, from wait4's rusage
     started: bool = True  # False: the host could not start it (e.g. EAGAIN, no bwrap)

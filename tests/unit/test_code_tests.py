@@ -10,6 +10,7 @@ import pytest
 
 from stages.rewards.code_tests import (
     Check,
+    CpuLimits,
     Ungradable,
     decode,
     parse_test,
@@ -204,3 +205,13 @@ def test_a_function_named_like_a_builtin_is_the_candidates() -> None:
     assert check.expression == "len([1, 2])" and check.wrappers == ()
     (check,) = parse_test("assert math.floor(f(1)) == 3")  # a module's function stays inside
     assert check.expression == "math.floor(f(1))"
+
+
+def test_line_times_follow_newlines_only() -> None:
+    """Other line breaks (\\r, \\u2028) in a line the candidate writes must not shift the
+    parent's CPU times onto earlier lines (which would hide a slow call)."""
+    limits = CpuLimits(start_seconds=1.0, call_seconds=1.0)
+    lines = ["x\ry\rz", '[-1, "ready", null]', '[0, "ok", ["int", "3"]]']
+    stdout = "\n".join(lines) + "\n"
+    assert read_results(stdout, 1, [0.1, 0.2, 0.5], limits) == [(True, 3)]
+    assert read_results(stdout, 1, [0.1, 0.2, 5.0], limits) == [(False, None)]  # 4.8 s call
