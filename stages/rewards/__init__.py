@@ -20,6 +20,7 @@ from typing import Any
 from stages.rewards.answers import extract_answer, unbox
 from stages.rewards.code_tests import (
     Check,
+    CpuLimits,
     Ungradable,
     harness,
     imports_of,
@@ -49,8 +50,8 @@ class Reference:
 @dataclass
 class SandboxStats:
     """Where sandboxed verifications run (isolation level, pool size) and how they went:
-    processes started, crashed or timed out (scored 0, run continued), and tests whose shape
-    cannot be graded safely (scored 0)."""
+    processes started (or that the host could not start), crashed or timed out (all scored 0,
+    the run continued), and tests whose shape cannot be graded safely (scored 0)."""
 
     isolation: Isolation = "bwrap"
     workers: int | None = None  # sandboxes at a time; None: one per CPU
@@ -150,7 +151,12 @@ def extract_code(completion: str) -> str:
 
 
 CODE_LIMITS = Limits(cpu_seconds=5, wall_seconds=15, memory_bytes=512 << 20)
-CALL_SECONDS = 2.0  # each call of a test, and the candidate's own top-level code
+CALL_SECONDS = 2.0  # CPU for each call of a test, and for the candidate's own top-level code
+# What the parent accepts, in CPU seconds of the whole sandbox as the kernel counts them:
+# starting (~0.03 s) and the top-level code, then each call; the margin covers starting and
+# the parent reading a line a moment late (the in-sandbox alarm stops honest code at
+# CALL_SECONDS of CPU; one that dodges it is judged by these numbers alone)
+CODE_CPU = CpuLimits(start_seconds=CALL_SECONDS + 0.25, call_seconds=CALL_SECONDS + 0.25)
 
 
 def _test_checks(tests: Sequence[str], stats: SandboxStats) -> list[list[Check] | None]:
@@ -167,7 +173,10 @@ def _test_checks(tests: Sequence[str], stats: SandboxStats) -> list[list[Check] 
 
 def _score_tests(checks: list[list[Check] | None], result: SandboxResult | None) -> float:
     flat = [c for group in checks if group for c in group]
-    returned = read_results(result.stdout, len(flat)) if result is not None else []
+    if result is None:
+        returned: list[tuple[bool, Any]] = []
+    else:
+        returned = read_results(result.stdout, len(flat), result.line_cpu, CODE_CPU)
     passed, position = 0, 0
     for group in checks:
         if not group:

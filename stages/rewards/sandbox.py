@@ -4,15 +4,18 @@ operating system, not Python, keeps it from the machine, the run and its own ver
 Two isolation levels; a recipe names the one it accepts (`sandbox.isolation`):
 
 - `bwrap` (the default): bubblewrap puts the interpreter in new PID, network, mount, IPC and UTS
-  namespaces. As root the sandboxed interpreter is then switched (setpriv) to the real host
-  uid/gid 65534 with no capabilities, no supplementary groups and no_new_privs; as an ordinary
-  user bubblewrap also makes a new user namespace mapping that user to 65534. The filesystem is
-  a fresh tmpfs holding only read-only binds of /usr (and the /lib, /bin links), the
-  interpreter's installation (and, for math, the virtualenv's libraries), a minimal /dev, a
-  /proc of its own PID namespace and a small private writable tmpfs as working directory:
+  namespaces, as PID 1 (so nothing outlives it, and its parent reaps it: its CPU time reaches
+  wait4). As root the sandboxed interpreter is then switched (setpriv) to a host uid of its
+  own (RLIMIT_NPROC counts tasks per uid: the cap is then per sandbox) and gid 65534 with no
+  capabilities, no supplementary groups and no_new_privs; as an ordinary user bubblewrap also
+  makes a new user namespace mapping that user to 65534 (where the count is per namespace).
+  The filesystem is a fresh tmpfs holding only read-only binds of /usr (and the /lib, /bin
+  links), the interpreter's installation (and, for math, the virtualenv's libraries), a
+  minimal /dev, a /proc of its own PID namespace and a small private writable tmpfs as
+  working directory:
   nothing of the caller's files, environment or processes is visible. No network at all (an
   empty namespace, and sockets refused by seccomp).
-- `process`: a fresh `python -I` in its own session with a scrubbed environment, a throwaway
+- `process`: a fresh `python -s -P` in its own session with a scrubbed environment, a throwaway
   working directory and a PEP 578 audit hook. Python documents audit hooks as no boundary:
   code in the same interpreter can switch the hook off. This level only stops accidents; a
   recipe must accept it explicitly.
@@ -20,24 +23,36 @@ Two isolation levels; a recipe names the one it accepts (`sandbox.isolation`):
 Both levels: a seccomp filter (libseccomp through pyseccomp) loaded by the trusted prelude
 before any untrusted byte is read refuses new processes (fork, vfork, clone without
 CLONE_THREAD, execve), ptrace and cross-process memory access, mount and namespace calls,
-sockets, kernel keyrings, BPF and perf; signals only to itself. Resource limits: CPU seconds,
-address space, file size (which also caps captured output), open files, no core dumps; a
-wall-clock timeout kills the whole process group (with bwrap the PID namespace dies with it).
+sockets, kernel keyrings, BPF and perf, the calls that pin memory outside RLIMIT_AS (System V
+shared memory and message queues, memfd, POSIX queues, mlock, io_uring); `kill`, and signals
+other than to itself. Resource limits: CPU seconds, address space, file size (which also caps
+its stderr), open files, tasks (bwrap), no core dumps; a wall-clock timeout, a backstop for a
+blocked process, kills it (with bwrap the PID namespace dies with it). Every sandbox has the
+same hash seed and no address randomization, so the same source computes the same values.
 
-A crash, a refusal, a limit hit or a timeout is a failed run, reported, never raised. The
-sandbox decides nothing: callers send in only what must be computed and judge the plain data
-that comes out (stages/rewards/code_tests.py, stages/rewards/math_grading.py).
+The parent reads at most `file_bytes` of stdout, and notes the sandbox's CPU time (read from
+/proc, outside the sandbox's reach) when each line arrives: callers judge time limits on those
+numbers (stages/rewards/code_tests.py), not on anything the sandbox says about itself.
+
+A crash, a refusal, a limit hit, a timeout or a sandbox the host cannot start is a failed run,
+reported, never raised. The sandbox decides nothing: callers send in only what must be
+computed and judge the plain data that comes out (stages/rewards/code_tests.py,
+stages/rewards/math_grading.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import secrets
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,12 +63,19 @@ ISOLATION_LEVELS: tuple[Isolation, ...] = ("bwrap", "process")
 SANDBOX_UID = 65534  # "nobody"
 _WORKDIR = "/sandbox"  # the private tmpfs inside the bwrap sandbox
 _TOOLS = "/opt/far-sandbox"  # where the seccomp bindings are bound read-only inside it
+_UID_BASE, _UID_RANGE = 1 << 30, 1 << 24  # per-sandbox host uids (bwrap as root)
+# Determinism: one hash seed for str/bytes hashing (set iteration order) and no address-space
+# randomization (id()-based orders) in every sandbox, so the same source computes the same
+# values in any process
+HASH_SEED = "0"
+_FIXED_LAYOUT = ["/usr/bin/setarch", "-R"] if os.path.exists("/usr/bin/setarch") else []
 
 # Runs first in the child: limits, trusted imports, seccomp (and, at the `process` level, the
 # audit hook), then the untrusted source read from stdin. Nothing after the filter is loaded
 # can undo it.
 _PRELUDE = r"""
-import os, sys, resource, importlib
+import os, sys, resource, importlib, ctypes
+ctypes.CDLL("libc.so.6").prctl(1, 9)  # PR_SET_PDEATHSIG SIGKILL: die with the process above
 for _name, _value in LIMITS:
     resource.setrlimit(getattr(resource, _name), (_value, _value))
 for _module in PRELOAD:
@@ -76,8 +98,7 @@ def _load_seccomp():
             pass  # not a system call on this architecture
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # glibc falls back to clone, checked below
     f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000, 0))
-    for _call in ("kill", "tgkill"):
-        f.add_rule(sc.ERRNO(errno.EPERM), _call, sc.Arg(0, sc.NE, os.getpid()))
+    f.add_rule(sc.ERRNO(errno.EPERM), "tgkill", sc.Arg(0, sc.NE, os.getpid()))
     f.load()
     for _m in [m for m in sys.modules if m == "pyseccomp"]:
         del sys.modules[_m]
@@ -116,6 +137,7 @@ DENIED_SYSCALLS = (
     "accept",
     "accept4",
     "tkill",
+    "kill",  # as PID 1 of its namespace, its own PID is also its parent's view of "init"
     "keyctl",
     "add_key",
     "request_key",
@@ -123,6 +145,22 @@ DENIED_SYSCALLS = (
     "perf_event_open",
     "userfaultfd",
     "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    # memory a process can pin outside its address-space limit (RLIMIT_AS): System V shared
+    # memory and message queues outlive every mapping, memfd and POSIX queues hold pages by fd,
+    # locked pages cannot be reclaimed
+    "shmget",
+    "shmat",
+    "shmctl",
+    "msgget",
+    "msgsnd",
+    "mq_open",
+    "memfd_create",
+    "memfd_secret",
+    "mlock",
+    "mlock2",
+    "mlockall",
     "personality",
     "init_module",
     "finit_module",
@@ -184,20 +222,26 @@ class Limits:
     file_bytes: int = 1 << 20  # also caps captured stdout/stderr
     open_files: int = 64
     workdir_bytes: int = 16 << 20  # the private tmpfs (bwrap)
+    tasks: int = 32  # processes and threads (RLIMIT_NPROC of the sandbox's own uid; bwrap)
     site_packages: bool = False  # True for math-verify; code tests use the stdlib only
     preload: tuple[str, ...] = ()  # trusted modules imported before seccomp and the source
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    returncode: int | None  # None: killed by the wall-clock timeout
+    returncode: int | None  # None: killed by the wall-clock timeout, or never started
     stdout: str
     stderr: str
     timed_out: bool
+    # CPU seconds the whole sandbox had used when the parent read each complete stdout line
+    # (one per newline-ended line of stdout, in order), measured by the kernel from outside
+    line_cpu: tuple[float, ...] = ()
+    cpu_seconds: float = 0.0  # its total CPU time, from wait4's rusage
+    started: bool = True  # False: the host could not start it (e.g. EAGAIN, no bwrap)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.started and self.returncode == 0 and not self.timed_out
 
 
 def _seccomp_dir() -> str:
@@ -215,6 +259,8 @@ def _prelude(limits: Limits, isolation: Isolation, seccomp_dir: str) -> str:
         ("RLIMIT_NOFILE", limits.open_files),
         ("RLIMIT_CORE", 0),
     ]
+    if isolation == "bwrap":  # counted per uid: the sandbox's own (see bwrap_command)
+        rlimits.append(("RLIMIT_NPROC", limits.tasks))
     return (
         _PRELUDE.replace("PRELOAD", repr(limits.preload))
         .replace("LIMITS", repr(rlimits))
@@ -269,6 +315,9 @@ def bwrap_command(limits: Limits, python: list[str]) -> list[str]:
         "--setenv",
         "PATH",
         "/usr/bin:/bin",
+        "--setenv",
+        "PYTHONHASHSEED",
+        HASH_SEED,
         *_system_binds(),
         *_python_binds(limits),
         "--perms",
@@ -291,11 +340,13 @@ def bwrap_command(limits: Limits, python: list[str]) -> list[str]:
         "--chdir",
         _WORKDIR,
     ]
-    if os.geteuid() == 0:  # real host uid 65534, no capabilities, before Python starts
+    if os.geteuid() == 0:  # a host uid of its own, no capabilities, before Python starts
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        namespaces += ["--as-pid-1"]
         drop = [
+            *_FIXED_LAYOUT,
             "/usr/bin/setpriv",
-            f"--reuid={SANDBOX_UID}",
+            f"--reuid={sandbox_uid()}",
             f"--regid={SANDBOX_UID}",
             "--clear-groups",
             "--inh-caps=-all",
@@ -305,55 +356,204 @@ def bwrap_command(limits: Limits, python: list[str]) -> list[str]:
         caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         return ["bwrap", *namespaces, *caps, *common, "--", *drop, *python]
     ids = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
-    return ["bwrap", "--unshare-all", *ids, *common, "--", *python]
+    return ["bwrap", "--unshare-all", "--as-pid-1", *ids, *common, "--", *_FIXED_LAYOUT, *python]
+
+
+def sandbox_uid() -> int:
+    """A host uid for one sandbox (bwrap as root). RLIMIT_NPROC counts a uid's tasks across
+    the host, so each sandbox gets a uid of its own from a range no account uses: its task cap
+    is then its own, whatever other sandboxes (of this run or another) do meanwhile."""
+    return _UID_BASE + secrets.randbelow(_UID_RANGE)
 
 
 def _command(limits: Limits, isolation: Isolation, workdir: str) -> list[str]:
-    flags = ["-I"] if limits.site_packages else ["-I", "-S"]
+    # -s -P (not -I): like -I, no user site-packages and no script directory on sys.path, but
+    # PYTHONHASHSEED is read; the environment is the sandbox's own (cleared) either way
+    flags = ["-s", "-P"] if limits.site_packages else ["-s", "-P", "-S"]
     if isolation == "bwrap":  # the virtualenv is bound only when its libraries are wanted
         executable = sys.executable if limits.site_packages else os.path.realpath(sys.executable)
         python = [executable, *flags, "-c", _prelude(limits, isolation, _TOOLS)]
         return bwrap_command(limits, python)
-    return [sys.executable, *flags, "-c", _prelude(limits, isolation, _seccomp_dir())]
+    prelude = _prelude(limits, isolation, _seccomp_dir())
+    return [*_FIXED_LAYOUT, sys.executable, *flags, "-c", prelude]
 
 
 def run_python(
     source: str, limits: Limits | None = None, isolation: Isolation = "bwrap"
 ) -> SandboxResult:
-    """Run `source` in the sandbox; never raises for anything the source does."""
+    """Run `source` in the sandbox; never raises for anything the source does, nor when the
+    host cannot start it (then `started` is False)."""
     limits = limits or Limits()
     workdir = tempfile.mkdtemp(prefix="far-sandbox-")  # outputs (and the `process` cwd)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+    env["PYTHONHASHSEED"] = HASH_SEED
     try:
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(
-                _command(limits, isolation, workdir),
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                cwd=workdir,
-                env=env,
-                start_new_session=True,
-            )
-            timed_out = _wait(proc, source, limits.wall_seconds)
-            out.seek(0)
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen(
+                    _command(limits, isolation, workdir),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as e:  # EAGAIN, ENOMEM, a missing executable: this run only
+                return SandboxResult(None, "", f"not started: {e}", False, started=False)
+            out = _Output(limits.file_bytes)
+            timed_out = _exchange(proc, source.encode("utf-8", "replace"), out, limits)
+            cpu = _reap(proc)
             err.seek(0)
-            stdout = out.read(limits.file_bytes).decode("utf-8", "replace")
             stderr = err.read(limits.file_bytes).decode("utf-8", "replace")
-        return SandboxResult(None if timed_out else proc.returncode, stdout, stderr, timed_out)
+        stdout = bytes(out.data).decode("utf-8", "replace")
+        stamps = tuple(cpu if s is None else min(s, cpu) for s in out.stamps)
+        code = None if timed_out else proc.returncode
+        return SandboxResult(code, stdout, stderr, timed_out, stamps, cpu)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _wait(proc: subprocess.Popen[bytes], source: str, wall_seconds: float) -> bool:
-    """Feed the source, wait; on timeout kill the whole process group. True when timed out."""
+class _Output:
+    """The sandbox's stdout, at most `limit` bytes, with the sandbox's CPU time when each
+    complete line arrived (None: it had exited by then; its total is used instead)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.stamps: list[float | None] = []
+        self.overflow = False
+
+    def add(self, chunk: bytes, pid: int) -> None:
+        room = self.limit - len(self.data)
+        self.overflow = len(chunk) > room
+        chunk = chunk[: max(room, 0)]
+        lines = chunk.count(b"\n")
+        if lines:
+            stamp = _tree_cpu(pid)
+            self.stamps += [stamp] * lines
+        self.data += chunk
+
+
+def _exchange(proc: subprocess.Popen[bytes], source: bytes, out: _Output, limits: Limits) -> bool:
+    """Feed the source and read stdout until it closes, overflows or the wall-clock limit
+    passes (then the whole process group is killed). True when timed out."""
+    assert proc.stdin is not None and proc.stdout is not None
+    deadline = time.monotonic() + limits.wall_seconds
+    stdin, stdout = proc.stdin.fileno(), proc.stdout.fileno()
+    os.set_blocking(stdin, False)
+    pending = memoryview(source)
     try:
-        proc.communicate(source.encode("utf-8", "replace"), timeout=wall_seconds)
-        return False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # bwrap's --die-with-parent takes its PID namespace
-        proc.wait()
-        return True
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            selector.register(stdin, selectors.EVENT_WRITE)
+            while not out.overflow:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _kill(proc)
+                    return True
+                for key, _ in selector.select(left):
+                    if key.fd == stdin:
+                        pending = _feed(stdin, pending)
+                        if not pending:
+                            selector.unregister(stdin)
+                            proc.stdin.close()
+                    elif chunk := os.read(stdout, 65536):
+                        out.add(chunk, proc.pid)
+                        if len(chunk) < _SMALL_READ:  # a drip: let it gather, so that the
+                            time.sleep(_READ_PAUSE)  # parent's reads stay few
+                    else:
+                        return _wait_exit(proc, deadline)
+            _kill(proc)  # a flood: what it wrote within the limit is all it gets
+            return False
+    finally:
+        _close(proc)
+
+
+def _feed(fd: int, pending: memoryview) -> memoryview:
+    """Write what the pipe takes; a reader that went away takes nothing more."""
+    try:
+        return pending[os.write(fd, pending[:65536]) :]
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:
+        return pending[:0]
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Wait (without reaping) for the sandbox to exit; kill it at the deadline."""
+    while True:
+        try:
+            done = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        if done is not None:
+            return False
+        if time.monotonic() >= deadline:
+            _kill(proc)
+            return True
+        time.sleep(0.01)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the sandboxed process (PID 1 of its namespace: the namespace dies with it) and
+    bwrap's process group."""
+    for pid in reversed(_tree(proc.pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, parents before children."""
+    order, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        order.append(current)
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                queue += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return order
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> float:
+    """Reap the sandbox; its total CPU seconds (with every descendant it reaped) from rusage."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+# A sandbox writing a byte at a time would otherwise cost the parent a read (and a /proc
+# sample) per byte: after a small read the parent waits 2 ms (a line's CPU stamp is then at
+# most that much later, which only counts against the sandbox)
+_SMALL_READ, _READ_PAUSE = 4096, 0.002
+
+
+def _tree_cpu(pid: int) -> float | None:
+    """CPU seconds of `pid` and its descendants (all threads, and the children they reaped), read
+    from /proc leaves first: a process reaped meanwhile is then counted in its parent's
+    children's time, never lost. None when `pid` has exited."""
+    total = 0
+    for current in reversed(_tree(pid)):
+        try:
+            with open(f"/proc/{current}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if current == pid and fields[0] in "ZX":
+            return None
+        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total / _TICK
 
 
 def run_many(
@@ -366,8 +566,13 @@ def run_many(
     if not sources:
         return []
     count = max(1, min(len(sources), workers or os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="far-sandbox") as pool:
-        return list(pool.map(lambda s: run_python(s, limits, isolation), sources))
+    try:
+        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="far-sandbox") as pool:
+            return list(pool.map(lambda s: run_python(s, limits, isolation), sources))
+    except RuntimeError as e:  # "can't start new thread": the host is out of tasks or memory
+        if "thread" not in str(e):
+            raise
+        return [run_python(s, limits, isolation) for s in sources]  # here, one at a time
 
 
 def missing_isolation(isolation: Isolation) -> str | None:

@@ -10,6 +10,7 @@ import pytest
 
 from stages.rewards.code_tests import (
     Check,
+    CpuLimits,
     Ungradable,
     decode,
     parse_test,
@@ -142,3 +143,75 @@ def test_a_second_line_for_a_call_voids_every_result() -> None:
 def test_verdicts_in_the_parent(check: Check, value: Any, verdict: bool) -> None:
     assert passes(check, True, value) is verdict
     assert passes(check, False, value) is False  # a call that did not return never passes
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "assert (f(1) == 3) == True",  # the inner comparison would run beside the candidate
+        "assert (f(1) == 3) is True",
+        "assert not (f(1) != 3)",
+        "assert f(1) == 3 or f(2) == 4",
+        "assert bool(f(1) == 3)",
+        "assert type(f(1)) == int",  # a builtin whose answer the value (or a shadow) decides
+        "assert callable(f)",
+        "assert all(x == 1 for x in f(1))",
+        "assert f(1).startswith('a')",  # the returned value's own method answers
+        "assert f(1).count(2) == 1",
+    ],
+)
+def test_shapes_decided_only_inside_the_sandbox_are_ungradable(test: str) -> None:
+    with pytest.raises(Ungradable):
+        parse_test(test)
+
+
+@pytest.mark.parametrize(
+    ("test", "value", "verdict"),
+    [  # the predicate runs here, on the value rebuilt from data
+        ("assert isinstance(f(1), int)", 3, True),
+        ("assert isinstance(f(1), (int, float))", "3", False),
+        ("assert len(f(1)) == 3", [0], False),
+        ("assert len(set(f(1))) == 1", {2}, True),  # set() ran in the sandbox
+        ("assert round(f(1), 2) == 0.33", 1 / 3, True),
+        ("assert all(f(1))", [1, 0], False),
+        ("assert not any(f(1))", [0, 0], True),
+        ("assert abs(f(1)) == 2", -2, True),
+    ],
+)
+def test_builtin_predicates_are_applied_in_the_parent(test: str, value: Any, verdict: bool) -> None:
+    (check,) = parse_test(test)
+    assert check.expression in ("f(1)", "set(f(1))")
+    assert passes(check, True, value) is verdict
+
+
+def test_an_absolute_difference_keeps_integer_precision() -> None:
+    (check,) = parse_test("assert abs(f() - 100000000000000000000) < 0.5")
+    assert passes(check, True, 10**20) is True
+    assert passes(check, True, 10**20 + 1) is False  # 1e20 as a float cannot tell them apart
+    (check,) = parse_test("assert abs(f() - 0.1) <= 1e-9")
+    assert passes(check, True, 0.1) is True and passes(check, True, 0.2) is False
+
+
+def test_a_function_named_like_a_builtin_is_the_candidates() -> None:
+    """MBPP task 116's function is called `sum`: called on constants, it is the candidate's."""
+    (check,) = parse_test("assert sum(10, 15) == 6")
+    assert (check.expression, check.kind, check.expected, check.wrappers) == (
+        "sum(10, 15)",
+        "eq",
+        6,
+        (),
+    )
+    (check,) = parse_test("assert len([1, 2]) == 2")
+    assert check.expression == "len([1, 2])" and check.wrappers == ()
+    (check,) = parse_test("assert math.floor(f(1)) == 3")  # a module's function stays inside
+    assert check.expression == "math.floor(f(1))"
+
+
+def test_line_times_follow_newlines_only() -> None:
+    """Other line breaks (\\r, \\u2028) in a line the candidate writes must not shift the
+    parent's CPU times onto earlier lines (which would hide a slow call)."""
+    limits = CpuLimits(start_seconds=1.0, call_seconds=1.0)
+    lines = ["x\ry\rz", '[-1, "ready", null]', '[0, "ok", ["int", "3"]]']
+    stdout = "\n".join(lines) + "\n"
+    assert read_results(stdout, 1, [0.1, 0.2, 0.5], limits) == [(True, 3)]
+    assert read_results(stdout, 1, [0.1, 0.2, 5.0], limits) == [(False, None)]  # 4.8 s call

@@ -10,13 +10,17 @@ honest solution in the same batch still scores 1.0.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -349,3 +353,254 @@ def test_math_attacks_cost_only_their_own_score(monkeypatch: pytest.MonkeyPatch)
     assert scores == [e for _, _, e in MATH_ATTACKS]
     assert not any(n.startswith("far-redteam-math") for n in os.listdir("/tmp"))
     assert _lingering_processes() == []
+
+
+# Resources and determinism (issue 28, items 1-6): each attack below scored, or cost the host,
+# something on main 3c565e0.
+
+ONE_TEST = ("assert add(1, 2) == 3",)
+# A result line written straight into the result channel (whichever descriptor it is):
+# a set of ~30,000 distinct integers that all hash alike, ~1 MiB, so that rebuilding it costs
+# quadratic time in whoever decodes it.
+COLLIDING_SET_LINE = (
+    "import os\nM = 2 ** 61 - 1\nitems = ','.join('[\"int\", \"%d\"]' % (k * M) "
+    "for k in range(1, 30000))\n"
+    "line = ('[0, \"ok\", [\"set\", [' + items + ']]]\\n').encode()\n"
+    "for fd in range(3, 12):\n    try:\n        os.write(fd, line)\n    except OSError:\n"
+    "        pass\nos._exit(0)"
+)
+
+
+def _grade(codes: list[str], tests: tuple[str, ...] = ONE_TEST) -> tuple[list[float], SandboxStats]:
+    stats = SandboxStats("bwrap", workers=2)
+    scores = rewards.code_pass_rate(codes, [Reference("", tests)] * len(codes), stats)
+    return scores, stats
+
+
+def test_a_crafted_result_line_costs_the_parent_little_cpu() -> None:
+    started = time.process_time()  # this process's CPU: the decoding, not the sandbox's work
+    scores, _ = _grade([COLLIDING_SET_LINE])
+    spent = time.process_time() - started
+    assert scores == [0.0]
+    assert spent < 1.0, f"the parent spent {spent:.1f} s of CPU decoding one result"  # 8-10 s
+
+
+PIN_MEMORY = (
+    "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.shmat.restype = ctypes.c_void_p\npinned = 0\n"
+    "for _ in range(6):\n    sid = libc.shmget(0, 256 << 20, 0o1600)\n"
+    "    if sid < 0:\n        break\n"
+    "    at = libc.shmat(sid, None, 0)\n    if at in (None, 2 ** 64 - 1):\n        break\n"
+    "    ctypes.memset(at, 1, 256 << 20)\n    libc.shmdt(ctypes.c_void_p(at))\n"
+    "    pinned += 256 << 20\n"
+    "try:\n    fd = os.memfd_create('pin')\n    pinned += 1\nexcept OSError:\n    pass\n"
+    "for path in ('/dev/shm/pin', '/sandbox/pin'):\n    try:\n"
+    "        with open(path, 'wb') as f:\n            for _ in range(64):\n"
+    "                f.write(b'x' * (1 << 20))\n"
+    "                pinned += 1 << 20\n    except OSError:\n        pass\n"
+    "ok = pinned > 512 << 20" + WIN
+)
+THREAD_BOMB = (
+    "import threading, time\nthreading.stack_size(32768)\nstarted = 0\ntry:\n"
+    "    for _ in range(5000):\n"
+    "        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()\n"
+    "        started += 1\nexcept RuntimeError:\n    pass\nok = started >= 1000" + WIN
+)
+
+
+def test_memory_pinned_outside_the_address_space_limit_is_refused() -> None:
+    scores, _ = _grade([PIN_MEMORY, HONEST])
+    assert scores == [0.0, 1.0]
+    probe = "import os\ntry:\n    os.memfd_create('x')\nexcept OSError as e:\n    print(e.errno)"
+    from stages.rewards.sandbox import run_python
+
+    assert run_python(probe, rewards.CODE_LIMITS).stdout == "1\n"  # EPERM
+
+
+def test_a_thread_bomb_holds_a_bounded_number_of_host_tasks() -> None:
+    """On main one sandbox held 9,032 host PIDs: its task limit was shared by every sandbox.
+    Counted from the host: the tasks (threads) of every sandboxed process, while it runs."""
+    from stages.rewards.sandbox import run_python
+
+    count = THREAD_BOMB.replace("ok = started >= 1000" + WIN, "time.sleep(1)\nprint(started)")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(run_python, count, rewards.CODE_LIMITS)
+        most = 0
+        while not running.done():
+            most = max(most, _host_tasks())
+            time.sleep(0.05)
+        result = running.result()
+    assert result.ok and int(result.stdout) < 64
+    assert 0 < most < 64
+    scores, _ = _grade([THREAD_BOMB, THREAD_BOMB, HONEST])
+    assert scores == [0.0, 0.0, 1.0]
+
+
+def _host_tasks() -> int:
+    """Host tasks of the sandboxes this process started (not other jobs' on this machine)."""
+    total = 0
+    for pid in _sandboxed_processes():
+        with contextlib.suppress(OSError, StopIteration):
+            if _parent(_parent(int(pid))) == os.getpid():  # sandbox <- bwrap <- this process
+                total += len(os.listdir(f"/proc/{pid}/task"))
+    return total
+
+
+def _parent(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line.split()[1] for line in status if line.startswith("PPid:")))
+
+
+CANNOT_START = """
+import json, os, resource
+from stages import rewards
+from stages.rewards import Reference, SandboxStats
+code, math = SandboxStats("bwrap", workers=1), SandboxStats("bwrap", workers=1)
+# no descriptor left beyond the stderr file: the pipes to a sandbox cannot be made
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 1, used + 1))
+scores = rewards.code_pass_rate([HONEST] * 2, [Reference("", TESTS)] * 2, code)
+scores += rewards.math_equivalent(["<answer>x+1</answer>"], [Reference("1+x")], math)
+print(json.dumps([scores, code.runs, code.failures, math.failures]))
+"""
+
+
+def test_a_sandbox_the_host_cannot_start_scores_zero_and_is_counted() -> None:
+    """The grading runs in a process out of file descriptors: every sandbox start fails for
+    real in Popen (EMFILE here; EAGAIN on a host out of PIDs is the same OSError). On main
+    the exception left code_pass_rate and the whole batch was lost."""
+    program = CANNOT_START.replace("HONEST", repr(HONEST)).replace("TESTS", repr(ONE_TEST))
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    scores, runs, failures, math_failures = json.loads(run.stdout.splitlines()[-1])
+    assert scores == [0.0, 0.0, 0.0]
+    assert (runs, failures, math_failures) == (2, 2, 1)
+
+
+NO_THREADS = """
+import json, resource, threading
+from stages import rewards
+from stages.rewards import Reference, SandboxStats
+vm = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+threading.stack_size(1 << 31)  # no thread's stack fits: the pool cannot start a worker
+stats = SandboxStats("bwrap", workers=2)
+scores = rewards.code_pass_rate([HONEST] * 2, [Reference("", TESTS)] * 2, stats)
+print(json.dumps([scores, stats.runs, stats.failures]))
+"""
+
+
+def test_a_host_that_cannot_start_the_pool_still_grades_the_batch() -> None:
+    """Out of memory for a worker thread's stack (as out of tasks): the batch is graded in
+    the caller's thread instead of raising out of code_pass_rate."""
+    program = NO_THREADS.replace("HONEST", repr(HONEST)).replace("TESTS", repr(ONE_TEST))
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [[1.0, 1.0], 2, 0]
+
+
+SPIN = "t = time.process_time()\n    while time.process_time() - t < {seconds}:\n        pass\n"
+DODGES = {  # each computes for 3.5 s of CPU in the call (the per-call limit is 2 s)
+    "ignore_every_timer_signal": (
+        "import signal, time\ndef add(a, b):\n"
+        "    for s in (signal.SIGALRM, signal.SIGPROF, signal.SIGVTALRM, signal.SIGXCPU):\n"
+        "        signal.signal(s, signal.SIG_IGN)\n    "
+        + SPIN.format(seconds=3.5)
+        + "    return a + b"
+    ),
+    "cancel_the_timers": (
+        "import signal, time\ndef add(a, b):\n"
+        "    for t in (signal.ITIMER_REAL, signal.ITIMER_PROF, signal.ITIMER_VIRTUAL):\n"
+        "        signal.setitimer(t, 0)\n    " + SPIN.format(seconds=3.5) + "    return a + b"
+    ),
+    "catch_what_the_timer_raises": (
+        "import time\ndef add(a, b):\n    t = time.process_time()\n"
+        "    while time.process_time() - t < 3.5:\n        try:\n"
+        "            while time.process_time() - t < 3.5:\n                pass\n"
+        "        except BaseException:\n            pass\n    return a + b"
+    ),
+    "work_in_a_thread": (
+        "import threading, time\ndef work():\n    " + SPIN.format(seconds=3.5) + "\n"
+        "def add(a, b):\n    th = threading.Thread(target=work)\n    th.start()\n"
+        "    while th.is_alive():\n        try:\n            th.join()\n"
+        "        except BaseException:\n            pass\n    return a + b"
+    ),
+}
+
+
+@pytest.mark.slow  # four sandboxes of ~3.5 s CPU each
+def test_a_call_over_its_cpu_limit_does_not_score_whatever_it_dodges() -> None:
+    scores, _ = _grade(list(DODGES.values()))
+    assert dict(zip(DODGES, scores, strict=True)) == dict.fromkeys(DODGES, 0.0)
+
+
+@pytest.mark.slow  # an honest 1 s call beside 4 busy processes on this machine
+def test_an_honest_call_scores_the_same_on_a_loaded_host() -> None:
+    honest = "import time\ndef add(a, b):\n    " + SPIN.format(seconds=1.0) + "    return a + b"
+    busy = [  # each in a session (an autogroup) of its own, as the sandbox is
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(4)
+    ]
+    try:
+        loaded, _ = _grade([honest])
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    idle, _ = _grade([honest])
+    assert loaded == idle == [1.0]
+
+
+FRUIT = ("apple", "pear", "fig", "kiwi", "lime", "plum")
+ORDER = f"def add(a, b):\n    return list(set({FRUIT!r}))[a]"
+# scores the fraction of places a set's iteration order keeps: it varies with the hash seed
+ORDER_TESTS = tuple(f"assert add({i}, 0) == {fruit!r}" for i, fruit in enumerate(FRUIT))
+
+
+def test_the_same_completion_scores_the_same_in_every_process() -> None:
+    """On main a set's iteration order followed each sandbox's random hash seed."""
+    here, _ = _grade([ORDER] * 6, ORDER_TESTS)
+    program = (
+        "from stages import rewards\nfrom stages.rewards import Reference, SandboxStats\n"
+        f"print(rewards.code_pass_rate([{ORDER!r}] * 3, [Reference('', {ORDER_TESTS!r})] * 3,"
+        " SandboxStats('bwrap', workers=2)))"
+    )
+    others = []
+    for seed in ("1", "2"):  # fresh parent processes with hash seeds of their own
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True)
+        others += json.loads(out.stdout)
+    assert len(set(here + others)) == 1, here + others
+
+
+FORGE_SHAPES = [  # (test, completion that passes it only by deciding inside the sandbox)
+    (
+        "assert (add(1, 2) == 3) == True",
+        "class A:\n    def __eq__(self, o): return True\ndef add(a, b):\n    return A()",
+    ),
+    (
+        "assert isinstance(add(1, 2), int)",
+        "class F:\n    __class__ = int\ndef add(a, b):\n    return F()",
+    ),
+    (
+        "assert len(add(1, 2)) == 3",
+        "import builtins\nbuiltins.len = lambda x: 3\ndef add(a, b):\n    return [0]",
+    ),
+    (
+        "assert not (add(1, 2) != 3)",
+        "class A:\n    def __ne__(self, o): return False\ndef add(a, b):\n    return A()",
+    ),
+]
+
+
+@pytest.mark.parametrize(("test", "code"), FORGE_SHAPES)
+def test_a_verdict_is_never_decided_inside_the_sandbox(test: str, code: str) -> None:
+    scores, _ = _grade([code], (test,))
+    assert scores == [0.0]
+
+
+def test_a_completion_that_draws_random_numbers_scores_the_same_every_time() -> None:
+    """The harness seeds `random` the same way in every sandbox."""
+    code = "import random\ndef add(a, b):\n    return a + b + random.choice([0, 0, 1])"
+    scores, _ = _grade([code] * 6, ADD_TESTS)
+    assert len(set(scores)) == 1, scores

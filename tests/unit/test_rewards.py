@@ -134,6 +134,8 @@ CODE_CASES = [  # (answer code, expected pass fraction)
     # os.system is refused by seccomp (it returns an error status); add itself is right
     ("import os\nos.system('rm -rf /tmp/x')\ndef add(a, b):\n    return a + b", 1.0),
     ("while True:\n    pass", 0.0),  # timeout
+    # a call over its CPU limit fails alone; the calls after it still run
+    ("def add(a, b):\n    while a == 1:\n        pass\n    return a + b", 2 / 3),
     ("import os\nwhile True:\n    os.fork()", 0.0),  # fork bomb
     ("x = bytearray(8 << 30)", 0.0),  # memory bomb
     ("import socket\nsocket.create_connection(('127.0.0.1', 22))", 0.0),
