@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
@@ -24,13 +25,16 @@ from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages.core import storage
 from stages.core.errors import InputError, is_input_error
-from stages.core.runner import RunContext
+from stages.core.runner import RunContext, record_run
+from stages.core.sessions import LeaseLost
 from stages.modeling import tunix_version
 from stages.rewards import IsolationUnavailable
 
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
+EXIT_LEASE_LOST = 5  # this session lost the run's lease to another one and stopped at once
+AUDIT_KEY_ENV = "FAR_AUDIT_KEY"  # signs (far run) and verifies (far audit) the run's ledger
 log = logging.getLogger("far")
 
 DESCRIPTION = """\
@@ -57,8 +61,13 @@ Before any stage runs, the recipe, rewards, mesh (against the devices present), 
 tokenizer, data files, evaluation checkpoints and storage root are checked. An invalid input
 found at any point, bad data included, ends the run with one line naming the field or file
 (-v adds the traceback).
-Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped at the session deadline,
-4 another session holds the run's lease (it names the holder; see --lease-wait).
+Every commit is chained into the run's ledger (RUN/ledger.jsonl); the run ends by printing
+the ledger root: keep it, and `far audit RUN --expect-root ROOT` detects a rewrite of storage.
+With FAR_AUDIT_KEY set, every ledger entry is also signed (HMAC-SHA256).
+Exit codes: 0 complete, 2 invalid recipe or input, 3 stopped (session deadline, SIGTERM or
+a first Ctrl-C: it saves first), 4 another session holds the run's lease (it names the holder;
+see --lease-wait), 5 this session lost the run's lease to another session and stopped at once
+(it wrote nothing after losing it), 130 a second Ctrl-C (aborted without saving).
 """
 EXIT_PROBLEMS = 1
 EXIT_PREFECT = 1
@@ -215,11 +224,20 @@ def _add_run_commands(commands: Any) -> None:
     audit = commands.add_parser(
         "audit",
         help="re-check every recorded file and fingerprint of RUN",
-        description="Re-hash every file each stage record lists and check each input against\n"
-        "its upstream record. Exit 1 and list what is missing or altered.",
+        description="Re-hash every file each stage record lists, check each input against\n"
+        "its upstream record and every record and run.json against the run's ledger.\n"
+        "Exit 1 and list what is missing or altered. With FAR_AUDIT_KEY set, every ledger\n"
+        "entry must carry its signature. Without --expect-root or a key, a writer who can\n"
+        "rewrite all of storage (and recompute seals and ledger) cannot be detected.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    audit.add_argument(
+        "--expect-root",
+        metavar="DIGEST",
+        help="the ledger root `far run` printed (or its Prefect artifact shows): the ledger\n"
+        "must contain it, so a chain recomputed after a rewrite is detected",
+    )
 
 
 def configure_logging(verbose: bool) -> None:
@@ -311,6 +329,11 @@ def print_summary(summary: RunSummary) -> None:
         f"  flow {summary.seconds:.1f} s = stages {ran:.1f} s "
         f"+ orchestration {overhead:.1f} s{share}"
     )
+    if summary.ledger_root:
+        print(
+            f"  ledger root {summary.ledger_root}\n"
+            f"  (keep it: far audit {summary.run_uri} --expect-root {summary.ledger_root})"
+        )
     if not summary.complete:
         print("Run the same command again to continue from here.")
 
@@ -354,10 +377,14 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             lease_wait_seconds=args.lease_wait,
             overrides=list(getattr(args, "overrides", [])),
             compile_cache=args.compile_cache,
+            audit_key=args.audit_key,
         )
     except LeaseHeld as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_LEASE_HELD
+    except LeaseLost as e:
+        print(f"far: {e}; this session stopped at once (exit {EXIT_LEASE_LOST})", file=sys.stderr)
+        return EXIT_LEASE_LOST
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
         return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
     except RuntimeError as e:
@@ -428,7 +455,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_lineage(args: argparse.Namespace) -> int:
     try:
         node = lineage.ancestry(args.uri)
-        run_uri = node.record.directory.rsplit("/", 1)[0]
+        run_uri = record_run(node.record_uri)
         run_manifest = manifest.read_manifest(run_uri)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
@@ -445,7 +472,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
     try:
-        problems = lineage.audit(run_uri)
+        problems = lineage.audit(run_uri, args.audit_key, args.expect_root)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -455,6 +482,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(problem)
     verdict = f"{len(problems)} problem(s)" if problems else "everything matches"
     print(f"audit of {run_uri}: {len(records)} records, {files} files: {verdict}")
+    print(lineage.coverage(args.audit_key, args.expect_root))
     return EXIT_PROBLEMS if problems else 0
 
 
@@ -492,6 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose)
     configure_prefect(os.environ)  # type: ignore[arg-type]
+    key = os.environ.get(AUDIT_KEY_ENV)
+    args.audit_key = SecretStr(key) if key else None  # read once here, passed down
     if getattr(args, "allow_untested_tunix", False):
         log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported

@@ -18,13 +18,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from schemas.record import LeaseHolder
 from stages.core import storage
+from stages.core.sessions import LeaseLost
 
 log = logging.getLogger(__name__)
 LEASE_NAME = "lease.json"
@@ -54,16 +55,31 @@ class Lease:
     version: str
     ttl: float
     took_over: LeaseHolder | None = None
+    lost: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def renew(self) -> None:
-        """Push the expiry forward; raises if the lease is no longer ours."""
-        renewed = self.holder.model_copy(update={"expires_at": _expiry(self.ttl)})
-        if not storage.replace_if_version(self.uri, _bytes(renewed), self.version):
-            raise RuntimeError(f"lost the run lease {self.uri}: another session took it over")
-        current = storage.read_versioned(self.uri)
-        if current is None or LeaseHolder.model_validate_json(current[0]).token != renewed.token:
-            raise RuntimeError(f"lost the run lease {self.uri} while renewing it")
-        self.holder, self.version = renewed, current[1]
+        """Push the expiry forward; raises LeaseLost if the lease is no longer ours."""
+        with self._lock:  # the heartbeat and a commit's fence both renew
+            if self.lost.is_set():
+                raise LeaseLost(f"lost the run lease {self.uri}: another session took it over")
+            renewed = self.holder.model_copy(update={"expires_at": _expiry(self.ttl)})
+            if not storage.replace_if_version(self.uri, _bytes(renewed), self.version):
+                self.lost.set()
+                raise LeaseLost(f"lost the run lease {self.uri}: another session took it over")
+            current = storage.read_versioned(self.uri)
+            token = None if current is None else LeaseHolder.model_validate_json(current[0]).token
+            if current is None or token != renewed.token:
+                self.lost.set()
+                raise LeaseLost(f"lost the run lease {self.uri} while renewing it")
+            self.holder, self.version = renewed, current[1]
+
+    def check(self) -> None:
+        """The fence before a commit: renews the lease by a conditional replace on the version
+        this session holds, so it commits only while the lease is still its own (and for a
+        lifetime from now); raises LeaseLost otherwise. (The commit that follows is a separate
+        write: a takeover in between is possible only after a full lifetime without renewal.)"""
+        self.renew()
 
     def release(self) -> None:
         if not storage.replace_if_version(self.uri, None, self.version):
@@ -107,24 +123,38 @@ def held(
     flow_run_id: str | None,
     wait_seconds: float = DEFAULT_WAIT_SECONDS,
     ttl: float = DEFAULT_TTL_SECONDS,
+    on_lost: Callable[[LeaseLost], None] | None = None,
 ) -> Iterator[Lease]:
-    """Hold the run's lease for the body, renewed every ttl/3 seconds, released at the end."""
+    """Hold the run's lease for the body, renewed every ttl/3 seconds, released at the end.
+
+    When a renewal finds the lease taken over, `on_lost` is called (from the heartbeat thread)
+    so the session stops at once; every commit also checks it (`Lease.check`)."""
     lease = acquire(run_uri, flow_run_id, wait_seconds, ttl)
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(lease, stop), daemon=True, name="far-lease")
+    beat = threading.Thread(
+        target=_heartbeat, args=(lease, stop, on_lost), daemon=True, name="far-lease"
+    )
     beat.start()
     try:
         yield lease
     finally:
         stop.set()
         beat.join()
-        lease.release()
+        if not lease.lost.is_set():
+            lease.release()
 
 
-def _heartbeat(lease: Lease, stop: threading.Event) -> None:
+def _heartbeat(
+    lease: Lease, stop: threading.Event, on_lost: Callable[[LeaseLost], None] | None
+) -> None:
     while not stop.wait(lease.ttl / 3):
         try:
             lease.renew()
+        except LeaseLost as e:
+            log.error("run lease: %s; stopping this session at once", e)
+            if on_lost is not None:
+                on_lost(e)
+            return
         except Exception as e:  # a failed renewal is retried at the next beat until expiry
             log.error("run lease heartbeat: %s", e)
 

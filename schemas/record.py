@@ -128,6 +128,7 @@ class RunSummary(Frozen):
     stages: list[StageSummary]
     seconds: float  # wall time inside the flow; minus the stages' seconds = orchestration
     stopped_reason: str | None = None
+    ledger_root: str | None = None  # the run's ledger root at the end (stages/core/ledger.py)
 
 
 class Invocation(Frozen):
@@ -168,3 +169,19 @@ class RunManifest(Frozen):
     recipe_source: str
     created_at: datetime
     invocations: list[Invocation] = Field(default_factory=list)
+
+
+class LedgerEntry(Frozen):
+    """One line of {root}/{run}/ledger.jsonl: a commit of a stage record or of run.json, chained.
+
+    `root` is sha256 over [prev, kind, path, sha256]; `mac` is HMAC-SHA256(key, root) when the
+    run was written with a signing key.
+    """
+
+    seq: int
+    kind: Literal["record", "manifest"]
+    path: str  # relative to the run's root
+    sha256: str  # "sha256:<hex>" of the file's bytes as committed
+    prev: str | None
+    root: str
+    mac: str | None = None
