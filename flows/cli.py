@@ -271,6 +271,7 @@ INPUT_ERROR_NAMES = (
     "UnreachableInput",
     "RecipeError",
     "DriftError",
+    "TamperedStage",
 )
 
 

@@ -268,14 +268,17 @@ def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> 
 
 
 def openlineage_events(run_uri: str) -> list[dict[str, Any]]:
-    """OpenLineage RunEvents for every session of every committed stage of a run."""
+    """OpenLineage RunEvents for every session of every committed stage of a run; each carries
+    the run's ledger root (a far_ledger run facet), so a lineage backend keeps it too."""
     events = []
+    root = ledger.root(run_uri)
     for _, record in run_records(run_uri):
         for index, session in enumerate(record.sessions):
-            run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{record.directory}#{index}"))
+            where = f"{record.run}/{record.directory.rsplit('/', 1)[-1]}"
+            run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{where}#{index}"))
             end_type = {"complete": "COMPLETE", "stopped": "ABORT", "failed": "FAIL"}
             common = {
-                "run": _run_facets(run_id, record, session.flow_run_id),
+                "run": _run_facets(run_id, record, session.flow_run_id, root),
                 "job": {"namespace": f"far/{record.run}", "name": node_id(record)},
             }
             events.append(_event("START", session.started_at.isoformat(), common, record, False))
@@ -309,7 +312,9 @@ def _event(
     }
 
 
-def _run_facets(run_id: str, record: StageRecord, flow_run_id: str | None) -> dict[str, Any]:
+def _run_facets(
+    run_id: str, record: StageRecord, flow_run_id: str | None, root: str | None
+) -> dict[str, Any]:
     facet = {
         "_producer": PRODUCER,
         "_schemaURL": f"{PRODUCER}/schemas/far-stage-facet.json",
@@ -320,7 +325,12 @@ def _run_facets(run_id: str, record: StageRecord, flow_run_id: str | None) -> di
         "hardware": record.hardware.model_dump(mode="json"),
         "prefect_flow_run_id": flow_run_id,
     }
-    return {"runId": run_id, "facets": {"far_stage": facet}}
+    ledger_facet = {
+        "_producer": PRODUCER,
+        "_schemaURL": f"{PRODUCER}/schemas/far-ledger-facet.json",
+        "root": root,
+    }
+    return {"runId": run_id, "facets": {"far_stage": facet, "far_ledger": ledger_facet}}
 
 
 def _dataset(uri: str, fingerprint: str, external: bool = False) -> dict[str, Any]:

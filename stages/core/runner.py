@@ -41,7 +41,7 @@ from schemas.record import (
     StageRecord,
 )
 from stages.core import drift, ledger, storage
-from stages.core.errors import MissingInput
+from stages.core.errors import MissingInput, TamperedStage
 from stages.core.progress import ProgressCallback
 from stages.core.sessions import LeaseLost, StopFlag
 from stages.core.shared import SharedBuilds
@@ -317,6 +317,7 @@ def run_stage(
     record_uri = storage.join(directory, RECORD_NAME)
     record = read_record(record_uri)
     if record is not None:
+        verify_before_reuse(record_uri, record)
         log.info("stage %s: skipped, already complete (record %s)", stage, record_uri)
         return StageOutcome(record.output, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
     left = ctx.seconds_left()
@@ -480,6 +481,26 @@ def committed_files(directory: str) -> dict[str, tuple[int, str]]:
         for rel, d in found.items()
         if rel != RECORD_NAME and not rel.startswith(f"{EVALUATIONS_DIR}/")
     }
+
+
+def verify_before_reuse(record_uri: str, record: StageRecord) -> None:
+    """A complete stage is reused only if its record's seal and every file it lists still
+    match; otherwise TamperedStage names what differs (the same checks as `far audit`)."""
+    differs = (
+        []
+        if record.digest and record_digest(record) == record.digest
+        else [f"{record_uri}: record unsealed or edited after its commit"]
+    )
+    differs += verify_files(record_uri, record)
+    if differs:
+        shown = "; ".join(differs[:5]) + (
+            f"; and {len(differs) - 5} more" if len(differs) > 5 else ""
+        )
+        raise TamperedStage(
+            f"stage {record.node or record.stage} is complete on storage but no longer matches "
+            f"its record, so it is not reused: {shown}. Restore those files, or delete "
+            f"{record_directory(record_uri)} to compute the stage again"
+        )
 
 
 def verify_files(record_uri: str, record: StageRecord) -> list[str]:

@@ -312,3 +312,42 @@ def test_records_with_absolute_paths_from_before_still_audit_after_a_copy(
     assert lineage.audit(str(copy)) == []
     shown = lineage.render(lineage.ancestry(str(copy / Path(run["grpo"].record_uri).parent.name)))
     assert f"record {copy}/sft-" in shown
+
+
+def test_openlineage_events_carry_the_ledger_root(run: dict[str, Any]) -> None:
+    events = lineage.openlineage_events(run["ctx"].run_uri)
+    root = ledger.root(run["ctx"].run_uri)
+    assert events and all(e["run"]["facets"]["far_ledger"]["root"] == root for e in events)
+
+
+def test_far_audit_pins_a_root_reads_the_key_once_and_says_what_it_cannot_see(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows import cli
+
+    run_uri = run["ctx"].run_uri
+    root = str(ledger.root(run_uri))
+    assert cli.main(["audit", run_uri]) == 0
+    assert "a writer who can rewrite all of storage" in capsys.readouterr().out
+    assert cli.main(["audit", run_uri, "--expect-root", root]) == 0
+    assert "checked against the published root" in capsys.readouterr().out
+    assert cli.main(["audit", run_uri, "--expect-root", "sha256:" + "0" * 64]) == 1
+    monkeypatch.setenv(cli.AUDIT_KEY_ENV, "a key this run was not signed with")
+    assert cli.main(["audit", run_uri]) == 1
+    assert "unsigned (rewritten without the key)" in capsys.readouterr().out
+
+
+def test_a_rerun_verifies_a_complete_stage_before_skipping_it(run: dict[str, Any]) -> None:
+    from stages.core.errors import TamperedStage
+
+    ctx, sft = run["ctx"], run["sft"]
+    assert checkpoint_stage(ctx, "sft", {}, {}).skipped
+    weights = Path(sft.output.uri, "1", "w")
+    weights.write_bytes(b"sft-weights-B")  # same size as "sft-weights-A"
+    with pytest.raises(TamperedStage, match=rf"{weights}: altered \(size 13, recorded 13"):
+        checkpoint_stage(ctx, "sft", {}, {})
+    weights.write_bytes(b"sft-weights-A")
+    assert checkpoint_stage(ctx, "sft", {}, {}).skipped
+    Path(sft.output.uri, "1", "extra").write_bytes(b"x")
+    with pytest.raises(TamperedStage, match="extra: not in the record"):
+        checkpoint_stage(ctx, "sft", {}, {})
