@@ -343,6 +343,7 @@ def run_stage(
         raise
     if not ctx.primary:
         return _await_commit(ctx, record_uri, output)
+    ctx.check_fence()  # a session that lost its lease stops here, before writing anything
     this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
         stage=stage,
