@@ -195,7 +195,9 @@ def run_recipe(
             return _run_stages(recipe, ctx, [], started)
     with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds, on_lost=stop.abort) as held:
         ctx = dataclasses.replace(ctx, fence=held.check)  # every commit checks the lease
-        took_over = None if held.took_over is None else held.took_over.model_dump(mode="json")
+        took_over = None
+        if held.took_over is not None:
+            took_over = {**held.took_over.model_dump(mode="json"), "reason": held.took_over_reason}
         changes = manifest.open_session(recipe, ctx, recipe_source, took_over, overrides or ())
         for change in changes:
             get_run_logger().warning("continuing with an allowed change: %s", change)

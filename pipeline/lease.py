@@ -7,7 +7,8 @@ holder (host, pid, flow run) and an expiry, and is renewed by a heartbeat thread
 session works, then released. A second session waits up to its wait time, then gives up with
 LeaseHeld (the CLI's EXIT_LEASE_HELD). A lease past its expiry belongs to a holder that died
 (kill -9, a lost VM): it is taken over by a conditional replace, and the takeover is returned
-so the caller records it in run.json.
+so the caller records it in run.json. So is a lease whose holder's pid is gone from this very
+host (a killed `far run`): it is taken over at once instead of after the lease's lifetime.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Lease:
     version: str
     ttl: float
     took_over: LeaseHolder | None = None
+    took_over_reason: str | None = None  # "expired" or "pid N is gone from this host"
     lost: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,10 +109,11 @@ def acquire(
         current = storage.read_versioned(uri)
         if current is not None:
             holder = LeaseHolder.model_validate_json(current[0])
-            if holder.expires_at <= datetime.now(UTC):
+            reason = _abandoned(holder)
+            if reason is not None:
                 if storage.replace_if_version(uri, _bytes(mine), current[1]):
-                    log.warning("took over the expired run lease of %s", _describe(holder))
-                    return _confirmed(uri, mine, ttl, holder)
+                    log.warning("took over the run lease of %s: %s", _describe(holder), reason)
+                    return _confirmed(uri, mine, ttl, holder, reason)
                 continue  # someone else changed it meanwhile: look again
             if time.monotonic() >= give_up:
                 raise LeaseHeld(run_uri, holder)
@@ -159,11 +162,41 @@ def _heartbeat(
             log.error("run lease heartbeat: %s", e)
 
 
-def _confirmed(uri: str, mine: LeaseHolder, ttl: float, took_over: LeaseHolder | None) -> Lease:
+def _abandoned(holder: LeaseHolder) -> str | None:
+    """Why a lease may be taken over now, or None while its holder may be alive: expired, or
+    held by a pid that is gone from this host (same host and PID namespace, so the pid is
+    ours to check; a reused pid only means waiting for the expiry)."""
+    if holder.expires_at <= datetime.now(UTC):
+        return "expired"
+    same_host = holder.host == socket.gethostname()
+    if same_host and holder.pid_namespace is not None and holder.pid_namespace == _pid_namespace():
+        try:
+            os.kill(holder.pid, 0)
+        except ProcessLookupError:
+            return f"pid {holder.pid} is gone from this host"
+        except PermissionError:  # alive, owned by another user
+            return None
+    return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _confirmed(
+    uri: str,
+    mine: LeaseHolder,
+    ttl: float,
+    took_over: LeaseHolder | None,
+    reason: str | None = None,
+) -> Lease:
     current = storage.read_versioned(uri)
     if current is None or LeaseHolder.model_validate_json(current[0]).token != mine.token:
         raise RuntimeError(f"run lease {uri} changed hands while being acquired")
-    return Lease(uri, mine, current[1], ttl, took_over)
+    return Lease(uri, mine, current[1], ttl, took_over, reason)
 
 
 def _holder(flow_run_id: str | None, ttl: float) -> LeaseHolder:
@@ -175,6 +208,7 @@ def _holder(flow_run_id: str | None, ttl: float) -> LeaseHolder:
         flow_run_id=flow_run_id,
         acquired_at=now,
         expires_at=now + timedelta(seconds=ttl),
+        pid_namespace=_pid_namespace(),
     )
 
 

@@ -142,8 +142,8 @@ class Invocation(Frozen):
     overrides: list[str] = Field(default_factory=list)  # `far run` KEY=VALUE, as given
     stages: dict[str, str] = Field(default_factory=dict)  # stage -> ran | skipped, at the end
     outcome: str | None = None  # complete | stopped: <reason>; None while running or crashed
-    # the expired lease this session took over: its holder (host, pid, flow run) stopped
-    # renewing it, e.g. killed without a chance to release it
+    # the lease this session took over: its holder (host, pid, flow run) stopped renewing it
+    # (expired), or its pid was gone on this host; `reason` says which
     took_over: dict[str, Any] | None = None
 
 
@@ -156,6 +156,9 @@ class LeaseHolder(Frozen):
     flow_run_id: str | None
     acquired_at: datetime
     expires_at: datetime
+    # the holder's PID namespace ("pid:[4026531836]"): with the host, says whether its pid can
+    # be checked from here (None: not Linux, or a lease from before; then only expiry counts)
+    pid_namespace: str | None = None
 
 
 class RunManifest(Frozen):

@@ -138,3 +138,16 @@ def _take_over_when_held(run_uri: str) -> None:
             ):
                 return
         time.sleep(0.01)
+
+
+def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
+    run_uri = str(tmp_path / "run")
+    proc = child(run_uri, "hold", 300.0)  # a lease that would last five minutes
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    taker = child(run_uri, "take", 0.0)  # no waiting at all
+    out, err = taker.communicate(timeout=60)
+    assert taker.returncode == 0, err
+    assert json.loads(out)["pid"] == proc.pid
+    assert f"pid {proc.pid} is gone from this host" in err

@@ -95,3 +95,24 @@ def test_the_heartbeat_aborts_training_once_the_lease_is_taken_over(run_uri: str
             next(batches)
     # the loser does not release (or touch) the newcomer's lease
     assert LeaseHolder.model_validate_json(storage.read_bytes(held.uri)).flow_run_id == "newcomer"
+
+
+def test_a_holder_whose_pid_is_gone_from_this_host_is_taken_over_at_once(run_uri: str) -> None:
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # exited and reaped: its pid names no process now
+    first = lease.acquire(run_uri, "killed", ttl=300)
+    dead = first.holder.model_copy(update={"pid": gone.pid})
+    assert storage.replace_if_version(first.uri, dead.model_dump_json().encode(), first.version)
+    taken = lease.acquire(run_uri, "next")  # no wait: the lease has 300 s left
+    assert taken.took_over is not None and taken.took_over.pid == gone.pid
+    assert taken.took_over_reason == f"pid {gone.pid} is gone from this host"
+    # a live pid (this process) keeps it; so does a lease from before namespaces were recorded
+    with pytest.raises(lease.LeaseHeld):
+        lease.acquire(run_uri, "third")
+    older = dead.model_copy(update={"pid_namespace": None, "token": "older"})
+    assert storage.replace_if_version(taken.uri, older.model_dump_json().encode(), taken.version)
+    with pytest.raises(lease.LeaseHeld):
+        lease.acquire(run_uri, "third")
