@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from flows import prefect_server
 from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run
@@ -34,6 +35,7 @@ EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
 EXIT_LEASE_LOST = 5  # this session lost the run's lease to another one and stopped at once
+EXIT_ABORTED = 130  # a second Ctrl-C (or one outside a run's stages): no save
 AUDIT_KEY_ENV = "FAR_AUDIT_KEY"  # signs (far run) and verifies (far audit) the run's ledger
 log = logging.getLogger("far")
 
@@ -52,8 +54,10 @@ examples:
   far run recipes/smoke.yaml sft.max_steps=20 --name smoke-short
   far run recipes/smoke.yaml --root gs://bucket/far --session-budget 9h
 
-Without PREFECT_API_URL, Prefect starts a temporary local server for the run (ephemeral
-mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
+Without a Prefect API (PREFECT_API_URL or a profile's), far starts a temporary local server
+for the run, in its own session (a Ctrl-C reaches far only) and stopped when far exits or
+dies; point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
+Ctrl-C during training saves and stops like SIGTERM (exit 3); a second Ctrl-C aborts (130).
 Continuing a run with a changed recipe or stage code is refused with the differences
 (exit 2); start a new run with --name, or accept named changes with --allow-change, e.g.
   far run recipes/smoke.yaml --allow-change sft.max_steps   (continues SFT from its checkpoint)
@@ -74,9 +78,10 @@ EXIT_PREFECT = 1
 # Prefect's temporary server (a new SQLite database, migrations, then the API) starts in about
 # 11 s on an idle 2-core machine and took longer than Prefect's 20 s default on a busy one.
 EPHEMERAL_STARTUP_SECONDS = 300
-EPHEMERAL_TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
+EPHEMERAL_TIMEOUT_TEXT = prefect_server.TIMEOUT_TEXT
+STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # far's temporary server too
 PREFECT_DEFAULTS = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(EPHEMERAL_STARTUP_SECONDS),
+    STARTUP_ENV: str(EPHEMERAL_STARTUP_SECONDS),
     # The temporary server's telemetry heartbeat writes to its new SQLite database while the
     # flow does and fails with "database is locked" (an ERROR and two tracebacks).
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -356,6 +361,11 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     """
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     validate_run(plan.recipe, plan.root, cache_dir)
+    try:  # before the flow module: Prefect must see the server's URL when it starts
+        startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))
+        prefect_server.ensure_api(os.environ, startup)
+    except RuntimeError as e:
+        return report_prefect_start_failure(e)
     try:
         from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
     except tunix_version.UntestedTunixError as e:
@@ -536,6 +546,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print(
+            "far: aborted by Ctrl-C without saving the steps after the last checkpoint; "
+            "run the same command again to continue from there",
+            file=sys.stderr,
+        )
+        return EXIT_ABORTED
     except (InputError, tunix_version.UntestedTunixError) as e:
         return report_input_error(e, verbose)
     except Exception as e:

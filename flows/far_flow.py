@@ -240,7 +240,8 @@ def _close_failed(ctx: RunContext, done: list[StageSummary], error: Exception) -
 
 @contextmanager
 def _sigterm_stops(ctx: RunContext) -> Iterator[None]:
-    """SIGTERM (a preemption notice) makes training save and stop; main thread only."""
+    """SIGTERM (a preemption notice) or a first Ctrl-C makes training save and stop (a second
+    Ctrl-C aborts); main thread only."""
     if ctx.stop is None or threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -61,16 +61,29 @@ class StopFlag:
 
 @contextmanager
 def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
-    """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop."""
+    """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop, and so
+    does a first Ctrl-C (SIGINT): training saves and the run stops, to be continued by the same
+    command. A second Ctrl-C raises KeyboardInterrupt at once (an abort, no save)."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         flag.request(f"received signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt("second Ctrl-C: aborted without saving")
+        log.warning(
+            "Ctrl-C: saving and stopping after the current step (press Ctrl-C again to abort "
+            "without saving)"
+        )
+        flag.request("received signal SIGINT (Ctrl-C)")
+
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_int = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 @dataclass
