@@ -195,7 +195,7 @@ def _confirmed(
 ) -> Lease:
     current = storage.read_versioned(uri)
     if current is None or LeaseHolder.model_validate_json(current[0]).token != mine.token:
-        raise RuntimeError(f"run lease {uri} changed hands while being acquired")
+        raise LeaseLost(f"lost the run lease {uri}: it changed hands while being acquired")
     return Lease(uri, mine, current[1], ttl, took_over, reason)
 
 
