@@ -162,7 +162,7 @@ def audit(run_uri: str, key: SecretStr | None = None, expect_root: str | None = 
     for record_uri, record in records:
         problems += _audit_seal(record_uri, record)
         problems += runner.verify_files(record_uri, record)
-        problems += _audit_inputs(run_uri, record_uri, record)
+        problems += _audit_inputs(record_uri, record)
     problems += _audit_evaluations(run_uri, records)
     return problems + _audit_ledger(run_uri, records, key, expect_root)
 
@@ -211,13 +211,13 @@ def _audit_seal(record_uri: str, record: StageRecord) -> list[str]:
     return [f"{record_uri}: record edited after its commit (its digest no longer matches)"]
 
 
-def _audit_inputs(run_uri: str, record_uri: str, record: StageRecord) -> list[str]:
+def _audit_inputs(record_uri: str, record: StageRecord) -> list[str]:
     problems = []
     for name, ref in record.input_artifacts.items():
         if ref.record_uri is None:
             continue
         upstream_uri = runner.resolve(record_uri, record, ref.record_uri)
-        upstream = read_record(upstream_uri) if _in_run(run_uri, upstream_uri) else None
+        upstream = read_record(upstream_uri)  # in this run as it is now, or another run's
         if upstream is None:
             problems.append(f"{record_uri}: input {name} record {upstream_uri} is missing")
             continue
@@ -233,12 +233,6 @@ def _audit_inputs(run_uri: str, record_uri: str, record: StageRecord) -> list[st
                 f"(input {name} of {record_uri})"
             )
     return problems
-
-
-def _in_run(run_uri: str, uri: str) -> bool:
-    """Inputs of a run come from the run: a record elsewhere (the original of a copied run)
-    is not read, so a copy is audited against its own files."""
-    return storage.normalize(uri).startswith(storage.normalize(run_uri).rstrip("/") + "/")
 
 
 def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> list[str]:
