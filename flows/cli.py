@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
+from flows import prefect_server
 from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_preview
@@ -24,7 +26,8 @@ from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages.core import storage
 from stages.core.errors import InputError, is_input_error
-from stages.core.runner import RunContext, find_checkpoint_record
+from stages.core.runner import RunContext, find_checkpoint_record, record_run
+from stages.core.sessions import LeaseLost
 from stages.modeling import tunix_version
 from stages.rewards import IsolationUnavailable
 
@@ -32,14 +35,21 @@ EXIT_PROBLEMS = 1  # `far audit` found problems; also a defect or outage (with i
 EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
+EXIT_LEASE_LOST = 5  # this session lost the run's lease to another one and stopped at once
+EXIT_ABORTED = 130  # a second Ctrl-C (or one outside a run's stages): no save
+AUDIT_KEY_ENV = "FAR_AUDIT_KEY"  # signs (far run) and verifies (far audit) the run's ledger
 log = logging.getLogger("far")
 
 EXIT_CODES = """\
 Exit codes: 0 done (for `far validate`: the recipe is valid and the session would start);
 1 `far audit` found problems, or a defect or outage (printed with its traceback);
 2 invalid recipe or input, one line naming the field or file (-v adds the traceback);
-3 stopped at the session deadline or by SIGTERM (run the same command again to continue);
-4 another session holds the run's lease (it names the holder; see --lease-wait).
+3 stopped at the session deadline, by SIGTERM or by a first Ctrl-C, after saving (run the
+same command again to continue);
+4 another session holds the run's lease (it names the holder; see --lease-wait);
+5 this session lost the run's lease to another session and stopped at once (it wrote nothing
+after losing it);
+130 a second Ctrl-C (aborted without saving).
 """
 
 DESCRIPTION = f"""\
@@ -59,8 +69,10 @@ examples:
   far run recipes/smoke.yaml sft.max_steps=20 --name smoke-short
   far run recipes/smoke.yaml --root gs://bucket/far --session-budget 9h
 
-Without PREFECT_API_URL, Prefect starts a temporary local server for the run (ephemeral
-mode); point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
+Without a Prefect API (PREFECT_API_URL or a profile's), far starts a temporary local server
+for the run, in its own session (a Ctrl-C reaches far only) and stopped when far exits or
+dies; point PREFECT_API_URL at `prefect server start` to watch runs in the UI.
+Ctrl-C during training saves and stops like SIGTERM (exit 3); a second Ctrl-C aborts (130).
 Continuing a run with a changed recipe or stage code is refused with the differences
 (exit 2); start a new run with --name, or accept named changes with --allow-change, e.g.
   far run recipes/smoke.yaml --allow-change sft.max_steps   (continues SFT from its checkpoint)
@@ -69,14 +81,18 @@ preferences sources, data files, evaluation checkpoints), the mesh (against the 
 present), model and tokenizer, and storage root are checked: `far validate` runs the same
 checks and prints the plan without running anything. An invalid input found at any point,
 bad data included, ends the run with one line naming the field or file.
+Every commit is chained into the run's ledger (RUN/ledger.jsonl); the run ends by printing
+the ledger root: keep it, and `far audit RUN --expect-root ROOT` detects a rewrite of storage.
+With FAR_AUDIT_KEY set, every ledger entry is also signed (HMAC-SHA256).
 {EXIT_CODES}"""
 EXIT_PREFECT = 1
 # Prefect's temporary server (a new SQLite database, migrations, then the API) starts in about
 # 11 s on an idle 2-core machine and took longer than Prefect's 20 s default on a busy one.
 EPHEMERAL_STARTUP_SECONDS = 300
-EPHEMERAL_TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
+EPHEMERAL_TIMEOUT_TEXT = prefect_server.TIMEOUT_TEXT
+STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # far's temporary server too
 PREFECT_DEFAULTS = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(EPHEMERAL_STARTUP_SECONDS),
+    STARTUP_ENV: str(EPHEMERAL_STARTUP_SECONDS),
     # The temporary server's telemetry heartbeat writes to its new SQLite database while the
     # flow does and fails with "database is locked" (an ERROR and two tracebacks).
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -272,11 +288,20 @@ def _add_run_commands(commands: Any) -> None:
     audit = commands.add_parser(
         "audit",
         help="re-check every recorded file and fingerprint of RUN",
-        description="Re-hash every file each stage record lists and check each input against\n"
-        "its upstream record. Exit 1 and list what is missing or altered.",
+        description="Re-hash every file each stage record lists, check each input against\n"
+        "its upstream record and every record and run.json against the run's ledger.\n"
+        "Exit 1 and list what is missing or altered. With FAR_AUDIT_KEY set, every ledger\n"
+        "entry must carry its signature. Without --expect-root or a key, a writer who can\n"
+        "rewrite all of storage (and recompute seals and ledger) cannot be detected.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    audit.add_argument(
+        "--expect-root",
+        metavar="DIGEST",
+        help="the ledger root `far run` printed (or its Prefect artifact shows): the ledger\n"
+        "must contain it, so a chain recomputed after a rewrite is detected",
+    )
 
 
 def configure_logging(verbose: bool) -> None:
@@ -310,6 +335,7 @@ INPUT_ERROR_NAMES = (
     "UnreachableInput",
     "RecipeError",
     "DriftError",
+    "TamperedStage",
 )
 
 
@@ -368,6 +394,11 @@ def print_summary(summary: RunSummary) -> None:
         f"  flow {summary.seconds:.1f} s = stages {ran:.1f} s "
         f"+ orchestration {overhead:.1f} s{share}"
     )
+    if summary.ledger_root:
+        print(
+            f"  ledger root {summary.ledger_root}\n"
+            f"  (keep it: far audit {summary.run_uri} --expect-root {summary.ledger_root})"
+        )
     if not summary.complete:
         print("Run the same command again to continue from here.")
 
@@ -409,6 +440,11 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     """
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     validate_run(plan.recipe, plan.root, cache_dir)
+    try:  # before the flow module: Prefect must see the server's URL when it starts
+        startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))
+        prefect_server.ensure_api(os.environ, startup)
+    except RuntimeError as e:
+        return report_prefect_start_failure(e)
     try:
         from flows.far_flow import format_align_reinforce  # deferred: imports JAX and Prefect
     except tunix_version.UntestedTunixError as e:
@@ -431,10 +467,14 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             lease_wait_seconds=args.lease_wait,
             overrides=list(getattr(args, "overrides", [])),
             compile_cache=args.compile_cache,
+            audit_key=args.audit_key,
         )
     except LeaseHeld as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_LEASE_HELD
+    except LeaseLost as e:
+        print(f"far: {e}; this session stopped at once (exit {EXIT_LEASE_LOST})", file=sys.stderr)
+        return EXIT_LEASE_LOST
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
         return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
     except RuntimeError as e:
@@ -505,7 +545,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_lineage(args: argparse.Namespace) -> int:
     try:
         node = lineage.ancestry(args.uri)
-        run_uri = node.record.directory.rsplit("/", 1)[0]
+        run_uri = record_run(node.record_uri)
         run_manifest = manifest.read_manifest(run_uri)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
@@ -522,7 +562,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
     try:
-        problems = lineage.audit(run_uri)
+        problems = lineage.audit(run_uri, args.audit_key, args.expect_root)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -532,6 +572,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(problem)
     verdict = f"{len(problems)} problem(s)" if problems else "everything matches"
     print(f"audit of {run_uri}: {len(records)} records, {files} files: {verdict}")
+    print(lineage.coverage(args.audit_key, args.expect_root))
     return EXIT_PROBLEMS if problems else 0
 
 
@@ -567,6 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose)
     configure_prefect(os.environ)  # type: ignore[arg-type]
+    key = os.environ.get(AUDIT_KEY_ENV)
+    args.audit_key = SecretStr(key) if key else None  # read once here, passed down
     if getattr(args, "allow_untested_tunix", False):
         log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
@@ -581,6 +624,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print(
+            "far: aborted by Ctrl-C without saving the steps after the last checkpoint; "
+            "run the same command again to continue from there",
+            file=sys.stderr,
+        )
+        return EXIT_ABORTED
     except (InputError, tunix_version.UntestedTunixError) as e:
         return report_input_error(e, verbose)
     except Exception as e:

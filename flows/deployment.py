@@ -15,9 +15,11 @@ recipe or a stage error fails the flow run.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from prefect import flow
 from prefect.states import Completed, State
+from pydantic import SecretStr
 
 from flows.far_flow import run_recipe
 from pipeline.plan import plan_run
@@ -78,8 +80,15 @@ def far_scheduled(
         recipe_source=recipe_uri,
         lease_wait_seconds=lease_wait_seconds,
         compile_cache=compile_cache or os.environ.get("FAR_COMPILE_CACHE"),
+        audit_key=audit_key_from(os.environ),  # this entry point's read of FAR_AUDIT_KEY
     )
     return final_state(summary)
+
+
+def audit_key_from(environ: Mapping[str, str]) -> SecretStr | None:
+    """The ledger's signing key from the worker's environment (never a flow parameter)."""
+    key = environ.get("FAR_AUDIT_KEY")
+    return SecretStr(key) if key else None
 
 
 def final_state(summary: RunSummary) -> State[RunSummary]:

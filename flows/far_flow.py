@@ -15,6 +15,7 @@ everything already committed stays: running the same command again resumes at th
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,17 +27,18 @@ from prefect import flow, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
+from pydantic import SecretStr
 
 from flows.progress import with_stage_progress
-from flows.ui_artifacts import publish_stage
+from flows.ui_artifacts import publish_ledger, publish_stage
 from pipeline import lease, manifest, nodes
 from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact
 from schemas.recipe import Recipe, StageNode
 from schemas.record import RunSummary, StageSummary
-from stages.core import storage
+from stages.core import ledger, storage
 from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
-from stages.core.sessions import StopFlag, stop_on_sigterm
+from stages.core.sessions import LeaseLost, StopFlag, stop_on_sigterm
 from stages.core.shared import SharedBuilds
 from stages.modeling import compile_cache as compile_cache_lib
 
@@ -124,6 +126,7 @@ def format_align_reinforce(
     lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
     overrides: list[str] | None = None,
     compile_cache: str | None = None,
+    audit_key: SecretStr | None = None,
 ) -> RunSummary:
     """The recipe's pipeline (default: data-prep -> SFT-format -> GRPO-reinforce -> evaluation).
 
@@ -134,7 +137,8 @@ def format_align_reinforce(
     `overrides` the command line's KEY=VALUE assignments (already applied to `recipe`), kept
     in run.json as given. `lease_wait_seconds`: how long to wait for another session holding
     the run's lease. `compile_cache` holds JAX's persistent compilation cache (default:
-    under the model cache).
+    under the model cache). `audit_key` signs the run's ledger (a SecretStr: Prefect shows
+    it masked).
     """
     return run_recipe(
         recipe,
@@ -146,6 +150,7 @@ def format_align_reinforce(
         lease_wait_seconds,
         overrides,
         compile_cache,
+        audit_key,
     )
 
 
@@ -159,6 +164,7 @@ def run_recipe(
     lease_wait_seconds: float = lease.DEFAULT_WAIT_SECONDS,
     overrides: list[str] | None = None,
     compile_cache: str | None = None,
+    audit_key: SecretStr | None = None,
 ) -> RunSummary:
     """The pipeline inside the calling flow run (this flow, or the scheduled deployment's).
 
@@ -167,39 +173,75 @@ def run_recipe(
     guard) and this session recorded in it, with any expired lease it took over.
     """
     started = time.perf_counter()
+    stop = StopFlag()
     ctx = RunContext(
         root=root,
         run=recipe.name,
         deadline=deadline,
         flow_run_id=str(runtime.flow_run.id),
         cache_dir=cache_dir,
-        stop=StopFlag(),
+        stop=stop,
         allow_changes=tuple(allow_changes or ()),
         sandbox_isolation=recipe.sandbox.isolation,
         sandbox_workers=recipe.sandbox.workers,
         primary=is_primary_process(),
         shared=SharedBuilds(),  # the base network and tokenizer, built once for all stages
+        audit_key=audit_key,
     )
     # the one place a run sets JAX's compilation cache: before any stage compiles
     compile_cache_lib.enable(compile_cache or ctx.model_cache)
     if not ctx.primary:  # process 0 holds the lease and writes the manifest for all
         with _sigterm_stops(ctx):
             return _run_stages(recipe, ctx, [], started)
-    with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds) as held:
-        took_over = None if held.took_over is None else held.took_over.model_dump(mode="json")
+    with lease.held(ctx.run_uri, ctx.flow_run_id, lease_wait_seconds, on_lost=stop.abort) as held:
+        ctx = dataclasses.replace(ctx, fence=held.check)  # every commit checks the lease
+        took_over = None
+        if held.took_over is not None:
+            took_over = {**held.took_over.model_dump(mode="json"), "reason": held.took_over_reason}
         changes = manifest.open_session(recipe, ctx, recipe_source, took_over, overrides or ())
         for change in changes:
             get_run_logger().warning("continuing with an allowed change: %s", change)
         done: list[StageSummary] = []
-        with _sigterm_stops(ctx):
-            summary = _run_stages(recipe, ctx, done, started)
+        try:
+            with _sigterm_stops(ctx):
+                summary = _run_stages(recipe, ctx, done, started)
+        except Exception as e:  # noted in run.json, so `far status` says why it ended
+            _close_failed(ctx, done, e)
+            raise
         _close_session(ctx, summary)
-    return summary
+    return _published(recipe, ctx, summary)
+
+
+def _published(recipe: Recipe, ctx: RunContext, summary: RunSummary) -> RunSummary:
+    """The summary with the run's ledger root, published outside run storage too."""
+    root = ledger.root(ctx.run_uri)
+    if root is None:
+        return summary
+    get_run_logger().info("ledger root %s (far audit --expect-root keeps storage honest)", root)
+    publish_to_ui(
+        "ledger",
+        lambda: publish_ledger(recipe.name, ctx.run_uri, root, ctx.audit_key is not None),
+    )
+    return summary.model_copy(update={"ledger_root": root})
+
+
+def _close_failed(ctx: RunContext, done: list[StageSummary], error: Exception) -> None:
+    if isinstance(error, LeaseLost):  # another session owns the run now: write nothing
+        return
+    stages = {s.stage: "skipped" if s.skipped else "ran" for s in done}
+    reason = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+    try:
+        manifest.close_session(
+            ctx.run_uri, ctx.flow_run_id, stages, f"failed: {reason}", ctx.audit_key
+        )
+    except Exception as note_error:  # the original error matters more than the note
+        get_run_logger().warning("could not note the failed session: %s", note_error)
 
 
 @contextmanager
 def _sigterm_stops(ctx: RunContext) -> Iterator[None]:
-    """SIGTERM (a preemption notice) makes training save and stop; main thread only."""
+    """SIGTERM (a preemption notice) or a first Ctrl-C makes training save and stop (a second
+    Ctrl-C aborts); main thread only."""
     if ctx.stop is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -238,7 +280,8 @@ def _run_stages(
 def _close_session(ctx: RunContext, summary: RunSummary) -> None:
     stages = {s.stage: "skipped" if s.skipped else "ran" for s in summary.stages}
     outcome = "complete" if summary.complete else f"stopped: {summary.stopped_reason}"
-    manifest.close_session(ctx.run_uri, ctx.flow_run_id, stages, outcome)
+    ctx.check_fence()
+    manifest.close_session(ctx.run_uri, ctx.flow_run_id, stages, outcome, ctx.audit_key)
 
 
 def _summary(

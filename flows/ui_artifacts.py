@@ -84,6 +84,20 @@ def publish_stage(run: str, stage: str, outcome: StageOutcome[Any]) -> None:
         _publish_report(run, stage, output)
 
 
+def publish_ledger(run: str, run_uri: str, root: str, signed: bool) -> None:
+    """The run's ledger root, outside run storage: `far audit --expect-root` compares the
+    chain with it, so a writer who rewrites storage cannot also rewrite what was published."""
+    create_markdown_artifact(
+        markdown=(
+            f"### Ledger root\n\n`{root}`\n\n"
+            f"{'signed (HMAC-SHA256, FAR_AUDIT_KEY)' if signed else 'not signed'}; check with "
+            f"`far audit {run_uri} --expect-root {root}`"
+        ),
+        key=artifact_key(run, "run", "ledger"),
+        description=f"FAR {run}: ledger root {root}",
+    )
+
+
 def _publish_summary(run: str, stage: str, outcome: StageOutcome[Any]) -> None:
     output = outcome.output
     verb = "skipped (already complete on storage)" if outcome.skipped else "ran"

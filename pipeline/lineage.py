@@ -13,9 +13,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import SecretStr
+
 from pipeline.manifest import pipeline_order, read_manifest
 from schemas.record import RunManifest, StageRecord
-from stages.core import runner, storage
+from stages.core import ledger, runner, storage
 from stages.core.runner import RECORD_NAME, read_record
 
 OPENLINEAGE_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
@@ -52,7 +54,8 @@ def ancestry(uri: str, name: str = "artifact") -> LineageNode:
         if ref.record_uri is None:
             node.sources[ref.uri] = ref.fingerprint
         else:
-            node.parents.append(ancestry(ref.record_uri, input_name))
+            upstream = runner.resolve(record_uri, record, ref.record_uri)
+            node.parents.append(ancestry(upstream, input_name))
     return node
 
 
@@ -92,7 +95,7 @@ def render(
     if r.metrics:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items())[:6])
         lines.append(f"{indent}  metrics: {shown}")
-    lines += _evaluation_lines(r, indent)
+    lines += _evaluation_lines(node.record_uri, indent)
     for source, fingerprint in sorted(node.sources.items()):
         lines.append(f"{indent}  source {source} ({fingerprint})")
     for parent in node.parents:
@@ -100,10 +103,10 @@ def render(
     return "\n".join(lines)
 
 
-def _evaluation_lines(record: StageRecord, indent: str) -> list[str]:
+def _evaluation_lines(record_uri: str, indent: str) -> list[str]:
     """One line per evaluation of this stage's checkpoint (its write-once evaluation files)."""
     lines = []
-    for uri, evaluation in runner.read_evaluations(record.directory):
+    for uri, evaluation in runner.read_evaluations(runner.record_directory(record_uri)):
         shown = ", ".join(
             f"{k}={evaluation.scores[k]:.4g}"
             for k in ("format_rate", "accuracy")
@@ -144,25 +147,66 @@ def run_records(run_uri: str) -> list[tuple[str, StageRecord]]:
     )
 
 
-def audit(run_uri: str) -> list[str]:
+def audit(run_uri: str, key: SecretStr | None = None, expect_root: str | None = None) -> list[str]:
     """Problems found re-checking a run against its records; empty when everything matches.
 
-    Checks every record's seal (an edited stage.json), every file it lists (content digests),
-    files added after the commit, each input against the upstream record as it was read, and
-    the evaluation files beside checkpoints against the evaluations that wrote them.
+    Checks every record's seal (an edited or unsealed stage.json), every file it lists
+    (content digests), files added after the commit, each input against the upstream record as
+    it was read, the evaluation files beside checkpoints against the evaluations that wrote
+    them, and the run's ledger: every record and run.json as chained, none removed or planted,
+    the chain unbroken, signed with `key` and containing `expect_root` when given.
     """
     read_manifest(run_uri)
     problems = []
     records = run_records(run_uri)
     for record_uri, record in records:
         problems += _audit_seal(record_uri, record)
-        problems += _audit_files(record_uri, record)
+        problems += runner.verify_files(record_uri, record)
         problems += _audit_inputs(record_uri, record)
-    return problems + _audit_evaluations(records)
+    problems += _audit_evaluations(run_uri, records)
+    return problems + _audit_ledger(run_uri, records, key, expect_root)
+
+
+def _audit_ledger(
+    run_uri: str,
+    records: list[tuple[str, StageRecord]],
+    key: SecretStr | None,
+    expect_root: str | None,
+) -> list[str]:
+    entries = ledger.read(run_uri)
+    if not entries:
+        return [
+            f"{ledger.ledger_uri(run_uri)}: no ledger (removed, or the run predates ledgers): "
+            f"a removed stage or an edited run.json cannot be detected"
+        ]
+    present = {ledger.relative(run_uri, uri) for uri, _ in records}
+    return ledger.verify(run_uri, entries, key, expect_root) + ledger.check_files(
+        run_uri, entries, present
+    )
+
+
+def coverage(key: SecretStr | None, expect_root: str | None) -> str:
+    """What an audit with these means can and cannot detect, in one sentence."""
+    if expect_root is None and key is None:
+        return (
+            "note: no --expect-root and no FAR_AUDIT_KEY: the ledger was checked against itself "
+            "only, so a writer who can rewrite all of storage (records, seals and ledger "
+            "recomputed) cannot be detected"
+        )
+    pinned = [
+        *(["the published root"] if expect_root else []),
+        *(["the signing key"] if key else []),
+    ]
+    return (
+        f"checked against {' and '.join(pinned)}: a rewrite of storage is detected unless the "
+        f"writer also holds the signing key (or changed the published root)"
+    )
 
 
 def _audit_seal(record_uri: str, record: StageRecord) -> list[str]:
-    if record.digest is None or runner.record_digest(record) == record.digest:
+    if record.digest is None:
+        return [f"{record_uri}: record has no seal (its digest is null)"]
+    if runner.record_digest(record) == record.digest:
         return []
     return [f"{record_uri}: record edited after its commit (its digest no longer matches)"]
 
@@ -172,9 +216,10 @@ def _audit_inputs(record_uri: str, record: StageRecord) -> list[str]:
     for name, ref in record.input_artifacts.items():
         if ref.record_uri is None:
             continue
-        upstream = read_record(ref.record_uri)
+        upstream_uri = runner.resolve(record_uri, record, ref.record_uri)
+        upstream = read_record(upstream_uri)  # in this run as it is now, or another run's
         if upstream is None:
-            problems.append(f"{record_uri}: input {name} record {ref.record_uri} is missing")
+            problems.append(f"{record_uri}: input {name} record {upstream_uri} is missing")
             continue
         if upstream.output.fingerprint != ref.fingerprint:
             now = upstream.output.fingerprint[:12]
@@ -182,50 +227,29 @@ def _audit_inputs(record_uri: str, record: StageRecord) -> list[str]:
                 f"{record_uri}: input {name} was {ref.fingerprint[:12]}, its record now says {now}"
             )
         read_then = ref.record_digest
-        if read_then and storage.sha256_bytes(storage.read_bytes(ref.record_uri)) != read_then:
+        if read_then and storage.sha256_bytes(storage.read_bytes(upstream_uri)) != read_then:
             problems.append(
-                f"{ref.record_uri}: record changed since {record.stage} consumed it "
+                f"{upstream_uri}: record changed since {record.stage} consumed it "
                 f"(input {name} of {record_uri})"
             )
     return problems
 
 
-def _audit_files(record_uri: str, record: StageRecord) -> list[str]:
-    found = runner.committed_files(record.directory)
-    problems = []
-    for rel, expected in sorted(record.files.items()):
-        if rel not in found:
-            problems.append(f"{record.directory}/{rel}: missing (recorded in {record_uri})")
-            continue
-        if _algorithm(found[rel][1]) != _algorithm(expected.digest):  # a record from before
-            found[rel] = (found[rel][0], storage.sha256_file(f"{record.directory}/{rel}"))
-        if found[rel] != (expected.size, expected.digest):
-            problems.append(
-                f"{record.directory}/{rel}: altered (size {found[rel][0]}, "
-                f"recorded {expected.size}; content digest differs)"
-            )
-    for rel in sorted(set(found) - set(record.files)):
-        problems.append(f"{record.directory}/{rel}: not in the record (added after commit)")
-    return problems
-
-
-def _algorithm(digest: str) -> str:
-    return digest.split(":", 1)[0]
-
-
-def _audit_evaluations(records: list[tuple[str, StageRecord]]) -> list[str]:
+def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> list[str]:
     """Each evaluation file beside a checkpoint must be listed, with its sha256, by the
     committed evaluation that wrote it."""
     listed: dict[str, str] = {}
-    for _, record in records:
+    for record_uri, record in records:
         if record.stage == "evaluate" and runner.EVALUATIONS_INDEX in record.files:
-            listed.update(
-                storage.read_json(storage.join(record.directory, runner.EVALUATIONS_INDEX))
-            )
+            index = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_INDEX)
+            for uri, sha256 in storage.read_json(index).items():
+                # {run}/{checkpoint stage dir}/evaluations/{file}: found in this run as it is now
+                where = "/".join(uri.rsplit("/", 3)[-3:])
+                listed[storage.join(runner.record_run(record_uri), where)] = sha256
     problems = []
     present = set()
-    for _, record in records:
-        folder = storage.join(record.directory, runner.EVALUATIONS_DIR)
+    for record_uri, _ in records:
+        folder = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_DIR)
         for rel in sorted(storage.list_files(folder)):
             uri = storage.join(folder, rel)
             present.add(uri)
@@ -238,14 +262,17 @@ def _audit_evaluations(records: list[tuple[str, StageRecord]]) -> list[str]:
 
 
 def openlineage_events(run_uri: str) -> list[dict[str, Any]]:
-    """OpenLineage RunEvents for every session of every committed stage of a run."""
+    """OpenLineage RunEvents for every session of every committed stage of a run; each carries
+    the run's ledger root (a far_ledger run facet), so a lineage backend keeps it too."""
     events = []
+    root = ledger.root(run_uri)
     for _, record in run_records(run_uri):
         for index, session in enumerate(record.sessions):
-            run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{record.directory}#{index}"))
+            where = f"{record.run}/{record.directory.rsplit('/', 1)[-1]}"
+            run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{where}#{index}"))
             end_type = {"complete": "COMPLETE", "stopped": "ABORT", "failed": "FAIL"}
             common = {
-                "run": _run_facets(run_id, record, session.flow_run_id),
+                "run": _run_facets(run_id, record, session.flow_run_id, root),
                 "job": {"namespace": f"far/{record.run}", "name": node_id(record)},
             }
             events.append(_event("START", session.started_at.isoformat(), common, record, False))
@@ -279,7 +306,9 @@ def _event(
     }
 
 
-def _run_facets(run_id: str, record: StageRecord, flow_run_id: str | None) -> dict[str, Any]:
+def _run_facets(
+    run_id: str, record: StageRecord, flow_run_id: str | None, root: str | None
+) -> dict[str, Any]:
     facet = {
         "_producer": PRODUCER,
         "_schemaURL": f"{PRODUCER}/schemas/far-stage-facet.json",
@@ -290,7 +319,12 @@ def _run_facets(run_id: str, record: StageRecord, flow_run_id: str | None) -> di
         "hardware": record.hardware.model_dump(mode="json"),
         "prefect_flow_run_id": flow_run_id,
     }
-    return {"runId": run_id, "facets": {"far_stage": facet}}
+    ledger_facet = {
+        "_producer": PRODUCER,
+        "_schemaURL": f"{PRODUCER}/schemas/far-ledger-facet.json",
+        "root": root,
+    }
+    return {"runId": run_id, "facets": {"far_stage": facet, "far_ledger": ledger_facet}}
 
 
 def _dataset(uri: str, fingerprint: str, external: bool = False) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
-from stages.core import drift, storage
+from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput
 from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
 
@@ -90,12 +90,24 @@ def open_session(
             "invocations": [*manifest.invocations, invocation],
         }
     )
-    storage.write_json(uri, updated.model_dump(mode="json"))
+    write_manifest(ctx.run_uri, updated, ctx.audit_key)
     return changes
 
 
+def write_manifest(run_uri: str, updated: RunManifest, key: SecretStr | None = None) -> None:
+    """Write run.json and chain it into the run's ledger (run.json is rewritten each session,
+    so the audit compares it with its latest ledger entry)."""
+    uri = manifest_uri(run_uri)
+    storage.write_json(uri, updated.model_dump(mode="json"))
+    ledger.append(run_uri, uri, "manifest", key)
+
+
 def close_session(
-    run_uri: str, flow_run_id: str | None, stages: dict[str, str], outcome: str
+    run_uri: str,
+    flow_run_id: str | None,
+    stages: dict[str, str],
+    outcome: str,
+    key: SecretStr | None = None,
 ) -> None:
     """Note how this session ended and which stages it ran or skipped (for lineage)."""
     manifest = read_manifest(run_uri)
@@ -107,7 +119,7 @@ def close_session(
             )
             break
     updated = manifest.model_copy(update={"invocations": invocations})
-    storage.write_json(manifest_uri(run_uri), updated.model_dump(mode="json"))
+    write_manifest(run_uri, updated, key)
 
 
 @dataclass(frozen=True)

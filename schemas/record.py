@@ -128,6 +128,7 @@ class RunSummary(Frozen):
     stages: list[StageSummary]
     seconds: float  # wall time inside the flow; minus the stages' seconds = orchestration
     stopped_reason: str | None = None
+    ledger_root: str | None = None  # the run's ledger root at the end (stages/core/ledger.py)
 
 
 class Invocation(Frozen):
@@ -141,8 +142,8 @@ class Invocation(Frozen):
     overrides: list[str] = Field(default_factory=list)  # `far run` KEY=VALUE, as given
     stages: dict[str, str] = Field(default_factory=dict)  # stage -> ran | skipped, at the end
     outcome: str | None = None  # complete | stopped: <reason>; None while running or crashed
-    # the expired lease this session took over: its holder (host, pid, flow run) stopped
-    # renewing it, e.g. killed without a chance to release it
+    # the lease this session took over: its holder (host, pid, flow run) stopped renewing it
+    # (expired), or its pid was gone on this host; `reason` says which
     took_over: dict[str, Any] | None = None
 
 
@@ -155,6 +156,9 @@ class LeaseHolder(Frozen):
     flow_run_id: str | None
     acquired_at: datetime
     expires_at: datetime
+    # the holder's PID namespace ("pid:[4026531836]"): with the host, says whether its pid can
+    # be checked from here (None: not Linux, or a lease from before; then only expiry counts)
+    pid_namespace: str | None = None
 
 
 class RunManifest(Frozen):
@@ -168,3 +172,19 @@ class RunManifest(Frozen):
     recipe_source: str
     created_at: datetime
     invocations: list[Invocation] = Field(default_factory=list)
+
+
+class LedgerEntry(Frozen):
+    """One line of {root}/{run}/ledger.jsonl: a commit of a stage record or of run.json, chained.
+
+    `root` is sha256 over [prev, kind, path, sha256]; `mac` is HMAC-SHA256(key, root) when the
+    run was written with a signing key.
+    """
+
+    seq: int
+    kind: Literal["record", "manifest"]
+    path: str  # relative to the run's root
+    sha256: str  # "sha256:<hex>" of the file's bytes as committed
+    prev: str | None
+    root: str
+    mac: str | None = None

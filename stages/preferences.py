@@ -31,6 +31,7 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
+    record_directory,
     run_stage,
     with_uris,
 )
@@ -181,7 +182,7 @@ def _sources(
         found = find_record(samples.uri, levels=3)
         if found is None or found[1].stage != "grpo":
             raise InputError(f"preferences: {samples.uri} is not a committed GRPO checkpoint")
-        samples_uri = storage.join(found[1].directory, GRPO_SAMPLES_FILE)
+        samples_uri = storage.join(record_directory(found[0]), GRPO_SAMPLES_FILE)
         pairs = pairs_from_grpo(samples_uri, config)
         return pairs, samples_uri, {"samples": samples.fingerprint}, {"samples": samples.uri}
     raise InputError("preferences need config.file or a samples input (evaluation or GRPO)")

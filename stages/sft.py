@@ -162,6 +162,8 @@ def _train(
         items_per_step=config.gradient_accumulation_steps,
         metrics=lambda: latest_loss(trainer),
         library_bar=True,  # Tunix's trainer draws step/total and loss on a terminal
+        # a resumed trainer re-reads (and skips) the micro-batches of its first start_step steps
+        skip=start_step * config.gradient_accumulation_steps,
     )
     with mesh, counting_compilations(TRAIN_STEP) as compiles:
         trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint

@@ -21,6 +21,10 @@ class UnreachableInput(InputError, ConnectionError):
     """A model or dataset host that cannot be reached (offline): never retried."""
 
 
+class TamperedStage(InputError):
+    """A complete stage whose files or record no longer match what was committed: not reused."""
+
+
 def is_input_error(error: BaseException) -> bool:
     """True for an InputError anywhere in the exception's cause/context chain."""
     seen: set[int] = set()

@@ -71,12 +71,16 @@ def reporting(
     items_per_step: int = 1,
     metrics: Callable[[], dict[str, float]] | None = None,
     library_bar: bool = False,
+    skip: int = 0,
 ) -> Iterator[T]:
     """`items` unchanged; after each full step's items, `callback` gets the progress so far.
 
     `items_per_step` > 1 for gradient accumulation (one step per that many micro-batches).
     `metrics` is read after each step (the latest loss or reward the stage has logged);
-    `library_bar` says the training library already draws a bar on a terminal.
+    `library_bar` says the training library already draws a bar on a terminal. `skip`: items
+    the consumer reads and discards before its first step (Tunix's SFT trainer, resumed at
+    `start_step`, re-reads the batches it already trained on), counted as no step, so the
+    resumed offset is counted once.
     """
     if callback is None:
         yield from items
@@ -85,9 +89,12 @@ def reporting(
     for item in items:
         yield item  # the consumer runs the step before asking for the next item
         consumed += 1
-        if consumed % items_per_step:
+        if consumed <= skip:
+            started = time.perf_counter()  # this session's s/step starts after the skipping
             continue
-        done = consumed // items_per_step
+        if (consumed - skip) % items_per_step:
+            continue
+        done = (consumed - skip) // items_per_step
         per_step = (time.perf_counter() - started) / done
         latest = metrics() if metrics is not None else {}
         step = start_step + done

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from schemas.recipe import StageKind
 from schemas.record import (
@@ -39,10 +40,10 @@ from schemas.record import (
     SessionLog,
     StageRecord,
 )
-from stages.core import drift, storage
-from stages.core.errors import MissingInput
+from stages.core import drift, ledger, storage
+from stages.core.errors import MissingInput, TamperedStage
 from stages.core.progress import ProgressCallback
-from stages.core.sessions import StopFlag
+from stages.core.sessions import LeaseLost, StopFlag
 from stages.core.shared import SharedBuilds
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,13 @@ class RunContext:
     node: str | None = None  # the pipeline node being run: names its directory (else the stage)
     # base networks and tokenizers built once for the whole run (None: each stage builds its own)
     shared: SharedBuilds | None = None
+    audit_key: SecretStr | None = None  # signs the run's ledger (FAR_AUDIT_KEY, read by the CLI)
+    # raises when this session no longer holds the run's lease: called before every commit
+    fence: Callable[[], None] | None = None
+
+    def check_fence(self) -> None:
+        if self.fence is not None:
+            self.fence()
 
     @property
     def model_cache(self) -> str:
@@ -160,15 +168,74 @@ def read_record(record_uri: str) -> StageRecord | None:
 
 
 def find_record(uri: str, levels: int = 4) -> tuple[str, StageRecord] | None:
-    """The committed record of the stage that holds `uri`: in it or up to `levels`-1 above."""
-    candidate = storage.normalize(uri)
+    """The committed record of the stage that holds `uri`: in it or up to `levels`-1 above.
+
+    Only where the layout puts records counts: stage.json directly in a stage directory named
+    {node}-{hash12} after the record's own node and hash, and the outermost such directory (a
+    stage directory never holds another, so a stage.json planted inside a checkpoint folder is
+    ignored, as the audit ignores it).
+    """
+    candidate, found = storage.normalize(uri), None
     for _ in range(levels):
-        record_uri = storage.join(candidate, RECORD_NAME)
-        record = read_record(record_uri)
-        if record is not None:
-            return record_uri, record
+        name = candidate.rsplit("/", 1)[-1]
+        if STAGE_DIRECTORY.match(name):
+            record_uri = storage.join(candidate, RECORD_NAME)
+            record = read_record(record_uri)
+            if record is not None and in_layout(record_uri, record):
+                found = (record_uri, record)
         candidate = candidate.rsplit("/", 1)[0]
-    return None
+    return found
+
+
+STAGE_DIRECTORY = re.compile(r"^(?P<node>.+)-(?P<hash>[0-9a-f]{12})$")
+
+
+def in_layout(record_uri: str, record: StageRecord) -> bool:
+    """True when the record sits in the directory named after its node and stage hash."""
+    match = STAGE_DIRECTORY.match(record_uri.rsplit("/", 2)[-2])
+    return (
+        match is not None
+        and match["node"] == (record.node or record.stage)
+        and record.stage_hash.startswith(match["hash"])
+    )
+
+
+def record_directory(record_uri: str) -> str:
+    """A record's stage directory: where the record is, whatever path it stores (a copied or
+    moved run keeps working)."""
+    return record_uri.rsplit("/", 1)[0]
+
+
+def record_run(record_uri: str) -> str:
+    """The run a record belongs to, from where it is: {run}/{stage dir}/stage.json."""
+    return record_directory(record_uri).rsplit("/", 1)[0]
+
+
+def resolve(record_uri: str, record: StageRecord, path: str) -> str:
+    """A path a record stores, as a URI in the record's run as it is now.
+
+    Records store paths relative to their run; records written before did so with absolute
+    URIs, which are mapped from the run the record was written in (its `directory`'s parent)
+    to where the run is now.
+    """
+    run_uri = record_run(record_uri)
+    if not _is_absolute(path):
+        return storage.join(run_uri, path)
+    original = record.directory.rsplit("/", 1)[0] if _is_absolute(record.directory) else None
+    if original and path.startswith(original + "/"):
+        return storage.join(run_uri, path[len(original) + 1 :])
+    return path
+
+
+def in_run(run_uri: str, uri: str) -> str:
+    """`uri` relative to `run_uri` when inside it (as records store it), else unchanged."""
+    base = storage.normalize(run_uri).rstrip("/") + "/"
+    full = storage.normalize(uri)
+    return full[len(base) :] if full.startswith(base) else uri
+
+
+def _is_absolute(path: str) -> bool:
+    return path.startswith("/") or "://" in path
 
 
 def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
@@ -196,10 +263,13 @@ def record_digest(record: StageRecord) -> str:
     return storage.sha256_bytes(canonical.encode())
 
 
-def commit_record(record_uri: str, record: StageRecord) -> None:
-    """Write a stage's record, sealed with its digest, once: the stage's commit marker."""
+def commit_record(ctx: RunContext, record_uri: str, record: StageRecord) -> None:
+    """Write a stage's record, sealed with its digest, once: the stage's commit marker; then
+    chain it into the run's ledger. Refused (ctx.fence) once this session lost its lease."""
+    ctx.check_fence()
     sealed = record.model_copy(update={"digest": record_digest(record)})
     storage.write_json(record_uri, sealed.model_dump(mode="json"))
+    ledger.append(ctx.run_uri, record_uri, "record", ctx.audit_key)
 
 
 def write_evaluation(checkpoint_record_uri: str, evaluation: Evaluation) -> tuple[str, str]:
@@ -247,12 +317,14 @@ def run_stage(
     record_uri = storage.join(directory, RECORD_NAME)
     record = read_record(record_uri)
     if record is not None:
+        verify_before_reuse(record_uri, record)
         log.info("stage %s: skipped, already complete (record %s)", stage, record_uri)
         return StageOutcome(record.output, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
     left = ctx.seconds_left()
     if left is not None and left <= 0:
         raise SessionExpired(f"session deadline passed before stage {stage} could start")
     if ctx.stop is not None and ctx.stop.is_set():
+        ctx.stop.raise_if_aborted()
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
     if ctx.primary:
         _start_directory(ctx, identity, directory, carry_over)
@@ -262,7 +334,7 @@ def run_stage(
         output, metrics, history = work(directory)
     except BaseException as e:
         outcome = "stopped" if isinstance(e, SessionExpired | KeyboardInterrupt) else "failed"
-        if not ctx.primary:
+        if not ctx.primary or isinstance(e, LeaseLost):  # a lost lease: write nothing more
             raise
         try:
             _log_session(ctx, directory, started, t0, outcome, f"{type(e).__name__}: {e}")
@@ -271,13 +343,14 @@ def run_stage(
         raise
     if not ctx.primary:
         return _await_commit(ctx, record_uri, output)
+    ctx.check_fence()  # a session that lost its lease stops here, before writing anything
     this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
         stage=stage,
         run=ctx.run,
         status="complete",
         stage_hash=digest,
-        directory=directory,
+        directory=in_run(ctx.run_uri, directory),
         config=identity.config,
         inputs=identity.inputs,
         output=output,
@@ -289,12 +362,12 @@ def run_stage(
         metrics=metrics,
         history=history,
         flow_run_id=ctx.flow_run_id,
-        input_artifacts=input_refs(identity),
+        input_artifacts=input_refs(identity, ctx.run_uri),
         sessions=[*_earlier_sessions(directory), this_session],
         files=directory_digests(directory),
         node=ctx.node if ctx.node != stage else None,
     )
-    commit_record(record_uri, record)
+    commit_record(ctx, record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
 
@@ -327,6 +400,7 @@ def _start_directory(
     identity_uri = storage.join(directory, IDENTITY_NAME)
     if storage.exists(identity_uri):
         return  # this very directory was started before: a resume, not a change
+    ctx.check_fence()
     previous = previous_directory(ctx, ctx.directory_name(identity.stage), directory)
     if previous is not None:
         changes = identity_changes(
@@ -377,8 +451,9 @@ def _source_inputs(inputs: dict[str, str]) -> dict[str, str]:
     }
 
 
-def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
-    """The record's view of the inputs: URI, fingerprint and (for artifacts) their record."""
+def input_refs(identity: StageIdentity, run_uri: str) -> dict[str, ArtifactRef]:
+    """The record's view of the inputs: URI, fingerprint and (for artifacts) their record,
+    whose path is stored relative to the run when it is in the run."""
     uris = identity.input_uris or {}
     refs = {}
     for name, fingerprint in identity.inputs.items():
@@ -390,7 +465,10 @@ def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
             None if record_uri is None else storage.sha256_bytes(storage.read_bytes(record_uri))
         )
         refs[name] = ArtifactRef(
-            uri=uri, fingerprint=fingerprint, record_uri=record_uri, record_digest=digest
+            uri=uri,
+            fingerprint=fingerprint,
+            record_uri=None if record_uri is None else in_run(run_uri, record_uri),
+            record_digest=digest,
         )
     return refs
 
@@ -398,8 +476,60 @@ def input_refs(identity: StageIdentity) -> dict[str, ArtifactRef]:
 def committed_files(directory: str) -> dict[str, tuple[int, str]]:
     """The files a stage's record covers: all in its directory but the record itself and the
     evaluation files other stages add later (each verified on its own)."""
-    found = storage.file_digests(directory, skip=(RECORD_NAME,))
-    return {rel: d for rel, d in found.items() if not rel.startswith(f"{EVALUATIONS_DIR}/")}
+    found = storage.file_digests(directory)  # a stage.json below the top is content, not a record
+    return {
+        rel: d
+        for rel, d in found.items()
+        if rel != RECORD_NAME and not rel.startswith(f"{EVALUATIONS_DIR}/")
+    }
+
+
+def verify_before_reuse(record_uri: str, record: StageRecord) -> None:
+    """A complete stage is reused only if its record's seal and every file it lists still
+    match; otherwise TamperedStage names what differs (the same checks as `far audit`)."""
+    differs = (
+        []
+        if record.digest and record_digest(record) == record.digest
+        else [f"{record_uri}: record unsealed or edited after its commit"]
+    )
+    differs += verify_files(record_uri, record)
+    if differs:
+        shown = "; ".join(differs[:5]) + (
+            f"; and {len(differs) - 5} more" if len(differs) > 5 else ""
+        )
+        raise TamperedStage(
+            f"stage {record.node or record.stage} is complete on storage but no longer matches "
+            f"its record, so it is not reused: {shown}. Restore those files, or delete "
+            f"{record_directory(record_uri)} to compute the stage again"
+        )
+
+
+def verify_files(record_uri: str, record: StageRecord) -> list[str]:
+    """What differs between a stage directory and the files its record lists: missing,
+    altered (size or content digest) and added files. Object-store checksums come from the
+    listing (no download); local files are hashed again (sha256), which catches a same-size
+    byte flip anywhere in a checkpoint."""
+    directory = record_directory(record_uri)
+    found = committed_files(directory)
+    problems = []
+    for rel, expected in sorted(record.files.items()):
+        if rel not in found:
+            problems.append(f"{directory}/{rel}: missing (recorded in {record_uri})")
+            continue
+        if _algorithm(found[rel][1]) != _algorithm(expected.digest):  # a record from before
+            found[rel] = (found[rel][0], storage.sha256_file(f"{directory}/{rel}"))
+        if found[rel] != (expected.size, expected.digest):
+            problems.append(
+                f"{directory}/{rel}: altered (size {found[rel][0]}, "
+                f"recorded {expected.size}; content digest differs)"
+            )
+    for rel in sorted(set(found) - set(record.files)):
+        problems.append(f"{directory}/{rel}: not in the record (added after commit)")
+    return problems
+
+
+def _algorithm(digest: str) -> str:
+    return digest.split(":", 1)[0]
 
 
 def directory_digests(directory: str) -> dict[str, FileDigest]:
@@ -426,6 +556,7 @@ def _log_session(
     ctx: RunContext, directory: str, started: datetime, t0: float, outcome: str, detail: str
 ) -> None:
     """Leave a note of a session that ended without committing (read back into the record)."""
+    ctx.check_fence()
     entry = _session(ctx, started, t0, outcome, detail)
     name = f"{started.strftime('%Y%m%dT%H%M%S%f')}.json"
     storage.write_json(storage.join(directory, SESSIONS_DIR, name), entry.model_dump(mode="json"))

@@ -26,33 +26,64 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class LeaseLost(RuntimeError):
+    """This session no longer holds the run's lease (another session took it over): it must
+    stop at once and write nothing more (`far` exits with its own code)."""
+
+
 class StopFlag:
-    """Set by a signal handler (or a test); read by training loops. Thread-safe."""
+    """Set by a signal handler (or a test); read by training loops. Thread-safe.
+
+    `request` asks for a clean stop (save, then stop); `abort` for an immediate one: the
+    training loop raises the given error instead of saving (a session that lost its lease).
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
+        self.error: BaseException | None = None
 
     def request(self, reason: str) -> None:
         self.reason = reason
         self._event.set()
 
+    def abort(self, error: BaseException) -> None:
+        self.error = error
+        self.request(str(error))
+
     def is_set(self) -> bool:
         return self._event.is_set()
+
+    def raise_if_aborted(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 @contextmanager
 def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
-    """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop."""
+    """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop, and so
+    does a first Ctrl-C (SIGINT): training saves and the run stops, to be continued by the same
+    command. A second Ctrl-C raises KeyboardInterrupt at once (an abort, no save)."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         flag.request(f"received signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt("second Ctrl-C: aborted without saving")
+        log.warning(
+            "Ctrl-C: saving and stopping after the current step (press Ctrl-C again to abort "
+            "without saving)"
+        )
+        flag.request("received signal SIGINT (Ctrl-C)")
+
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_int = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 @dataclass
@@ -118,6 +149,7 @@ def _should_stop(
     items_per_step: int = 1,
 ) -> bool:
     if flag is not None and flag.is_set():
+        flag.raise_if_aborted()
         log.warning("stopping training: %s", flag.reason)
         return True
     needed = clock.step_seconds() * items_per_step + save_margin_s  # one more whole window

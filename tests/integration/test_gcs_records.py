@@ -29,7 +29,7 @@ def test_audit_on_gcs_names_same_size_changes(fake_gcs: str) -> None:
     from datetime import UTC, datetime
 
     from pipeline import lineage
-    from pipeline.manifest import manifest_uri
+    from pipeline.manifest import write_manifest
     from schemas.record import RunManifest
     from stages.core.runner import RunContext, StageIdentity
     from tests.conftest import recipe_with
@@ -38,7 +38,7 @@ def test_audit_on_gcs_names_same_size_changes(fake_gcs: str) -> None:
     ctx = RunContext(root=f"gs://{fake_gcs}/audit", run="r")
     recipe = recipe_with(ctx.root).model_dump(mode="json")  # the default four-stage DAG
     manifest = RunManifest(run="r", recipe=recipe, recipe_source="", created_at=datetime.now(UTC))
-    storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
+    write_manifest(ctx.run_uri, manifest)  # chained into the ledger, as open_session does
     sft = checkpoint_stage(ctx, "sft", {}, {}).output
     grpo = checkpoint_stage(ctx, "grpo", {"sft": sft.fingerprint}, {"sft": sft.uri})
     assert grpo.output.uri.startswith("gs://")

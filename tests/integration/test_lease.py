@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,3 +102,52 @@ def test_far_run_exits_4_naming_the_holder_then_records_a_takeover(
     [invocation] = read_manifest(run_uri).invocations
     assert invocation.took_over is not None and invocation.took_over["pid"] == proc.pid
     assert not storage.exists(lease.lease_uri(run_uri))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_far_run_that_loses_its_lease_stops_at_once_with_exit_5(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newcomer takes the lease over while `far run` works (as after the holder stalled past
+    the lease's lifetime): the holder's next commit finds it lost and the run exits 5 having
+    committed nothing, leaving the newcomer's lease in place."""
+    from flows import cli
+
+    root = str(tmp_path)
+    run_uri = storage.join(root, "smoke")
+    newcomer = threading.Thread(target=_take_over_when_held, args=(run_uri,), daemon=True)
+    newcomer.start()
+    assert cli.main(["run", str(REPO / "recipes/smoke.yaml"), "--root", root]) == 5
+    assert "lost the run lease" in capsys.readouterr().err
+    newcomer.join(timeout=5)
+    assert list(Path(run_uri).glob("*/stage.json")) == []
+    assert current_holder(run_uri).flow_run_id == "newcomer"
+    assert "far" in cli.RUN_EPILOG and "5 this session lost the run's lease" in cli.RUN_EPILOG
+
+
+def _take_over_when_held(run_uri: str) -> None:
+    give_up = time.monotonic() + 120
+    while time.monotonic() < give_up:
+        current = storage.read_versioned(lease.lease_uri(run_uri))
+        if current is not None:
+            holder = LeaseHolder.model_validate_json(current[0])
+            mine = holder.model_copy(update={"token": "newcomer", "flow_run_id": "newcomer"})
+            if storage.replace_if_version(
+                lease.lease_uri(run_uri), mine.model_dump_json().encode(), current[1]
+            ):
+                return
+        time.sleep(0.01)
+
+
+def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
+    run_uri = str(tmp_path / "run")
+    proc = child(run_uri, "hold", 300.0)  # a lease that would last five minutes
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    taker = child(run_uri, "take", 0.0)  # no waiting at all
+    out, err = taker.communicate(timeout=60)
+    assert taker.returncode == 0, err
+    assert json.loads(out)["pid"] == proc.pid
+    assert f"pid {proc.pid} is gone from this host" in err

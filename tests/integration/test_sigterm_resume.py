@@ -4,6 +4,7 @@ and the continue hint; `far status` shows the partial stage; `far resume` finish
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -60,6 +61,10 @@ def test_sigterm_saves_and_stops_then_far_resume_finishes(tmp_path: Path) -> Non
     resume = far("resume", run_uri, home=home)
     output = resume.communicate(timeout=900)[0]
     assert resume.returncode == 0, output[-3000:]
+    # off a terminal the resumed SFT logs its progress counting the resumed offset once
+    shown = [(int(a), int(b)) for a, b in re.findall(r"progress: sft (\d+)/(\d+)", output)]
+    assert shown and all(step <= total for step, total in shown), shown
+    assert shown[-1] == (200, 200)
     assert "data_prep  skipped (already complete)" in output
     records = list(root.glob("smoke/sft-*/stage.json"))
     assert len(records) == 1

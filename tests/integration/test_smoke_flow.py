@@ -117,3 +117,20 @@ def test_training_progress_is_shown_in_the_prefect_ui(
         assert "s/step | ETA 0 s" in artifact.description
         assert ("loss" if stage == "sft" else "reward") in artifact.description
         assert artifact.task_run_id is not None
+
+
+def test_the_ledger_root_is_published_outside_storage_and_pins_the_run(
+    smoke_runs: tuple[RunSummary, RunSummary],
+) -> None:
+    """Each session ends with the run's ledger root in its summary and a Prefect artifact; a
+    root kept from the first session still pins the run after the second (which skipped every
+    stage, after verifying each)."""
+    from prefect.artifacts import Artifact
+
+    from pipeline import lineage
+
+    first, second = smoke_runs
+    assert first.ledger_root and second.ledger_root and first.ledger_root != second.ledger_root
+    artifact = Artifact.get("far-smoke-run-ledger")
+    assert artifact is not None and second.ledger_root in str(artifact.description)
+    assert lineage.audit(first.run_uri, expect_root=first.ledger_root) == []

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from pipeline import lease
 from schemas.record import LeaseHolder
 from stages.core import storage
+from stages.core.sessions import LeaseLost, StepClock, StopFlag, guarded
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -45,3 +48,71 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_cannot_renew(run_uri:
         old.renew()
     new.renew()
     new.release()
+
+
+def take_over(old: lease.Lease, run_uri: str) -> lease.Lease:
+    """What a newcomer does once `old` stopped renewing past its lifetime."""
+    expired = old.holder.model_copy(update={"expires_at": datetime.now(UTC) - timedelta(1)})
+    current = storage.read_versioned(old.uri)
+    assert current is not None
+    assert storage.replace_if_version(old.uri, expired.model_dump_json().encode(), current[1])
+    return lease.acquire(run_uri, "newcomer")
+
+
+def test_a_session_that_lost_its_lease_commits_nothing(run_uri: str) -> None:
+    from stages.core import ledger
+    from stages.core.runner import RECORD_NAME, RunContext, StageIdentity, run_stage
+
+    old = lease.acquire(run_uri, "stalled", ttl=60)
+    root, run = run_uri.rsplit("/", 1)
+    ctx = RunContext(root=root, run=run, fence=old.check)
+    written: list[str] = []
+
+    def work(directory: str) -> tuple[Any, dict[str, float], dict[str, list[float]]]:
+        take_over(old, run_uri)  # the holder stalled (SIGSTOP) while a newcomer took over
+        written.append(directory)
+        return None, {}, {}
+
+    with pytest.raises(LeaseLost, match="another session took it over"):
+        run_stage(ctx, StageIdentity("sft", 1, {}, {}), work)
+    [directory] = written
+    assert not storage.exists(storage.join(directory, RECORD_NAME))
+    assert storage.list_files(storage.join(directory, "sessions")) == {}  # no note either
+    assert ledger.read(ctx.run_uri) == []
+    assert LeaseHolder.model_validate_json(storage.read_bytes(old.uri)).flow_run_id == "newcomer"
+
+
+def test_the_heartbeat_aborts_training_once_the_lease_is_taken_over(run_uri: str) -> None:
+    flag = StopFlag()
+    with lease.held(run_uri, "stalled", ttl=0.6, on_lost=flag.abort) as held:
+        take_over(held, run_uri)
+        deadline = time.monotonic() + 10
+        while flag.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert isinstance(flag.error, LeaseLost)
+        batches = guarded(iter(range(5)), None, flag, 0.0, StepClock())
+        with pytest.raises(LeaseLost):  # raised, not a clean stop: no final checkpoint save
+            next(batches)
+    # the loser does not release (or touch) the newcomer's lease
+    assert LeaseHolder.model_validate_json(storage.read_bytes(held.uri)).flow_run_id == "newcomer"
+
+
+def test_a_holder_whose_pid_is_gone_from_this_host_is_taken_over_at_once(run_uri: str) -> None:
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # exited and reaped: its pid names no process now
+    first = lease.acquire(run_uri, "killed", ttl=300)
+    dead = first.holder.model_copy(update={"pid": gone.pid})
+    assert storage.replace_if_version(first.uri, dead.model_dump_json().encode(), first.version)
+    taken = lease.acquire(run_uri, "next")  # no wait: the lease has 300 s left
+    assert taken.took_over is not None and taken.took_over.pid == gone.pid
+    assert taken.took_over_reason == f"pid {gone.pid} is gone from this host"
+    # a live pid (this process) keeps it; so does a lease from before namespaces were recorded
+    with pytest.raises(lease.LeaseHeld):
+        lease.acquire(run_uri, "third")
+    older = dead.model_copy(update={"pid_namespace": None, "token": "older"})
+    assert storage.replace_if_version(taken.uri, older.model_dump_json().encode(), taken.version)
+    with pytest.raises(lease.LeaseHeld):
+        lease.acquire(run_uri, "third")

@@ -8,22 +8,25 @@ is under test is the record keeping, the same for every stage.
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from pipeline import lineage
-from pipeline.manifest import manifest_uri
+from pipeline.manifest import manifest_uri, write_manifest
 from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
 from schemas.record import RunManifest, StageRecord
-from stages.core import storage
+from stages.core import ledger, storage
 from stages.core.runner import (
     EVALUATIONS_INDEX,
     RunContext,
     StageIdentity,
     read_evaluations,
+    record_digest,
     run_stage,
     with_uris,
 )
@@ -77,12 +80,16 @@ def evaluate_stage(ctx: RunContext, checkpoint: CheckpointArtifact):
 
 @pytest.fixture
 def run(tmp_path: Path) -> dict[str, Any]:
-    ctx = RunContext(root=str(tmp_path), run="audited")
+    return make_run(tmp_path)
+
+
+def make_run(tmp_path: Path, key: SecretStr | None = None) -> dict[str, Any]:
+    ctx = RunContext(root=str(tmp_path), run="audited", audit_key=key)
     recipe = recipe_with(str(tmp_path)).model_dump(mode="json")  # the default four-stage DAG
     manifest = RunManifest(
         run="audited", recipe=recipe, recipe_source="", created_at=datetime.now(UTC)
     )
-    storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
+    write_manifest(ctx.run_uri, manifest, key)
     sft = checkpoint_stage(ctx, "sft", {}, {})
     fp = sft.output.fingerprint
     grpo = checkpoint_stage(ctx, "grpo", {"sft": fp}, {"sft": sft.output.uri})
@@ -97,7 +104,7 @@ def test_records_hold_content_digests_and_seals(run: dict[str, Any]) -> None:
     assert record.digest is not None
     grpo = StageRecord.model_validate(storage.read_json(run["grpo"].record_uri))
     consumed = grpo.input_artifacts["sft"]
-    assert consumed.record_uri == run["sft"].record_uri
+    assert consumed.record_uri == "/".join(run["sft"].record_uri.rsplit("/", 2)[-2:])  # in run
     assert consumed.record_digest == storage.sha256_bytes(run["sft_bytes"])
     assert lineage.audit(run["ctx"].run_uri) == []
 
@@ -168,3 +175,179 @@ def test_the_ui_report_lists_the_evaluation_files(run: dict[str, Any]) -> None:
     [(uri, _)] = read_evaluations(run["sft"].record_uri.rsplit("/", 1)[0])
     digest = storage.sha256_bytes(Path(uri).read_bytes())
     assert f"| `{uri}` | `{digest}` |" in evaluation_files_markdown(report)
+
+
+def reseal(path: Path, edit: Any) -> None:
+    """What a writer with storage access does: edit a record and recompute its seal."""
+    data = json.loads(path.read_text())
+    edit(data)
+    data["digest"] = record_digest(StageRecord.model_validate(data))
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def rebuild_ledger(run_uri: str, key: SecretStr | None = None) -> str:
+    """...and then recomputes the whole ledger from the files as they are now."""
+    storage.delete(ledger.ledger_uri(run_uri))
+    ledger.append(run_uri, manifest_uri(run_uri), "manifest", key)
+    for record_uri, _ in lineage.run_records(run_uri):
+        ledger.append(run_uri, record_uri, "record", key)
+    return str(ledger.root(run_uri))
+
+
+def test_a_resealed_last_record_fails_the_audit_until_the_ledger_is_recomputed(
+    run: dict[str, Any],
+) -> None:
+    run_uri, path = run["ctx"].run_uri, Path(run["eval"].record_uri)
+    published = ledger.root(run_uri)
+    assert published is not None
+    reseal(path, lambda d: d["metrics"].update({"sft/accuracy": 0.99}))
+    assert lineage.audit(run_uri) == [f"{path}: differs from its ledger entry 3 (rewritten)"]
+    rebuild_ledger(run_uri)
+    assert lineage.audit(run_uri) == []  # undetectable without a root kept elsewhere or a key
+    assert "cannot be detected" in lineage.coverage(None, None)
+    assert lineage.audit(run_uri, expect_root=published) == [
+        f"{ledger.ledger_uri(run_uri)}: the expected root {published} is not in the ledger "
+        "(the chain was rewritten since that root was published)"
+    ]
+
+
+def test_a_null_seal_is_refused(run: dict[str, Any]) -> None:
+    path = Path(run["eval"].record_uri)
+    data = json.loads(path.read_text())
+    data["digest"] = None
+    path.write_text(json.dumps(data))
+    rebuild_ledger(run["ctx"].run_uri)
+    assert lineage.audit(run["ctx"].run_uri) == [f"{path}: record has no seal (its digest is null)"]
+
+
+def test_an_edited_run_json_fails_the_audit(run: dict[str, Any]) -> None:
+    uri = manifest_uri(run["ctx"].run_uri)
+    data = json.loads(Path(uri).read_text())
+    data["recipe_source"] = "innocent.yaml"
+    Path(uri).write_text(json.dumps(data))
+    assert lineage.audit(run["ctx"].run_uri) == [
+        f"{uri}: differs from its ledger entry 0 (rewritten)"
+    ]
+
+
+def test_removing_the_final_stage_with_its_evaluation_files_fails_the_audit(
+    run: dict[str, Any],
+) -> None:
+    eval_dir = Path(run["eval"].record_uri).parent
+    shutil.rmtree(eval_dir)
+    shutil.rmtree(Path(run["sft"].record_uri).parent / "evaluations")
+    assert lineage.audit(run["ctx"].run_uri) == [
+        f"{eval_dir}/stage.json: stage record in the ledger (entry 3) is missing (removed)"
+    ]
+
+
+def test_a_signed_ledger_catches_a_chain_recomputed_without_the_key(tmp_path: Path) -> None:
+    key = SecretStr("audit-key")
+    signed = make_run(tmp_path, key)
+    run_uri = signed["ctx"].run_uri
+    assert lineage.audit(run_uri, key=key) == []
+    assert lineage.audit(run_uri, key=SecretStr("another key"))[0].endswith(
+        "signature does not match the key (rewritten without the key)"
+    )
+    reseal(Path(signed["eval"].record_uri), lambda d: d["metrics"].update({"sft/accuracy": 0.99}))
+    rebuild_ledger(run_uri)
+    problems = lineage.audit(run_uri, key=key)
+    assert len(problems) == 4 and all("unsigned (rewritten without the key)" in p for p in problems)
+    rebuild_ledger(run_uri, key)  # a writer who holds the key is not detected
+    assert lineage.audit(run_uri, key=key) == []
+
+
+def test_a_record_planted_in_a_checkpoint_folder_is_ignored(run: dict[str, Any]) -> None:
+    sft = run["sft"]
+    planted = Path(sft.output.uri) / "1" / "stage.json"
+    forged = json.loads(Path(sft.record_uri).read_text())
+    forged["metrics"]["loss"] = 0.0
+    planted.write_text(json.dumps(forged))
+    for uri in (str(planted.parent), sft.output.uri, f"{planted.parent}/w"):
+        assert lineage.find_record(uri)[0] == sft.record_uri
+    assert "loss=1" in lineage.render(lineage.ancestry(str(planted.parent)))
+    assert lineage.audit(run["ctx"].run_uri) == [
+        f"{planted}: not in the record (added after commit)"
+    ]
+
+
+def test_a_copied_run_audits_itself_after_the_original_is_gone(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    original = Path(run["ctx"].run_uri)
+    copy = tmp_path / "elsewhere" / "audited"
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+    assert lineage.audit(str(copy)) == []
+    shown = lineage.render(lineage.ancestry(str(copy / Path(run["grpo"].record_uri).parent.name)))
+    assert f"record {copy}/sft-" in shown and "evaluated: format_rate=0.5" in shown
+    weights = next(copy.glob("sft-*/checkpoints/1/w"))
+    weights.write_bytes(b"sft-weights-B")
+    assert lineage.audit(str(copy)) == [
+        f"{weights}: altered (size 13, recorded 13; content digest differs)"
+    ]
+
+
+def test_records_with_absolute_paths_from_before_still_audit_after_a_copy(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Records written before paths were relative: absolute directory and input records."""
+    original = run["ctx"].run_uri
+    for record_uri, record in lineage.run_records(original):
+
+        def absolute(d: dict[str, Any], where: str = record_uri) -> None:
+            d["directory"] = where.rsplit("/", 1)[0]
+            for ref in d["input_artifacts"].values():
+                if ref["record_uri"]:
+                    ref["record_uri"] = f"{original}/{ref['record_uri']}"
+                    ref["record_digest"] = storage.sha256_file(ref["record_uri"])
+
+        assert not record.directory.startswith("/")  # written relative now
+        reseal(Path(record_uri), absolute)
+    rebuild_ledger(original)
+    assert lineage.audit(original) == []
+    copy = tmp_path / "copied" / "audited"
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+    assert lineage.audit(str(copy)) == []
+    shown = lineage.render(lineage.ancestry(str(copy / Path(run["grpo"].record_uri).parent.name)))
+    assert f"record {copy}/sft-" in shown
+
+
+def test_openlineage_events_carry_the_ledger_root(run: dict[str, Any]) -> None:
+    events = lineage.openlineage_events(run["ctx"].run_uri)
+    root = ledger.root(run["ctx"].run_uri)
+    assert events and all(e["run"]["facets"]["far_ledger"]["root"] == root for e in events)
+
+
+def test_far_audit_pins_a_root_reads_the_key_once_and_says_what_it_cannot_see(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows import cli
+
+    run_uri = run["ctx"].run_uri
+    root = str(ledger.root(run_uri))
+    assert cli.main(["audit", run_uri]) == 0
+    assert "a writer who can rewrite all of storage" in capsys.readouterr().out
+    assert cli.main(["audit", run_uri, "--expect-root", root]) == 0
+    assert "checked against the published root" in capsys.readouterr().out
+    assert cli.main(["audit", run_uri, "--expect-root", "sha256:" + "0" * 64]) == 1
+    monkeypatch.setenv(cli.AUDIT_KEY_ENV, "a key this run was not signed with")
+    assert cli.main(["audit", run_uri]) == 1
+    assert "unsigned (rewritten without the key)" in capsys.readouterr().out
+
+
+def test_a_rerun_verifies_a_complete_stage_before_skipping_it(run: dict[str, Any]) -> None:
+    from stages.core.errors import TamperedStage
+
+    ctx, sft = run["ctx"], run["sft"]
+    assert checkpoint_stage(ctx, "sft", {}, {}).skipped
+    weights = Path(sft.output.uri, "1", "w")
+    weights.write_bytes(b"sft-weights-B")  # same size as "sft-weights-A"
+    with pytest.raises(TamperedStage, match=rf"{weights}: altered \(size 13, recorded 13"):
+        checkpoint_stage(ctx, "sft", {}, {})
+    weights.write_bytes(b"sft-weights-A")
+    assert checkpoint_stage(ctx, "sft", {}, {}).skipped
+    Path(sft.output.uri, "1", "extra").write_bytes(b"x")
+    with pytest.raises(TamperedStage, match="extra: not in the record"):
+        checkpoint_stage(ctx, "sft", {}, {})
