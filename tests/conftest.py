@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -24,6 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 # wherever its environment was created.
 BIN = Path(sys.executable).parent
 SMOKE = REPO / "recipes" / "smoke.yaml"
+# One JSON row per test session (date, commit, counts, wall and CPU seconds): the next change
+# compares its suite's cost against the last rows. test-outputs/ is not tracked;
+# FAR_SUITE_TIMES names another file (the test of this file's rows uses one of its own).
+SUITE_TIMES = Path(os.environ.get("FAR_SUITE_TIMES", REPO / "test-outputs" / "suite-times.json"))
+_SESSION_START = time.monotonic()
 
 
 def smoke_data() -> dict[str, Any]:
@@ -264,3 +272,50 @@ def prefect_env(home: Path, api_url: str) -> dict[str, str]:
         JAX_PLATFORMS="cpu",
     )
     return env
+
+
+def suite_cost() -> dict[str, float]:
+    """Wall seconds since this module was imported (the session start) and CPU seconds (user +
+    system) of this process and of every child it waited for: flows, CLIs, servers, workers."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    user = own.ru_utime + children.ru_utime
+    system = own.ru_stime + children.ru_stime
+    return {
+        "wall_s": round(time.monotonic() - _SESSION_START, 1),
+        "cpu_s": round(user + system, 1),
+        "user_s": round(user, 1),
+        "sys_s": round(system, 1),
+    }
+
+
+def _git_commit() -> str | None:
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() or None
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    """Print the suite's wall and CPU time and append them to test-outputs/suite-times.json."""
+    counts = {
+        kind: len(terminalreporter.stats.get(kind, []))
+        for kind in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    }
+    counts["warnings"] = len(terminalreporter.stats.get("warnings", []))
+    row = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+        "args": config.invocation_params.args,
+        "exit_status": int(exitstatus),
+        **counts,
+        **suite_cost(),
+    }
+    SUITE_TIMES.parent.mkdir(parents=True, exist_ok=True)
+    rows = json.loads(SUITE_TIMES.read_text()) if SUITE_TIMES.exists() else []
+    SUITE_TIMES.write_text(json.dumps([*rows, row], indent=1) + "\n")
+    terminalreporter.write_sep(
+        "-",
+        f"suite: {row['wall_s']} s wall, {row['cpu_s']} s CPU "
+        f"({row['user_s']} user + {row['sys_s']} sys, children included) -> {SUITE_TIMES}",
+    )
