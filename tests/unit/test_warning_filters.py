@@ -32,11 +32,32 @@ def test_a_third_party_warning_is_reported_not_raised() -> None:
         warner("tunix.sft.peft_trainer", "something new is deprecated")()
 
 
-def test_a_filtered_third_party_deprecation_is_silent() -> None:
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        (
+            "qwix._src.utils.flax_util",
+            "'VariableState' was removed, this is just an alias to 'Variable'.",
+        ),
+        ("flax.nnx.variablelib", "'sharding' is deprecated, use 'out_sharding' instead."),
+        (
+            "optax._src.linear_algebra",
+            "optax.global_norm is deprecated in favor of optax.tree.norm",
+        ),
+        (
+            "qwix._src.model",
+            "The 'm.iter_modules()' method is deprecated; "
+            "use the 'nnx.iter_modules(m)' function instead.",
+        ),
+        (
+            "tunix.models.gemma3.model",
+            "Using 'Module.sow()' outside of 'nnx.capture()' is deprecated; see the guide",
+        ),
+    ],
+)
+def test_a_filtered_third_party_deprecation_is_silent(module: str, message: str) -> None:
     with warnings.catch_warnings(record=True) as seen:
-        warner(
-            "qwix._src.model", "'VariableState' was removed, this is just an alias to 'Variable'."
-        )()
+        warner(module, message)()
     assert seen == []
 
 
