@@ -2,6 +2,7 @@
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
 #   make test   lint, type-check and run every test (the UI test needs a chromium: see browser)
+#   make test-fast  the inner loop: unit tests and the integration tests not marked slow
 #   make docs   the documentation site (docs/, mkdocs-material) into site/
 #   make env    the .venv, plus bubblewrap and libseccomp for the reward sandbox (apt-get as root)
 PYTHON ?= python3
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint env browser build-info sandbox clean-runs docs
+.PHONY: run test test-fast lint env browser build-info sandbox clean-runs docs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +65,10 @@ browser:
 
 test: lint browser
 	JAX_PLATFORMS=cpu $(BIN)/pytest $(PYTEST_ARGS)
+
+# A few minutes on 2 cores: what a developer runs between edits. CI runs the full `make test`.
+test-fast: env
+	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 clean-runs:
 	rm -rf runs

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -10,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 # wherever its environment was created.
 BIN = Path(sys.executable).parent
 SMOKE = REPO / "recipes" / "smoke.yaml"
+# One JSON row per test session (date, commit, counts, wall and CPU seconds): the next change
+# compares its suite's cost against the last rows. test-outputs/ is not tracked;
+# FAR_SUITE_TIMES names another file (the test of this file's rows uses one of its own).
+SUITE_TIMES = Path(os.environ.get("FAR_SUITE_TIMES", REPO / "test-outputs" / "suite-times.json"))
+_SESSION_START = time.monotonic()
+# The test session's JAX compilation cache, for the tests' helper processes. (`far` commands
+# keep their default, the --cache-dir's, which all of them already share.)
+CHILD_COMPILE_CACHE = "FAR_TEST_COMPILE_CACHE"
 
 
 def smoke_data() -> dict[str, Any]:
@@ -143,10 +155,23 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
 def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """JAX's persistent compilation cache for the test session, set once here (the tests'
     entry point): later tests load the executables earlier ones compiled. Flows called by
-    tests keep it (a process's cache directory is fixed at its first compilation)."""
+    tests keep it (a process's cache directory is fixed at its first compilation). The tests'
+    helper processes (tests/integration/_*_child.py) find it in the environment and load what
+    the session compiled: a killed and a resumed child build the same executables."""
     from stages.modeling import compile_cache
 
-    return compile_cache.enable(str(tmp_path_factory.mktemp("xla-cache")))
+    root = str(tmp_path_factory.mktemp("xla-cache"))
+    os.environ[CHILD_COMPILE_CACHE] = root
+    return compile_cache.enable(root)
+
+
+def use_session_compile_cache() -> None:
+    """In a test's helper process: use the test session's compilation cache, if one started it."""
+    from stages.modeling import compile_cache
+
+    root = os.environ.get(CHILD_COMPILE_CACHE)
+    if root:
+        compile_cache.enable(root)
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +192,11 @@ def on_api(api_url: str) -> Iterator[None]:
     from prefect.events.worker import EventsWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    # Prefect keeps one events worker per process, bound to the API it first saw, and task
+    # runs reach the API as events: flush and stop it on entry (else this block's task runs
+    # go to the API an earlier flow used, e.g. the in-process harness) and on exit (else
+    # later flows on another API send their task runs here)
+    EventsWorker.drain_all()
     with (
         temporary_settings({PREFECT_API_URL: api_url}),
         # evaluated after the line above has entered: the settings it made current
@@ -175,9 +205,6 @@ def on_api(api_url: str) -> Iterator[None]:
         try:
             yield
         finally:
-            # Prefect keeps one events worker per process, bound to the API it first saw, and
-            # task runs reach the API as events: flush and stop it here, else later flows on
-            # another API (the in-process harness) send their task runs to this one
             EventsWorker.drain_all()
 
 
@@ -193,6 +220,46 @@ def dag_run(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> tuple
     recipe = recipe_with(root, base="smoke-dag")
     with on_api(prefect_api):
         return recipe, format_align_reinforce(recipe, storage.normalize(root))
+
+
+@dataclass(frozen=True)
+class SmokeRuns:
+    """recipes/smoke.yaml run twice on one root: the first run trains every stage, the second
+    skips each. Both are flow runs on the Prefect server at `api_url`."""
+
+    api_url: str
+    first: Any  # RunSummary
+    second: Any  # RunSummary
+    first_id: str  # flow run ids
+    second_id: str
+
+
+@pytest.fixture(scope="session")
+def smoke_twice(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> SmokeRuns:
+    """The smoke recipe through the flow twice against the real Prefect server, once per session:
+    tests/integration/test_smoke_flow.py checks its stages and checkpoints, the UI test
+    (tests/e2e/test_prefect_ui.py) its task runs, artifacts and pages."""
+    import httpx
+
+    from flows.far_flow import format_align_reinforce
+    from stages.core import storage
+
+    def flow_runs() -> dict[str, str]:
+        response = httpx.post(f"{prefect_api}/flow_runs/filter", json={}, timeout=30)
+        response.raise_for_status()
+        return {r["id"]: r["state_type"] for r in response.json()}
+
+    root = str(tmp_path_factory.mktemp("smoke-root"))
+    recipe = recipe_with(root)
+    summaries, ids = [], []
+    for attempt in ("first", "second"):
+        before = flow_runs()
+        with on_api(prefect_api):
+            summaries.append(format_align_reinforce(recipe, storage.normalize(root)))
+        new = {k: v for k, v in flow_runs().items() if k not in before}
+        assert list(new.values()) == ["COMPLETED"], f"{attempt} run: new flow runs {new}"
+        ids += list(new)
+    return SmokeRuns(prefect_api, summaries[0], summaries[1], ids[0], ids[1])
 
 
 @pytest.fixture(scope="session")
@@ -264,3 +331,52 @@ def prefect_env(home: Path, api_url: str) -> dict[str, str]:
         JAX_PLATFORMS="cpu",
     )
     return env
+
+
+def suite_cost() -> dict[str, float]:
+    """Wall seconds since this module was imported (the session start) and CPU seconds (user +
+    system) of this process and of every child it waited for: flows, CLIs, servers, workers."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    user = own.ru_utime + children.ru_utime
+    system = own.ru_stime + children.ru_stime
+    return {
+        "wall_s": round(time.monotonic() - _SESSION_START, 1),
+        "cpu_s": round(user + system, 1),
+        "user_s": round(user, 1),
+        "sys_s": round(system, 1),
+    }
+
+
+def _git_commit() -> str | None:
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() or None
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    """Print the suite's wall and CPU time and append them to test-outputs/suite-times.json."""
+    if config.option.collectonly:
+        return
+    counts = {
+        kind: len(terminalreporter.stats.get(kind, []))
+        for kind in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    }
+    counts["warnings"] = len(terminalreporter.stats.get("warnings", []))
+    row = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+        "args": config.invocation_params.args,
+        "exit_status": int(exitstatus),
+        **counts,
+        **suite_cost(),
+    }
+    SUITE_TIMES.parent.mkdir(parents=True, exist_ok=True)
+    rows = json.loads(SUITE_TIMES.read_text()) if SUITE_TIMES.exists() else []
+    SUITE_TIMES.write_text(json.dumps([*rows, row], indent=1) + "\n")
+    terminalreporter.write_sep(
+        "-",
+        f"suite: {row['wall_s']} s wall, {row['cpu_s']} s CPU "
+        f"({row['user_s']} user + {row['sys_s']} sys, children included) -> {SUITE_TIMES}",
+    )

@@ -1,5 +1,7 @@
-"""The Prefect UI, end to end: a real `prefect server start`, `far run` on the smoke recipe
-twice (the second run skips all four stages), and headless Debian chromium on the UI's pages.
+"""The Prefect UI, end to end: a real `prefect server start`, the smoke recipe's flow run twice
+on it (the session's `smoke_twice`: the second run skips all four stages), and headless Debian
+chromium on the UI's pages. (`far run` as a process is exercised by test_sigterm_resume.py,
+test_prefect_outage.py and the deployment test's Kaggle sessions.)
 
 Checks what a person watching the run would see: the four stage task runs, their keyed
 artifacts (metrics table, data card, evaluation report, checkpoint links) and, on the second
@@ -14,8 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, SMOKE, prefect_env
+from tests.conftest import REPO, SmokeRuns
 
 pytestmark = pytest.mark.slow
 STAGES = ["data_prep", "sft", "grpo", "evaluate"]
@@ -76,24 +76,9 @@ def _api(api_url: str, path: str, body: dict[str, Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def runs(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    root = tmp_path_factory.mktemp("ui-root")
-    env = prefect_env(tmp_path_factory.mktemp("ui-client-home"), prefect_api)
-    far = [str(Path(sys.executable).parent / "far"), "run", str(SMOKE), "--root", str(root)]
-    ids: list[str] = []
-    for attempt in ("first", "second"):
-        before = _flow_run_states(prefect_api)
-        done = subprocess.run(far, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, f"{attempt} far run failed:\n{done.stdout}\n{done.stderr}"
-        new = {k: v for k, v in _flow_run_states(prefect_api).items() if k not in before}
-        assert list(new.values()) == ["COMPLETED"], f"{attempt} run: new flow runs {new}"
-        ids += list(new)
-    return Runs(prefect_api, ids[0], ids[1])
-
-
-def _flow_run_states(api_url: str) -> dict[str, str]:
-    """Every flow run on the server (the server is shared by the session's tests)."""
-    return {r["id"]: r["state_type"] for r in _api(api_url, "flow_runs/filter", {})}
+def runs(smoke_twice: SmokeRuns) -> Runs:
+    """The session's two smoke runs on the real server (shared with test_smoke_flow.py)."""
+    return Runs(smoke_twice.api_url, smoke_twice.first_id, smoke_twice.second_id)
 
 
 def _task_runs(runs: Runs, flow_run_id: str) -> dict[str, dict[str, Any]]:

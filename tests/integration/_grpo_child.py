@@ -1,15 +1,19 @@
-"""Run SFT then GRPO of a small recipe in its own process (tests kill it with SIGKILL).
+"""Run GRPO of a small recipe in its own process (tests kill it with SIGKILL), starting from
+a committed data-prep and SFT run of the same recipe that the test's children share.
 
-usage: python -m tests.integration._grpo_child ROOT
+usage: python -m tests.integration._grpo_child ROOT DATA_PREP_RECORD SFT_RECORD
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from stages import data_prep, grpo, sft
+from schemas.record import StageRecord
+from stages import grpo
+from stages.core import storage
 from stages.core.runner import RunContext
-from tests.conftest import recipe_with
+from tests.conftest import recipe_with, use_session_compile_cache
 
 GRPO_STEPS = 6
 
@@ -28,12 +32,12 @@ def child_recipe(root: str) -> object:
 
 
 def main(argv: list[str]) -> int:
-    root = argv[0]
-    recipe = child_recipe(root)
+    use_session_compile_cache()
+    root, records = argv[0], argv[1:]
+    recipe: Any = child_recipe(root)
     ctx = RunContext(root=root, run="child")
-    dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output  # type: ignore[attr-defined]
-    policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output  # type: ignore[attr-defined]
-    out = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)  # type: ignore[attr-defined]
+    dataset, policy = (StageRecord.model_validate(storage.read_json(u)).output for u in records)
+    out = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)  # type: ignore[arg-type]
     print(f"RECORD {out.record_uri}", flush=True)
     return 0
 

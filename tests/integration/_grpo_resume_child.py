@@ -24,7 +24,7 @@ from flax import nnx
 from stages import data_prep, grpo, sft
 from stages.core.runner import RunContext
 from stages.modeling import tunix_compat
-from tests.conftest import recipe_with
+from tests.conftest import recipe_with, use_session_compile_cache
 
 
 def lora_max_difference(a: Any, b: Any) -> float:
@@ -42,6 +42,7 @@ def follows(actor: Any, rollout: Any) -> bool:
 
 
 def main(root: str) -> int:
+    use_session_compile_cache()
     recipe = recipe_with(
         root, sft={"max_steps": 4}, grpo={"max_steps": 3, "checkpoint_every_steps": 2}
     )

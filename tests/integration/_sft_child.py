@@ -17,7 +17,7 @@ from typing import Any
 
 from stages import data_prep, sft
 from stages.core.runner import RunContext, SessionExpired
-from tests.conftest import recipe_with
+from tests.conftest import recipe_with, use_session_compile_cache
 
 EXIT_SESSION_ENDED = 3
 
@@ -43,6 +43,7 @@ def die_in_save(step: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    use_session_compile_cache()
     if "--die-in-save" in argv:
         at = argv.index("--die-in-save")
         die_in_save(int(argv[at + 1]))

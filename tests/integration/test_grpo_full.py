@@ -30,16 +30,28 @@ from stages.core.runner import RunContext
 from stages.grpo import metrics as grpo_metrics
 from stages.modeling import tunix_compat
 from tests.conftest import REPO, recipe_with
-from tests.integration._grpo_child import GRPO_STEPS
+from tests.integration._grpo_child import GRPO_STEPS, child_recipe
 from tests.integration.test_sft_full import lora_leaves
 
 pytestmark = pytest.mark.slow
 
 
-def run_child(root: Path) -> subprocess.Popen[str]:
+@pytest.fixture(scope="module")
+def sft_start(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The child recipe's data-prep and SFT, committed once: (data-prep record, SFT record).
+    The kill -9 test's uninterrupted, killed and resumed GRPO sessions all start from it."""
+    root = str(tmp_path_factory.mktemp("grpo-start"))
+    recipe = child_recipe(root)
+    ctx = RunContext(root=root, run="child")
+    prepared = data_prep.prepare(recipe.data, recipe.model, ctx)  # type: ignore[attr-defined]
+    trained = sft.train(prepared.output, recipe.sft, recipe.model, recipe.mesh, ctx)  # type: ignore[attr-defined]
+    return prepared.record_uri, trained.record_uri
+
+
+def run_child(root: Path, start: tuple[str, str]) -> subprocess.Popen[str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration._grpo_child", str(root)],
+        [sys.executable, "-m", "tests.integration._grpo_child", str(root), *start],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -60,10 +72,12 @@ def seeds_by_step(root: Path) -> dict[int, int]:
     return {row["step"]: row["rollout_seed"] for row in rows}
 
 
-def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
-    straight = run_child(tmp_path / "straight")
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(
+    tmp_path: Path, sft_start: tuple[str, str]
+) -> None:
+    straight = run_child(tmp_path / "straight", sft_start)
     assert straight.wait(timeout=400) == 0, straight.stdout.read()  # type: ignore[union-attr]
-    victim = run_child(tmp_path / "killed")
+    victim = run_child(tmp_path / "killed", sft_start)
     actor = tmp_path / "killed" / "child"
     deadline = time.time() + 300
     while not list(actor.glob("grpo-*/checkpoints/actor/3")):
@@ -73,7 +87,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not list(actor.glob("grpo-*/stage.json"))  # not committed
-    resumed = run_child(tmp_path / "killed")
+    resumed = run_child(tmp_path / "killed", sft_start)
     output = resumed.communicate(timeout=400)[0]
     assert resumed.returncode == 0, output
     record, reference = grpo_record(tmp_path / "killed"), grpo_record(tmp_path / "straight")

@@ -1,26 +1,25 @@
 """The smoke recipe end to end through the real Prefect flow, real Tunix, real Orbax; then
-the same recipe again, which must skip every stage and return the same URIs."""
+the same recipe again, which must skip every stage and return the same URIs. The two runs are
+the session's `smoke_twice` (tests/conftest.py), which the Prefect UI test reads too."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import pytest
 
-from flows.far_flow import format_align_reinforce
 from schemas.record import RunSummary, StageRecord
 from stages.core import storage
-from tests.conftest import recipe_with
+from tests.conftest import SmokeRuns
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+pytestmark = pytest.mark.slow
 STAGES = ["data_prep", "sft", "grpo", "evaluate"]
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunSummary, RunSummary]:
-    root = str(tmp_path_factory.mktemp("smoke-root"))
-    recipe = recipe_with(root)
-    first = format_align_reinforce(recipe, storage.normalize(root))
-    second = format_align_reinforce(recipe, storage.normalize(root))
-    return first, second
+def smoke_runs(smoke_twice: SmokeRuns) -> tuple[RunSummary, RunSummary]:
+    return smoke_twice.first, smoke_twice.second
 
 
 def test_first_run_runs_all_four_stages(smoke_runs: tuple[RunSummary, RunSummary]) -> None:
@@ -100,37 +99,43 @@ def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]
     assert len(deltas) > 0 and max(deltas) > 0
 
 
-def test_training_progress_is_shown_in_the_prefect_ui(
-    smoke_runs: tuple[RunSummary, RunSummary],
-) -> None:
+def progress_artifacts(smoke: SmokeRuns, stage: str, flow_run_id: str) -> list[dict[str, Any]]:
+    """The stage's progress artifacts made by one flow run, read from the server by key and
+    flow run (the deployment test runs the smoke recipe on the same server too)."""
+    key = f"far-smoke-{stage}-progress"
+    body = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run_id]}}}
+    response = httpx.post(f"{smoke.api_url}/artifacts/filter", json=body, timeout=30)
+    response.raise_for_status()
+    return list(response.json())
+
+
+def test_training_progress_is_shown_in_the_prefect_ui(smoke_twice: SmokeRuns) -> None:
     """Each training stage kept a progress artifact up to date while it ran (the re-run,
     which skipped both stages, made none)."""
-    from prefect.artifacts import Artifact
-
-    assert smoke_runs[0].complete
+    assert smoke_twice.first.complete
     steps = {"sft": 150, "grpo": 4}  # recipes/smoke.yaml
     for stage, total in steps.items():
-        artifact = Artifact.get(f"far-smoke-{stage}-progress")
-        assert artifact is not None, stage
-        assert artifact.type == "progress" and float(artifact.data) == 100.0
-        assert artifact.description.startswith(f"{stage} {total}/{total} (100%)")
-        assert "s/step | ETA 0 s" in artifact.description
-        assert ("loss" if stage == "sft" else "reward") in artifact.description
-        assert artifact.task_run_id is not None
+        assert progress_artifacts(smoke_twice, stage, smoke_twice.second_id) == [], stage
+        (artifact,) = progress_artifacts(smoke_twice, stage, smoke_twice.first_id)
+        assert artifact["type"] == "progress" and float(artifact["data"]) == 100.0
+        assert artifact["description"].startswith(f"{stage} {total}/{total} (100%)")
+        assert "s/step | ETA 0 s" in artifact["description"]
+        assert ("loss" if stage == "sft" else "reward") in artifact["description"]
+        assert artifact["task_run_id"] is not None
 
 
 def test_the_ledger_root_is_published_outside_storage_and_pins_the_run(
-    smoke_runs: tuple[RunSummary, RunSummary],
+    smoke_twice: SmokeRuns,
 ) -> None:
     """Each session ends with the run's ledger root in its summary and a Prefect artifact; a
     root kept from the first session still pins the run after the second (which skipped every
     stage, after verifying each)."""
-    from prefect.artifacts import Artifact
-
     from pipeline import lineage
 
-    first, second = smoke_runs
+    first, second = smoke_twice.first, smoke_twice.second
     assert first.ledger_root and second.ledger_root and first.ledger_root != second.ledger_root
-    artifact = Artifact.get("far-smoke-run-ledger")
-    assert artifact is not None and second.ledger_root in str(artifact.description)
+    body = {"artifacts": {"key": {"any_": ["far-smoke-run-ledger"]}}}
+    response = httpx.post(f"{smoke_twice.api_url}/artifacts/filter", json=body, timeout=30)
+    response.raise_for_status()
+    assert any(second.ledger_root in str(a["description"]) for a in response.json())
     assert lineage.audit(first.run_uri, expect_root=first.ledger_root) == []
