@@ -21,3 +21,20 @@ def test_the_reinforce_demo_is_the_demo_with_more_prompts_and_its_grpo() -> None
     assert reinforce.data.eval.size >= 256  # enough paired prompts for a McNemar test
     assert reinforce.eval.models == ["sft", "grpo"]  # GRPO is compared with SFT directly
     assert reinforce.grpo.max_steps * reinforce.grpo.batch_size <= reinforce.data.grpo.size
+
+
+def test_the_headroom_recipe_filters_on_its_own_policy_before_grpo() -> None:
+    """recipes/reinforce-headroom.yaml: the DAG checks out, the headroom evaluation samples the
+    SFT policy at GRPO's temperature with at least one sample per GRPO completion, the filter
+    keeps the informative band of that evaluation, and GRPO trains the SFT policy on it."""
+    from pipeline.dag import build_dag
+
+    recipe = load_recipe(str(REPO / "recipes" / "reinforce-headroom.yaml"))
+    nodes = {node.id: node for node in build_dag(recipe).nodes}
+    headroom, band = nodes["headroom"].config, nodes["informative"].config
+    assert headroom.split == "grpo_train" and headroom.greedy
+    assert headroom.temperature == recipe.grpo.temperature
+    assert headroom.samples >= recipe.grpo.num_generations
+    assert (band.above, band.below, band.min_prompts) == (0.0, 1.0, recipe.grpo.batch_size)
+    assert nodes["grpo"].inputs == {"dataset": "informative", "policy": "sft"}
+    assert recipe.data.eval.size >= 256 and recipe.grpo.beta == 0.0
