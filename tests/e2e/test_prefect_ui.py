@@ -138,11 +138,21 @@ def test_task_runs_end_completed_then_skipped(runs: Runs) -> None:
         ), stage
 
 
+RUN_LEDGER_KEY = "far-smoke-run-ledger"  # the flow's own artifact: the run's ledger root
+
+
 def test_each_stage_publishes_its_keyed_artifacts(runs: Runs) -> None:
+    """Each stage's task run publishes its keyed artifacts; the flow run itself publishes the
+    run's ledger root (no task run)."""
     for flow_run_id in (runs.first, runs.second):
         tasks = {t["id"]: name for name, t in _task_runs(runs, flow_run_id).items()}
         keys: dict[str, set[str]] = {stage: set() for stage in STAGES}
-        for artifact in _artifacts(runs, flow_run_id):
+        artifacts = _artifacts(runs, flow_run_id)
+        (ledger,) = [a for a in artifacts if a["task_run_id"] is None]
+        assert ledger["key"] == RUN_LEDGER_KEY and "ledger root sha256:" in ledger["description"]
+        for artifact in artifacts:
+            if artifact["task_run_id"] is None:
+                continue
             stage = tasks[artifact["task_run_id"]]
             prefix = f"far-smoke-{stage.replace('_', '-')}-"
             assert artifact["key"].startswith(prefix), artifact["key"]
@@ -197,9 +207,12 @@ def _check_artifact_cards(page: Any, runs: Runs, flow_run_id: str) -> None:
     _open_tab(page, runs, flow_run_id, "Artifacts")
     titles = page.locator(".artifact-card__title")
     expected = sorted(
-        f"far-smoke-{stage.replace('_', '-')}-{what}"
-        for stage, whats in expected_keys(trained=flow_run_id == runs.first).items()
-        for what in whats
+        [
+            f"far-smoke-{stage.replace('_', '-')}-{what}"
+            for stage, whats in expected_keys(trained=flow_run_id == runs.first).items()
+            for what in whats
+        ]
+        + [RUN_LEDGER_KEY]
     )
     expect(titles).to_have_count(len(expected), timeout=UI_TIMEOUT_MS)
     assert sorted(titles.all_inner_texts()) == expected
