@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import numpy as np
 
@@ -59,23 +60,43 @@ class StopFlag:
             raise self.error
 
 
+ABORT_EXIT_CODE = 130  # what a shell reports for a job ended by Ctrl-C
+
+
+def abort_now() -> NoReturn:
+    """A second Ctrl-C: leave at once, from wherever the main thread is (a KeyboardInterrupt
+    raised inside a compiled step, an Orbax save or a thread join could be swallowed or wait
+    on threads: measured, a run that hung 300 s). Nothing is lost that a kill -9 would keep:
+    records are written last, Orbax commits atomically, and the lease of a pid that is gone
+    is taken over at once on this host."""
+    logging.shutdown()
+    os.write(
+        2,
+        b"far: aborted by Ctrl-C without saving the steps after the last checkpoint; "
+        b"run the same command again to continue from there\n",
+    )
+    os._exit(ABORT_EXIT_CODE)
+
+
 @contextmanager
 def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
     """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop, and so
     does a first Ctrl-C (SIGINT): training saves and the run stops, to be continued by the same
-    command. A second Ctrl-C raises KeyboardInterrupt at once (an abort, no save)."""
+    command. A second Ctrl-C leaves at once with exit code 130 (an abort, no save)."""
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         flag.request(f"received signal {signal.Signals(signum).name}")
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
         if flag.is_set():
-            raise KeyboardInterrupt("second Ctrl-C: aborted without saving")
+            abort_now()
+        # the flag first: Python runs a second Ctrl-C's handler inside this one when it comes
+        # at once, and that handler must see the first
+        flag.request("received signal SIGINT (Ctrl-C)")
         log.warning(
             "Ctrl-C: saving and stopping after the current step (press Ctrl-C again to abort "
             "without saving)"
         )
-        flag.request("received signal SIGINT (Ctrl-C)")
 
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)
     previous_int = signal.signal(signal.SIGINT, on_sigint)
