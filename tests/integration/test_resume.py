@@ -290,7 +290,10 @@ def task_runs_of(flow_run_id: Any) -> dict[str, Any]:
 
 def test_short_sessions_reach_the_same_result_as_one(prefect_server: None, tmp_path: Path) -> None:
     changes = {
-        "sft": {"max_steps": 60, "checkpoint_every_steps": 5, "save_margin_seconds": 0.5},
+        # long enough that no session whose budget was just doubled (to reach SFT at all on a
+        # loaded machine) can also finish it: with 60 steps a warm compile cache let the
+        # first session that reached SFT complete it, and no session was ever stopped
+        "sft": {"max_steps": 600, "checkpoint_every_steps": 20, "save_margin_seconds": 0.5},
         "eval": {"models": ["sft"]},
     }
     one = run_flow(small_recipe(str(tmp_path / "one"), **changes))
