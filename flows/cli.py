@@ -119,10 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EPILOG,
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    run.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
-    _add_override_argument(run)
-    run.add_argument("--root", help="override the recipe's storage_root (path or URI)")
-    run.add_argument("--name", help="override the recipe's run name")
+    _add_recipe_arguments(run)
     run.add_argument(
         "--session-budget", help="stop cleanly after this long, e.g. 9h, 90m (overrides recipe)"
     )
@@ -178,10 +175,7 @@ def _add_validate_command(commands: Any) -> None:
         "the drift guard (the changes and the --allow-change flags are named).",
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    validate.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
-    _add_override_argument(validate)
-    validate.add_argument("--root", help="override the recipe's storage_root (path or URI)")
-    validate.add_argument("--name", help="override the recipe's run name")
+    _add_recipe_arguments(validate)
     validate.add_argument(
         "--allow-change",
         action="append",
@@ -195,6 +189,15 @@ def _add_validate_command(commands: Any) -> None:
         help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
     )
     validate.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+
+
+def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The recipe, its KEY=VALUE overrides, --root and --name: what `far run` and
+    `far validate` share."""
+    parser.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
+    _add_override_argument(parser)
+    parser.add_argument("--root", help="override the recipe's storage_root (path or URI)")
+    parser.add_argument("--name", help="override the recipe's run name")
 
 
 def _add_override_argument(parser: argparse.ArgumentParser) -> None:

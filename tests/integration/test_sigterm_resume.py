@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline import manifest
-from tests.conftest import BIN, REPO, smoke_data
+from tests.conftest import BIN, REPO
+from tests.integration.test_ctrl_c import long_sft_recipe
 
 pytestmark = pytest.mark.slow
 FAR = str(BIN / "far")
@@ -34,12 +34,7 @@ def far(*args: str, home: Path) -> subprocess.Popen[str]:
 
 
 def test_sigterm_saves_and_stops_then_far_resume_finishes(tmp_path: Path) -> None:
-    data = smoke_data()
-    data["sft"].update(max_steps=200, checkpoint_every_steps=10)
-    data["grpo"].update(max_steps=2, checkpoint_every_steps=1)
-    data["eval"]["models"] = ["sft"]
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(data))
+    recipe = long_sft_recipe(tmp_path)
     root, home = tmp_path / "runs", tmp_path / "prefect"
     run = far("run", str(recipe), "--root", str(root), home=home)
     deadline = time.time() + 400
