@@ -53,8 +53,8 @@ after losing it);
 130 a second Ctrl-C (aborted without saving).
 """
 
-DEFAULT_KINDS = ("data_prep", "sft", "grpo", "evaluate")  # pipeline.dag.default_nodes
-OTHER_KINDS = ", ".join(k for k in registry.REGISTRY if k not in DEFAULT_KINDS)
+# the kinds beyond the default pipeline's (whose kinds read a recipe section when configless)
+OTHER_KINDS = ", ".join(k for k, s in registry.REGISTRY.items() if s.section is None)
 DESCRIPTION = f"""\
 FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason. A recipe names a
 DAG of stages (by default data-prep -> SFT-format -> GRPO-reinforce -> evaluation; also

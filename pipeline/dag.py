@@ -25,10 +25,7 @@ from schemas.recipe import (
     StageNode,
 )
 from stages import registry
-
-# What each kind of node takes and produces is declared by its registration (stages/registry.py).
-Port = registry.Port
-SAYS = registry.SAYS
+from stages.registry import SAYS, Port
 
 
 class DagError(ValueError):

@@ -216,6 +216,12 @@ def register(spec: StageSpec) -> StageSpec:
         raise ValueError(f"stage kind {spec.kind!r} is registered already")
     if ":" not in spec.entry:
         raise ValueError(f"stage kind {spec.kind!r}: entry must be 'module:function'")
+    unknown = sorted(set(spec.hash_exempt_defaults) - set(spec.config.model_fields))
+    if unknown:
+        raise ValueError(
+            f"stage kind {spec.kind!r}: hash_exempt_defaults {unknown} are not fields of "
+            f"{spec.config.__name__}"
+        )
     REGISTRY[spec.kind] = spec
     return spec
 

@@ -83,6 +83,11 @@ def test_a_kind_is_registered_once_and_a_registration_is_undone() -> None:
         registry.register(registry.spec("sft"))
     with registry.registered(spec):
         assert registry.spec("toy") is spec
+    typo = registry.StageSpec(
+        "toy", EvalConfig, "x:run", "eval_report", hash_exempt_defaults=("greedyy",)
+    )
+    with pytest.raises(ValueError, match=r"\['greedyy'\] are not fields of EvalConfig"):
+        registry.register(typo)
     with pytest.raises(registry.UnknownStageKind, match="no stage kind 'toy'"):
         registry.spec("toy")
 
