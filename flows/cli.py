@@ -24,6 +24,7 @@ from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_previe
 from pipeline.recipes import RecipeError, parse_recipe
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
+from stages import registry
 from stages.core import storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
@@ -52,10 +53,12 @@ after losing it);
 130 a second Ctrl-C (aborted without saving).
 """
 
+# the kinds beyond the default pipeline's (whose kinds read a recipe section when configless)
+OTHER_KINDS = ", ".join(k for k, s in registry.REGISTRY.items() if s.section is None)
 DESCRIPTION = f"""\
 FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason. A recipe names a
 DAG of stages (by default data-prep -> SFT-format -> GRPO-reinforce -> evaluation; also
-hard_subset, self_teach, preferences, dpo, distill) run as one Prefect flow.
+{OTHER_KINDS}) run as one Prefect flow.
 
 Every stage writes its output under {{storage_root}}/{{name}}/{{node}}-{{hash}}/ and a record
 (stage.json) last. Running the same recipe again skips every completed stage, so a run

@@ -36,6 +36,7 @@ from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact
 from schemas.recipe import Recipe, StageNode
 from schemas.record import RunSummary, StageSummary
+from stages import registry
 from stages.core import ledger, storage
 from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
 from stages.core.sessions import LeaseLost, StopFlag, stop_on_sigterm
@@ -109,7 +110,7 @@ def stage_task(
     recipe: Recipe, node: StageNode, config: Any, inputs: dict[str, Artifact], ctx: RunContext
 ) -> State[tuple[Artifact, StageSummary]]:
     """One pipeline node; the flow names each task after its node id."""
-    if node.kind in ("sft", "grpo", "evaluate"):  # long stages report progress to the UI
+    if registry.spec(node.kind).progress:  # long stages report progress to the UI
         ctx = with_stage_progress(ctx, recipe.name, node.id)
     outcome = nodes.run_node(recipe, node, config, inputs, ctx)
     return _finish(ctx, node.id, outcome)

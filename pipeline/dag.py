@@ -6,8 +6,9 @@ same stage identities (and so the same directories) as before pipelines existed.
 
 `build_dag` refuses, before any compute, a graph with a duplicate id, an input naming no node,
 a missing or unknown input, a cycle, or an edge that hands a stage the wrong contract, naming
-the edge: `grpo2.policy <- eval1: expected a checkpoint, got an eval report`. No stage code is
-imported here: validating a recipe stays cheap.
+the edge: `grpo2.policy <- eval1: expected a checkpoint, got an eval report`. Each kind's ports
+and output come from its registration (stages/registry.py), which imports no stage code:
+validating a recipe stays cheap.
 """
 
 from __future__ import annotations
@@ -23,67 +24,8 @@ from schemas.recipe import (
     SFTNode,
     StageNode,
 )
-
-# What each kind of node produces: an artifact kind, and for datasets the splits it holds.
-DATASET_SPLITS = {
-    "data_prep": frozenset({"sft_train", "grpo_train", "eval"}),
-    "hard_subset": frozenset({"grpo_train", "eval"}),
-    "self_teach": frozenset({"sft_train", "grpo_train", "eval"}),
-}
-PRODUCES = {
-    "data_prep": "dataset",
-    "sft": "checkpoint",
-    "grpo": "checkpoint",
-    "dpo": "checkpoint",
-    "distill": "checkpoint",
-    "evaluate": "eval_report",
-    "hard_subset": "dataset",
-    "self_teach": "dataset",
-    "preferences": "preferences",
-}
-SAYS = {  # how an error names an artifact kind
-    "dataset": "a dataset",
-    "checkpoint": "a checkpoint",
-    "eval_report": "an eval report",
-    "preferences": "preference pairs",
-}
-
-
-@dataclass(frozen=True)
-class Port:
-    """One input of a kind of node: the artifact kinds it accepts, the dataset splits it reads."""
-
-    accepts: tuple[str, ...]
-    splits: frozenset[str] = frozenset()
-    required: bool = True
-    producers: tuple[str, ...] = ()  # when set, only these node kinds may feed it
-
-
-DATASET_FOR = {
-    "sft": Port(("dataset",), frozenset({"sft_train"})),
-    "grpo": Port(("dataset",), frozenset({"grpo_train"})),
-    "eval": Port(("dataset",), frozenset({"eval"})),
-}
-PORTS: dict[str, dict[str, Port]] = {
-    "data_prep": {},
-    "sft": {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
-    "grpo": {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
-    "evaluate": {"dataset": DATASET_FOR["eval"]},  # every other input: a checkpoint to evaluate
-    "hard_subset": {  # the dataset: the evaluated one (its grpo_train) and its eval split
-        "evaluation": Port(("eval_report",), producers=("evaluate",)),
-        "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
-    },
-    "self_teach": {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
-    "preferences": {  # none: pairs from config.file
-        "samples": Port(
-            ("eval_report", "checkpoint"), required=False, producers=("evaluate", "grpo")
-        ),
-        "dataset": Port(("dataset",), frozenset({"eval"}), required=False),  # evaluated prompts
-    },
-    "dpo": {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
-    "distill": {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
-}
-EVALUATED = Port(("checkpoint",))  # the port of each model an evaluate node compares
+from stages import registry
+from stages.registry import SAYS, Port
 
 
 class DagError(ValueError):
@@ -141,6 +83,8 @@ def build_dag(recipe: Recipe) -> Dag:
             raise DagError(f"node id {node.id!r} is used twice; ids must be unique")
         by_id[node.id] = node
     for node in nodes:
+        _spec(node)
+    for node in nodes:
         _check_inputs(node, by_id, recipe)
     for node in nodes:
         if node.kind == "hard_subset":
@@ -155,10 +99,18 @@ def evaluated_split(recipe: Recipe, node: StageNode) -> str:
     return (node.config or recipe.eval).split
 
 
+def _spec(node: StageNode) -> registry.StageSpec:
+    """The node's registration; a kind nothing registers is a DagError naming the node."""
+    try:
+        return registry.spec(node.kind)
+    except registry.UnknownStageKind as e:
+        raise DagError(f"{node.id}: {e}") from e
+
+
 def _ports(node: StageNode, recipe: Recipe) -> dict[str, Port]:
     """The node's inputs; an evaluate node's dataset must hold the split it scores."""
     if node.kind != "evaluate":
-        return PORTS[node.kind]
+        return dict(_spec(node).ports)
     return {"dataset": Port(("dataset",), frozenset({evaluated_split(recipe, node)}))}
 
 
@@ -188,7 +140,7 @@ def _check_inputs(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) 
             )
     for name, source in node.inputs.items():
         edge = f"{node.id}.{name} <- {source}"
-        given = ports.get(name, EVALUATED if node.kind == "evaluate" else None)
+        given = ports.get(name, _spec(node).any_other_input)
         if given is None:
             raise DagError(f"{edge}: {node.kind} has no input {name!r}; inputs: {sorted(ports)}")
         if source not in by_id:
@@ -204,7 +156,7 @@ def _check_inputs(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) 
 
 
 def _check_edge(edge: str, port: Port, source: StageNode) -> None:
-    produced = PRODUCES[source.kind]
+    produced = _spec(source).produces
     if produced not in port.accepts:
         raise DagError(f"{edge}: expected {_wants(port)}, got {SAYS[produced]}")
     if port.producers and source.kind not in port.producers:
@@ -212,9 +164,9 @@ def _check_edge(edge: str, port: Port, source: StageNode) -> None:
             f"{edge}: expected the output of a {' or '.join(port.producers)} node, "
             f"got a {source.kind} node's"
         )
-    missing = port.splits - DATASET_SPLITS.get(source.kind, frozenset())
+    missing = port.splits - _spec(source).splits
     if produced == "dataset" and missing:
-        held = ", ".join(sorted(DATASET_SPLITS[source.kind]))
+        held = ", ".join(sorted(_spec(source).splits))
         raise DagError(
             f"{edge}: expected a dataset with split {', '.join(sorted(missing))}, "
             f"got a {source.kind} dataset ({held})"
@@ -264,9 +216,7 @@ def node_config(recipe: Recipe, node: StageNode) -> Any:
     if isinstance(node, EvaluateNode):
         models = ["base", *sorted(n for n in node.inputs if n != "dataset")]
         return recipe.eval.model_copy(update={"models": models})
-    sections: dict[type, Any] = {
-        DataPrepNode: recipe.data,
-        SFTNode: recipe.sft,
-        GRPONode: recipe.grpo,
-    }
-    return sections[type(node)]
+    section = _spec(node).section
+    if section is None:
+        raise DagError(f"{node.id} ({node.kind}) has no config and its kind reads no section")
+    return getattr(recipe, section)

@@ -188,9 +188,10 @@ def _directory_state(stage: str, directory: str) -> StageState:
 
 
 def _max_steps(config: dict[str, Any]) -> int | None:
-    for section in ("sft", "grpo", "dpo"):
-        if isinstance(config.get(section), dict) and "max_steps" in config[section]:
-            return int(config[section]["max_steps"])
+    """A training stage's max_steps from its hashed config (any kind: sft, grpo, dpo, distill)."""
+    for section in config.values():
+        if isinstance(section, dict) and "max_steps" in section:
+            return int(section["max_steps"])
     return None
 
 

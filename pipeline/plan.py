@@ -19,7 +19,7 @@ from pipeline import manifest
 from pipeline.dag import build_dag
 from pipeline.recipes import load_recipe
 from schemas.recipe import Recipe, StageNode
-from stages import rewards
+from stages import registry, rewards
 from stages.core import drift, storage
 from stages.core.runner import IDENTITY_NAME
 
@@ -68,10 +68,6 @@ class NodePlan:
     action: str  # run | continue | skip | refused | - (not reached after a refused stage)
     stage_hash: str | None  # the directory's hash (first 12 hex digits); None: not known yet
     detail: str
-
-
-# The recipe section each kind of node reads when it has no config of its own.
-SECTION_OF = {"data_prep": "data", "sft": "sft", "grpo": "grpo", "evaluate": "eval"}
 
 
 def preview(
@@ -129,9 +125,12 @@ def preview(
 
 
 def stage_version(kind: str) -> int | None:
-    """A stage kind's STAGE_VERSION, read from its module's source without importing it (a
-    stage imports JAX and Tunix, seconds that a plan does not need); None if not found."""
-    spec = importlib.util.find_spec(f"stages.{kind}")
+    """A stage kind's STAGE_VERSION, read from the source of its registered entry point's
+    module without importing it (a stage imports JAX and Tunix, seconds that a plan does not
+    need); None if not found."""
+    if kind not in registry.REGISTRY:
+        return None
+    spec = importlib.util.find_spec(registry.spec(kind).module)
     if spec is None or spec.origin is None:
         return None
     for statement in ast.parse(Path(spec.origin).read_text()).body:
@@ -162,7 +161,7 @@ def _touches(path: str, node: StageNode, recipe: Recipe) -> bool:
     if head in ("model", "pipeline"):
         return True
     uses_section = recipe.pipeline is None or node.config is None
-    return uses_section and SECTION_OF.get(node.kind) == head
+    return uses_section and registry.spec(node.kind).section == head
 
 
 def _says(refused: list[drift.Change]) -> str:

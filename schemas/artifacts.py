@@ -100,6 +100,9 @@ class PreferenceDataset(Frozen):
     fingerprint: Fingerprint
 
 
+Artifact = DatasetArtifact | CheckpointArtifact | EvalReport | PreferenceDataset
+"""What a stage's entry point returns and a downstream stage's input receives."""
+
 StageOutput = Annotated[
     DatasetArtifact | CheckpointArtifact | EvalReport | PreferenceDataset,
     Field(discriminator="kind"),

@@ -711,21 +711,13 @@ class DistillConfig(Frozen):
 
 
 NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
-StageKind = Literal[
-    "data_prep",
-    "sft",
-    "grpo",
-    "evaluate",
-    "hard_subset",
-    "self_teach",
-    "preferences",
-    "dpo",
-    "distill",
-]
 
 
-class _Node(Frozen):
-    """One stage of a pipeline: its id (names its directory), and input name -> node id."""
+class Node(Frozen):
+    """One stage of a pipeline: its id (names its directory), and input name -> node id.
+
+    Each stage kind's node class adds `kind: Literal["<kind>"]` and `config: <its config
+    model>`; its registration (stages/registry.py) declares the rest."""
 
     id: NodeId
     """The node's id: names its directory, {id}-{hash}; lowercase, digits, '_'."""
@@ -733,51 +725,51 @@ class _Node(Frozen):
     """Input name -> the id of the node whose output feeds it."""
 
 
-class DataPrepNode(_Node):
+class DataPrepNode(Node):
     kind: Literal["data_prep"]
     config: DataPrepConfig | None = None
     """None: the recipe's `data`"""
 
 
-class SFTNode(_Node):
+class SFTNode(Node):
     kind: Literal["sft"]
     config: SFTConfig | None = None
     """None: the recipe's `sft`"""
 
 
-class GRPONode(_Node):
+class GRPONode(Node):
     kind: Literal["grpo"]
     config: GRPOConfig | None = None
     """None: the recipe's `grpo`"""
 
 
-class EvaluateNode(_Node):
+class EvaluateNode(Node):
     kind: Literal["evaluate"]
     config: EvalConfig | None = None
     """None: the recipe's `eval`, models 'base' + the inputs"""
 
 
-class HardSubsetNode(_Node):
+class HardSubsetNode(Node):
     kind: Literal["hard_subset"]
     config: HardSubsetConfig
 
 
-class SelfTeachNode(_Node):
+class SelfTeachNode(Node):
     kind: Literal["self_teach"]
     config: SelfTeachConfig = Field(default_factory=SelfTeachConfig)
 
 
-class PreferencesNode(_Node):
+class PreferencesNode(Node):
     kind: Literal["preferences"]
     config: PreferencesConfig = Field(default_factory=PreferencesConfig)
 
 
-class DPONode(_Node):
+class DPONode(Node):
     kind: Literal["dpo"]
     config: DPOConfig
 
 
-class DistillNode(_Node):
+class DistillNode(Node):
     kind: Literal["distill"]
     config: DistillConfig
 

@@ -13,7 +13,6 @@ from pydantic import Field, model_validator
 
 from schemas.artifacts import StageOutput
 from schemas.base import Frozen
-from schemas.recipe import StageKind
 
 
 class CodeVersion(Frozen):
@@ -69,7 +68,8 @@ class FileDigest(Frozen):
 
 
 class StageRecord(Frozen):
-    stage: StageKind
+    stage: str
+    """The stage's kind, as registered in stages/registry.py (e.g. sft, evaluate)."""
     run: str
     status: Literal["complete"]
     stage_hash: str

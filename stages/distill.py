@@ -16,6 +16,7 @@ deadline like SFT. The output checkpoint's `model` is the student's spec.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import grain
@@ -28,7 +29,7 @@ from tunix.distillation.strategies import logit
 from tunix.sft import metrics_logger
 from tunix.sft import utils as sft_utils
 
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact
+from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
@@ -39,12 +40,14 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     run_stage,
+    take,
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.tunix_compat import release_scalar_listeners
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
@@ -172,7 +175,7 @@ def _distill(
 def identity(
     config: DistillConfig, student: ModelSpec, dataset_fingerprint: str, teacher_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"distill": config.model_dump(mode="json"), "model": student.model_dump(mode="json")}
+    hashed = {"distill": hashed_config("distill", config), "model": student.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, "teacher": teacher_fingerprint}
     return StageIdentity("distill", STAGE_VERSION, hashed, inputs)
 
@@ -206,3 +209,12 @@ def distill(
         lambda directory: _distill(directory, dataset, teacher, config, student, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: DistillConfig, ctx: RunContext
+) -> StageOutcome[CheckpointArtifact]:
+    """The registered entry point (stages/registry.py): `dataset` and the `teacher`."""
+    dataset = take(inputs, "dataset", DatasetArtifact)
+    teacher = take(inputs, "teacher", CheckpointArtifact)
+    return distill(dataset, teacher, config, ctx.require_model(), ctx.mesh, ctx)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import grain
@@ -25,7 +26,7 @@ import orbax.checkpoint as ocp
 from tunix.sft import metrics_logger
 from tunix.sft.dpo import dpo_trainer
 
-from schemas.artifacts import CheckpointArtifact, PreferenceDataset
+from schemas.artifacts import Artifact, CheckpointArtifact, PreferenceDataset
 from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
@@ -37,12 +38,14 @@ from stages.core.runner import (
     StageOutcome,
     find_record,
     run_stage,
+    take,
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.modeling.tunix_compat import release_scalar_listeners
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
@@ -182,7 +185,7 @@ def _metrics(trainer: dpo_trainer.DPOTrainer, pairs: int, start_step: int) -> di
 def identity(
     config: DPOConfig, model: ModelSpec, policy_fingerprint: str, pairs_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"dpo": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    hashed = {"dpo": hashed_config("dpo", config), "model": model.model_dump(mode="json")}
     inputs = {"policy": policy_fingerprint, "preferences": pairs_fingerprint}
     return StageIdentity("dpo", STAGE_VERSION, hashed, inputs)
 
@@ -212,3 +215,12 @@ def optimize(
         lambda directory: _optimize(directory, policy, preferences, config, model, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: DPOConfig, ctx: RunContext
+) -> StageOutcome[CheckpointArtifact]:
+    """The registered entry point (stages/registry.py): the `policy` and its `preferences`."""
+    policy = take(inputs, "policy", CheckpointArtifact)
+    pairs = take(inputs, "preferences", PreferenceDataset)
+    return optimize(policy, pairs, config, ctx.require_model(), ctx.mesh, ctx)

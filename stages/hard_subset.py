@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 
-from schemas.artifacts import DatasetArtifact, EvalReport
+from schemas.artifacts import Artifact, DatasetArtifact, EvalReport
 from schemas.recipe import HardSubsetConfig
 from stages.core import storage
 from stages.core.datasets import (
@@ -38,8 +39,10 @@ from stages.core.runner import (
     StageOutcome,
     find_record,
     run_stage,
+    take,
     with_uris,
 )
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 2  # 2: selects from the evaluated grpo_train split, never from eval
@@ -150,14 +153,9 @@ def _select(
 def identity(
     config: HardSubsetConfig, evaluation_fingerprint: str, dataset_fingerprint: str
 ) -> StageIdentity:
-    # `above` unset and `by` correct are left out: subsets made before those fields existed
-    # keep their hash and directory
-    dumped = config.model_dump(mode="json")
-    if dumped["above"] is None:
-        del dumped["above"]
-    if dumped["by"] == "correct":
-        del dumped["by"]
-    hashed = {"hard_subset": dumped}
+    # `above` and `by` are hashed only when set (the registration's hash_exempt_defaults):
+    # subsets made before those fields existed keep their hash and directory
+    hashed = {"hard_subset": hashed_config("hard_subset", config)}
     inputs = {"evaluation": evaluation_fingerprint, "dataset": dataset_fingerprint}
     return StageIdentity("hard_subset", STAGE_VERSION, hashed, inputs)
 
@@ -210,3 +208,11 @@ def select(
         ),
         lambda directory: _select(directory, evaluation, dataset, config),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: HardSubsetConfig, ctx: RunContext
+) -> StageOutcome[DatasetArtifact]:
+    """The registered entry point (stages/registry.py): the `evaluation` and its `dataset`."""
+    evaluation = take(inputs, "evaluation", EvalReport)
+    return select(evaluation, take(inputs, "dataset", DatasetArtifact), config, ctx)

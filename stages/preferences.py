@@ -18,9 +18,16 @@ import hashlib
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, PreferenceDataset
+from schemas.artifacts import (
+    Artifact,
+    CheckpointArtifact,
+    DatasetArtifact,
+    EvalReport,
+    PreferenceDataset,
+)
 from schemas.recipe import PreferencesConfig
 from stages.core import storage
 from stages.core.datasets import evaluated_split, jsonl_bytes, load_prompts
@@ -33,8 +40,10 @@ from stages.core.runner import (
     find_record,
     record_directory,
     run_stage,
+    take_optional,
     with_uris,
 )
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
@@ -197,10 +206,21 @@ def build(
     """Preference pairs from a file or from sampled completions (or the committed ones)."""
     pairs, source, inputs, uris = _sources(samples, dataset, config)
     stage_identity = StageIdentity(
-        "preferences", STAGE_VERSION, {"preferences": config.model_dump(mode="json")}, inputs
+        "preferences", STAGE_VERSION, {"preferences": hashed_config("preferences", config)}, inputs
     )
     return run_stage(
         ctx,
         with_uris(stage_identity, **uris),
         lambda directory: _build(directory, pairs, source, config),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: PreferencesConfig, ctx: RunContext
+) -> StageOutcome[PreferenceDataset]:
+    """The registered entry point (stages/registry.py): optional `samples` (an evaluation or a
+    GRPO checkpoint) and the `dataset` whose prompts they scored."""
+    samples = inputs.get("samples")
+    if samples is not None and not isinstance(samples, EvalReport | CheckpointArtifact):
+        raise TypeError(f"input 'samples': expected an eval report or a checkpoint, got {samples}")
+    return build(samples, take_optional(inputs, "dataset", DatasetArtifact), config, ctx)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact
+from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SelfTeachConfig
 from stages import rewards
 from stages.core import storage
@@ -39,10 +40,12 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     run_stage,
+    take,
     with_uris,
 )
 from stages.modeling import generation, models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
@@ -193,7 +196,10 @@ def _teach(
 def identity(
     config: SelfTeachConfig, model: ModelSpec, dataset_fingerprint: str, policy_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"self_teach": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    hashed = {
+        "self_teach": hashed_config("self_teach", config),
+        "model": model.model_dump(mode="json"),
+    }
     inputs = {"dataset": dataset_fingerprint, "policy": policy_fingerprint}
     return StageIdentity("self_teach", STAGE_VERSION, hashed, inputs)
 
@@ -221,3 +227,12 @@ def teach(
         ),
         lambda directory: _teach(directory, dataset, policy, config, model, mesh, ctx),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: SelfTeachConfig, ctx: RunContext
+) -> StageOutcome[DatasetArtifact]:
+    """The registered entry point (stages/registry.py): `dataset` and the `policy` sampled."""
+    dataset = take(inputs, "dataset", DatasetArtifact)
+    policy = take(inputs, "policy", CheckpointArtifact)
+    return teach(dataset, policy, config, ctx.require_model(), ctx.mesh, ctx)

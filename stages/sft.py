@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import grain
@@ -27,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tunix.sft import metrics_logger, peft_trainer
 
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact
+from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
@@ -39,6 +40,8 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     run_stage,
+    take,
+    take_optional,
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded
@@ -46,6 +49,7 @@ from stages.modeling import models, optim
 from stages.modeling.compilations import TRAIN_STEP, counting_compilations
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.tunix_compat import release_scalar_listeners
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
@@ -266,7 +270,7 @@ def identity(
     policy_fingerprint: str | None = None,
 ) -> StageIdentity:
     """The hashed config and inputs; without a policy, exactly the original identity."""
-    hashed = {"sft": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    hashed = {"sft": hashed_config("sft", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint}
     if policy_fingerprint is not None:
         inputs["policy"] = policy_fingerprint
@@ -295,4 +299,18 @@ def train(
         with_uris(identity(config, model, dataset.fingerprint, fingerprint), **uris),
         lambda directory: _train(directory, dataset, config, model, mesh, ctx, policy),
         carry_over=(CHECKPOINT_DIR,),
+    )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: SFTConfig, ctx: RunContext
+) -> StageOutcome[CheckpointArtifact]:
+    """The registered entry point (stages/registry.py): `dataset`, and `policy` to continue."""
+    return train(
+        take(inputs, "dataset", DatasetArtifact),
+        config,
+        ctx.require_model(),
+        ctx.mesh,
+        ctx,
+        policy=take_optional(inputs, "policy", CheckpointArtifact),
     )

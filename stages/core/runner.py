@@ -21,8 +21,8 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
-from schemas.recipe import StageKind
+from schemas.recipe import MeshSpec, ModelSpec
 from schemas.record import (
     ArtifactRef,
     CodeVersion,
@@ -48,7 +48,7 @@ from stages.core.shared import SharedBuilds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-StageName = StageKind
+StageName = str  # a registered stage kind (stages/registry.py)
 RECORD_NAME = "stage.json"
 IDENTITY_NAME = "identity.json"  # written when a stage starts: what the directory is for
 SESSIONS_DIR = "sessions"  # one json per session that stopped or failed before the commit
@@ -99,6 +99,15 @@ class RunContext:
     audit_key: SecretStr | None = None  # signs the run's ledger (FAR_AUDIT_KEY, read by the CLI)
     # raises when this session no longer holds the run's lease: called before every commit
     fence: Callable[[], None] | None = None
+    # the recipe's model and mesh, set by the node runner (pipeline/nodes.py) for a stage's run
+    model: ModelSpec | None = None
+    mesh: MeshSpec = field(default_factory=MeshSpec)
+
+    def require_model(self) -> ModelSpec:
+        """The recipe's model; a stage entry point that needs one is run with it."""
+        if self.model is None:
+            raise ValueError("RunContext.model is not set: run the stage through run_node")
+        return self.model
 
     def check_fence(self) -> None:
         if self.fence is not None:
@@ -152,6 +161,25 @@ class StageIdentity:
 def with_uris(identity: StageIdentity, **uris: str) -> StageIdentity:
     """The identity with its inputs' URIs attached (for lineage; URIs are not hashed)."""
     return dataclasses.replace(identity, input_uris=uris)
+
+
+A = TypeVar("A")
+
+
+def take(inputs: Mapping[str, object], name: str, expected: type[A]) -> A:
+    """The input `name` of a stage's `inputs`, refusing another contract (build_dag checked
+    the edges; this guards callers that build `inputs` themselves)."""
+    value = inputs.get(name)
+    if not isinstance(value, expected):
+        raise TypeError(
+            f"input {name!r}: expected a {expected.__name__}, got {type(value).__name__}"
+        )
+    return value
+
+
+def take_optional(inputs: Mapping[str, object], name: str, expected: type[A]) -> A | None:
+    """The optional input `name`, or None when the node has no such input."""
+    return take(inputs, name, expected) if name in inputs else None
 
 
 def stage_directory(ctx: RunContext, stage: str, digest: str) -> str:

@@ -19,13 +19,14 @@ import logging
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import grain
 import numpy as np
 from tqdm import tqdm
 
-from schemas.artifacts import DataCard, DatasetArtifact
+from schemas.artifacts import Artifact, DataCard, DatasetArtifact
 from schemas.recipe import DataPrepConfig, ModelSpec, SourceSpec, SplitSpec
 from stages.core import storage
 from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
@@ -42,6 +43,7 @@ from stages.data_prep.sources import (
     source_label,
 )
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 2
@@ -351,7 +353,7 @@ def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
         "uri": model.uri,
         "preset": model.preset,
     }
-    hashed = {"data": config.model_dump(mode="json"), "model": tokenizer}
+    hashed = {"data": hashed_config("data_prep", config), "model": tokenizer}
     sources = {}
     for _, attr in SPLITS:
         for spec in getattr(config, attr).sources:
@@ -368,3 +370,11 @@ def prepare(
         identity(config, model),
         lambda directory: _write_dataset(directory, config, model, ctx),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: DataPrepConfig, ctx: RunContext
+) -> StageOutcome[DatasetArtifact]:
+    """The registered entry point (stages/registry.py): no inputs; the recipe's model names
+    the tokenizer."""
+    return prepare(config, ctx.require_model(), ctx)

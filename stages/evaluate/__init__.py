@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
+from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
@@ -37,6 +37,7 @@ from stages.core.runner import (
     StageOutcome,
     find_checkpoint_record,
     run_stage,
+    take,
     with_uris,
 )
 from stages.core.shared import SharedBuilds
@@ -45,6 +46,7 @@ from stages.evaluate.progress import BatchTally, EvalProgress
 from stages.modeling import generation, models
 from stages.modeling.compilations import SAMPLER_FUNCTIONS, CompileCounter, counting_compilations
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 # 3: k-shot base row, Wilson intervals, paired McNemar comparisons
@@ -375,25 +377,15 @@ def sampler_compilations(label: str, compiles: CompileCounter) -> dict[str, floa
     }
 
 
-def hashed_config(config: EvalConfig) -> dict[str, Any]:
-    """The config as hashed: the default split (eval), greedy (off) and rewards (none) are left
-    out, so evaluations made before those fields existed keep their hash and directory."""
-    dumped = config.model_dump(mode="json")
-    if dumped["split"] == "eval":
-        del dumped["split"]
-    for field in ("greedy", "rewards"):  # off by default
-        if not dumped[field]:
-            del dumped[field]
-    return dumped
-
-
 def identity(
     config: EvalConfig,
     model: ModelSpec,
     dataset_fingerprint: str,
     checkpoint_fingerprints: dict[str, str],
 ) -> StageIdentity:
-    hashed = {"eval": hashed_config(config), "model": model.model_dump(mode="json")}
+    # split, greedy and rewards are hashed only when set (the registration's
+    # hash_exempt_defaults): evaluations made before those fields existed keep their hash
+    hashed = {"eval": hashed_config("evaluate", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
     return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
 
@@ -444,3 +436,17 @@ def evaluate(
             directory, dataset, resolved, config, model, mesh, sandbox, ctx
         ),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: EvalConfig, ctx: RunContext
+) -> StageOutcome[EvalReport]:
+    """The registered entry point (stages/registry.py): `dataset`, and each checkpoint that
+    `config.models` names under its input name."""
+    checkpoints = {
+        name: take(inputs, name, CheckpointArtifact)
+        for name in inputs
+        if name != "dataset" and name in config.models
+    }
+    dataset = take(inputs, "dataset", DatasetArtifact)
+    return evaluate(dataset, checkpoints, config, ctx.require_model(), ctx.mesh, ctx)

@@ -22,7 +22,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from tunix.rl.grpo import dapo_learner, drgrpo_learner, grpo_learner
 from tunix.rl.rollout import base_rollout
 from tunix.sft import metrics_logger
 
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact
+from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import storage
@@ -45,6 +45,7 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     run_stage,
+    take,
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded, nonempty
@@ -57,6 +58,7 @@ from stages.modeling.compilations import (
     counting_compilations,
 )
 from stages.modeling.tokenizers import build_tokenizer
+from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 # 2: per-step rollout seeds, exact resume position, TensorBoard, samples
@@ -409,7 +411,7 @@ def save_samples(uri: str, samples: list[dict[str, Any]], start_step: int) -> No
 def identity(
     config: GRPOConfig, model: ModelSpec, dataset_fingerprint: str, sft_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"grpo": config.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    hashed = {"grpo": hashed_config("grpo", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, "sft": sft_fingerprint}
     return StageIdentity("grpo", STAGE_VERSION, hashed, inputs)
 
@@ -437,3 +439,12 @@ def reinforce(
         lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: GRPOConfig, ctx: RunContext
+) -> StageOutcome[CheckpointArtifact]:
+    """The registered entry point (stages/registry.py): `dataset` and the `policy` to start from."""
+    dataset = take(inputs, "dataset", DatasetArtifact)
+    policy = take(inputs, "policy", CheckpointArtifact)
+    return reinforce(dataset, policy, config, ctx.require_model(), ctx.mesh, ctx)

@@ -351,3 +351,19 @@ def test_a_rerun_verifies_a_complete_stage_before_skipping_it(run: dict[str, Any
     Path(sft.output.uri, "1", "extra").write_bytes(b"x")
     with pytest.raises(TamperedStage, match="extra: not in the record"):
         checkpoint_stage(ctx, "sft", {}, {})
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"sft": {"max_steps": 150}, "model": {"init_seed": 0}}, 150),
+        ({"distill": {"max_steps": 7}, "model": {"init_seed": 0}}, 7),
+        ({"data": {"seed": 0}, "model": {"tokenizer": "bytes"}}, None),
+    ],
+)
+def test_a_partial_stage_of_any_training_kind_shows_its_max_steps(
+    config: dict[str, Any], expected: int | None
+) -> None:
+    from pipeline.manifest import _max_steps
+
+    assert _max_steps(config) == expected

@@ -1,0 +1,253 @@
+"""The stage registry: one registration per stage kind, and everything about a kind read from it.
+
+A `StageSpec` declares a kind of pipeline node in one place: its config model, its input ports
+(the artifacts and dataset splits each accepts), what it produces, its entry point, whether it
+reports per-step progress to the UI, the recipe section a node without its own config reads,
+and which config fields are hashed only when set. The DAG checker (pipeline/dag.py), the node
+runner (pipeline/nodes.py), the flow (flows/far_flow.py), `far validate` (pipeline/plan.py),
+the generated stage table (flows/gen_docs.py) and the import contract's stage list (checked
+by tests/unit/test_registry.py) all read `REGISTRY`; none of them names a kind in a table.
+
+Every entry point has one shape, `run(inputs, config, ctx) -> StageOutcome`: `inputs` the
+upstream artifacts keyed by port name, `config` the node's config (an instance of the spec's
+`config`), `ctx` the RunContext with the node id, the recipe's model and mesh. An entry point
+is named by "module:function" and imported only when a node of its kind runs: this module
+imports no stage, so reading the registry (validating a recipe, drawing the DAG) stays cheap.
+
+Adding a stage kind is one module (its `run`) plus one registration in `BUILTIN` below; the
+steps are in docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from schemas.recipe import (
+    DataPrepConfig,
+    DistillConfig,
+    DPOConfig,
+    EvalConfig,
+    GRPOConfig,
+    HardSubsetConfig,
+    PreferencesConfig,
+    SelfTeachConfig,
+    SFTConfig,
+)
+from stages.core.errors import InputError
+
+ArtifactKind = Literal["dataset", "checkpoint", "eval_report", "preferences"]
+SAYS: dict[str, str] = {  # how an error (and the stage table) names an artifact kind
+    "dataset": "a dataset",
+    "checkpoint": "a checkpoint",
+    "eval_report": "an eval report",
+    "preferences": "preference pairs",
+}
+Section = Literal["data", "sft", "grpo", "eval"]
+
+
+class UnknownStageKind(InputError):
+    """A node of a kind no registration declares."""
+
+
+@dataclass(frozen=True)
+class Port:
+    """One input of a kind of node: the artifact kinds it accepts, the dataset splits it reads."""
+
+    accepts: tuple[ArtifactKind, ...]
+    splits: frozenset[str] = frozenset()
+    required: bool = True
+    producers: tuple[str, ...] = ()  # when set, only these node kinds may feed it
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Everything the pipeline needs to know about one kind of stage."""
+
+    kind: str  # the node's `kind` in a recipe; also its stage name in records
+    config: type[BaseModel]  # the node's config model (schemas/recipe.py)
+    entry: str  # "module:function", the uniform run(inputs, config, ctx) -> StageOutcome
+    produces: ArtifactKind
+    ports: Mapping[str, Port] = field(default_factory=dict)
+    splits: frozenset[str] = frozenset()  # a dataset producer: the splits its output holds
+    any_other_input: Port | None = None  # evaluate: any other input name is a model to compare
+    section: Section | None = None  # the recipe section a node without a config reads
+    progress: bool = False  # long stages report per-step progress to the Prefect UI
+    # config fields added after runs existed: hashed only when set to other than their default,
+    # so stages hashed before the field existed keep their hash (and their directory)
+    hash_exempt_defaults: tuple[str, ...] = ()
+    summary: str = ""  # one line for the generated stage table
+
+    @property
+    def module(self) -> str:
+        """The module holding the entry point (what the import contract lists as a stage)."""
+        return self.entry.partition(":")[0]
+
+    def entry_point(self) -> Callable[..., Any]:
+        """The entry point, imported now (a stage module imports JAX and Tunix: seconds)."""
+        module, _, name = self.entry.partition(":")
+        function: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        return function
+
+    def hashed_config(self, config: BaseModel) -> dict[str, Any]:
+        """The config as its stage hash sees it: `hash_exempt_defaults` left out at default."""
+        dumped = config.model_dump(mode="json")
+        fields = type(config).model_fields
+        for name in self.hash_exempt_defaults:
+            if getattr(config, name) == fields[name].get_default(call_default_factory=True):
+                del dumped[name]
+        return dumped
+
+
+DATASET_FOR = {
+    "sft": Port(("dataset",), frozenset({"sft_train"})),
+    "grpo": Port(("dataset",), frozenset({"grpo_train"})),
+    "eval": Port(("dataset",), frozenset({"eval"})),
+}
+ALL_SPLITS = frozenset({"sft_train", "grpo_train", "eval"})
+
+# The built-in stage kinds, one registration each, in the order the stage table lists them.
+BUILTIN: tuple[StageSpec, ...] = (
+    StageSpec(
+        "data_prep",
+        DataPrepConfig,
+        "stages.data_prep:run",
+        "dataset",
+        splits=ALL_SPLITS,
+        section="data",
+        summary="Draws, tokenizes and splits the examples.",
+    ),
+    StageSpec(
+        "sft",
+        SFTConfig,
+        "stages.sft:run",
+        "checkpoint",
+        {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
+        section="sft",
+        progress=True,
+        summary="Supervised format training (LoRA), from the base or a `policy`.",
+    ),
+    StageSpec(
+        "grpo",
+        GRPOConfig,
+        "stages.grpo:run",
+        "checkpoint",
+        {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+        section="grpo",
+        progress=True,
+        summary="Reinforcement on the rewards (GRPO and its variants).",
+    ),
+    StageSpec(
+        "evaluate",
+        EvalConfig,
+        "stages.evaluate:run",
+        "eval_report",
+        {"dataset": DATASET_FOR["eval"]},  # the split its config scores (pipeline/dag.py)
+        any_other_input=Port(("checkpoint",)),
+        section="eval",
+        progress=True,
+        hash_exempt_defaults=("split", "greedy", "rewards"),
+        summary="Format rate and accuracy of each model compared.",
+    ),
+    StageSpec(
+        "hard_subset",
+        HardSubsetConfig,
+        "stages.hard_subset:run",
+        "dataset",
+        {  # the dataset: the evaluated one (its grpo_train) and its eval split
+            "evaluation": Port(("eval_report",), producers=("evaluate",)),
+            "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
+        },
+        splits=frozenset({"grpo_train", "eval"}),
+        hash_exempt_defaults=("above", "by"),
+        summary="The training prompts an evaluation says are still hard.",
+    ),
+    StageSpec(
+        "self_teach",
+        SelfTeachConfig,
+        "stages.self_teach:run",
+        "dataset",
+        {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+        splits=ALL_SPLITS,
+        summary="SFT rows from a policy's own completions that the rewards verify.",
+    ),
+    StageSpec(
+        "preferences",
+        PreferencesConfig,
+        "stages.preferences:run",
+        "preferences",
+        {  # none: pairs from config.file
+            "samples": Port(
+                ("eval_report", "checkpoint"), required=False, producers=("evaluate", "grpo")
+            ),
+            "dataset": Port(("dataset",), frozenset({"eval"}), required=False),
+        },
+        summary="Preference pairs from a file or from sampled completions.",
+    ),
+    StageSpec(
+        "dpo",
+        DPOConfig,
+        "stages.dpo:run",
+        "checkpoint",
+        {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
+        summary="DPO or ORPO on preference pairs.",
+    ),
+    StageSpec(
+        "distill",
+        DistillConfig,
+        "stages.distill:run",
+        "checkpoint",
+        {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
+        summary="Logit distillation of a teacher into a student.",
+    ),
+)
+
+REGISTRY: dict[str, StageSpec] = {}
+
+
+def register(spec: StageSpec) -> StageSpec:
+    """Add a stage kind; a kind registered twice is refused."""
+    if spec.kind in REGISTRY:
+        raise ValueError(f"stage kind {spec.kind!r} is registered already")
+    if ":" not in spec.entry:
+        raise ValueError(f"stage kind {spec.kind!r}: entry must be 'module:function'")
+    unknown = sorted(set(spec.hash_exempt_defaults) - set(spec.config.model_fields))
+    if unknown:
+        raise ValueError(
+            f"stage kind {spec.kind!r}: hash_exempt_defaults {unknown} are not fields of "
+            f"{spec.config.__name__}"
+        )
+    REGISTRY[spec.kind] = spec
+    return spec
+
+
+def spec(kind: str) -> StageSpec:
+    """The registration of `kind`; UnknownStageKind names the registered ones."""
+    found = REGISTRY.get(kind)
+    if found is None:
+        raise UnknownStageKind(f"no stage kind {kind!r} is registered; kinds: {sorted(REGISTRY)}")
+    return found
+
+
+@contextmanager
+def registered(extra: StageSpec) -> Iterator[StageSpec]:
+    """`extra` registered for the duration of the block (a test's stage kind), then removed."""
+    register(extra)
+    try:
+        yield extra
+    finally:
+        REGISTRY.pop(extra.kind, None)
+
+
+def hashed_config(kind: str, config: BaseModel) -> dict[str, Any]:
+    """`config` as the stage hash of `kind` sees it (see StageSpec.hash_exempt_defaults)."""
+    return spec(kind).hashed_config(config)
+
+
+for _builtin in BUILTIN:
+    register(_builtin)

@@ -1,0 +1,153 @@
+"""The stage registry (stages/registry.py) is the one place a stage kind is declared: every
+node class of the recipe schema has a registration with its config model and vice versa, every
+entry point has the uniform shape, the import contract lists exactly the registered stages, and
+the declared "hashed only when set" rule keeps old stage hashes while a set field moves them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+from pipeline.plan import stage_version
+from schemas.base import Frozen
+from schemas.recipe import EvalConfig, HardSubsetConfig, StageNode
+from stages import registry
+from stages.core.runner import StageIdentity
+
+REPO = Path(__file__).resolve().parents[2]
+NOT_A_KIND = {"stages.export"}  # a stage module that is no pipeline node (far export)
+
+
+def node_classes() -> dict[str, type]:
+    """kind -> node class, from the recipe schema's StageNode union."""
+    union = typing.get_args(StageNode)[0]
+    classes = typing.get_args(union)
+    return {typing.get_args(c.model_fields["kind"].annotation)[0]: c for c in classes}
+
+
+def test_every_node_class_has_a_registration_with_its_config_model() -> None:
+    nodes = node_classes()
+    assert set(nodes) == set(registry.REGISTRY)
+    for kind, node in nodes.items():
+        config = node.model_fields["config"].annotation
+        assert registry.spec(kind).config in (config, *typing.get_args(config)), kind
+
+
+def test_every_entry_point_has_the_uniform_shape() -> None:
+    for spec in registry.REGISTRY.values():
+        entry = spec.entry_point()  # imports the stage (JAX, Tunix): seconds, once
+        assert list(inspect.signature(entry).parameters) == ["inputs", "config", "ctx"], spec
+        assert stage_version(spec.kind) is not None, spec.kind  # `far validate` finds its code
+
+
+def _contracts() -> list[dict[str, object]]:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    contracts: list[dict[str, object]] = pyproject["tool"]["importlinter"]["contracts"]
+    return contracts
+
+
+def _stage_packages() -> set[str]:
+    """What the import contract must name as stages: each registered entry point's package."""
+    return {".".join(spec.module.split(".")[:2]) for spec in registry.REGISTRY.values()}
+
+
+def test_the_import_contract_lists_exactly_the_registered_stages() -> None:
+    by_name = {str(c["name"]): c for c in _contracts()}
+    independent = set(by_name["A stage never imports another stage"]["modules"])
+    forbidden = set(
+        by_name["The shared layers (core, modeling, rewards) never import a stage"][
+            "forbidden_modules"
+        ]
+    )
+    assert independent - NOT_A_KIND == _stage_packages()
+    assert forbidden - NOT_A_KIND == _stage_packages()
+    registry_name = next(n for n in by_name if n.startswith("The stage registry"))
+    assert _stage_packages() <= set(by_name[registry_name]["forbidden_modules"])
+
+
+def test_the_long_stages_report_progress() -> None:
+    progress = {k for k, s in registry.REGISTRY.items() if s.progress}
+    assert progress == {"sft", "grpo", "evaluate"}
+
+
+def test_a_kind_is_registered_once_and_a_registration_is_undone() -> None:
+    spec = registry.StageSpec("toy", EvalConfig, "stages.evaluate:run", "eval_report")
+    with pytest.raises(ValueError, match="'sft' is registered already"):
+        registry.register(registry.spec("sft"))
+    with registry.registered(spec):
+        assert registry.spec("toy") is spec
+    typo = registry.StageSpec(
+        "toy", EvalConfig, "x:run", "eval_report", hash_exempt_defaults=("greedyy",)
+    )
+    with pytest.raises(ValueError, match=r"\['greedyy'\] are not fields of EvalConfig"):
+        registry.register(typo)
+    with pytest.raises(registry.UnknownStageKind, match="no stage kind 'toy'"):
+        registry.spec("toy")
+
+
+# ---- "hashed only when set" ------------------------------------------------------------------
+
+
+class ToyV1(Frozen):
+    """A stage's config as first released."""
+
+    steps: int = 3
+    """Steps."""
+
+
+class ToyV2(ToyV1):
+    """The same config after a release added a field (its default: the old behaviour)."""
+
+    warmup: int = 0
+    """Added later."""
+    tags: list[str] = Field(default_factory=list)
+    """Added later too (a default factory)."""
+
+
+@pytest.fixture
+def toy_hash() -> Iterator[typing.Callable[[Frozen, tuple[str, ...]], str]]:
+    def digest(config: Frozen, exempt: tuple[str, ...]) -> str:
+        spec = registry.StageSpec(
+            "toy", type(config), "x:run", "dataset", hash_exempt_defaults=exempt
+        )
+        with registry.registered(spec):
+            hashed = {"toy": registry.hashed_config("toy", config)}
+        return StageIdentity("toy", 1, hashed, {"dataset": "a" * 64}).digest
+
+    yield digest
+
+
+def test_a_new_field_at_its_default_leaves_the_stage_hash(
+    toy_hash: typing.Callable[[Frozen, tuple[str, ...]], str],
+) -> None:
+    before = toy_hash(ToyV1(steps=5), ())
+    assert toy_hash(ToyV2(steps=5), ("warmup", "tags")) == before
+    assert toy_hash(ToyV2(steps=5), ()) != before  # undeclared, the new field moves every hash
+
+
+@pytest.mark.parametrize("changed", [{"warmup": 2}, {"tags": ["x"]}])
+def test_a_new_field_set_off_its_default_moves_the_stage_hash(
+    toy_hash: typing.Callable[[Frozen, tuple[str, ...]], str], changed: dict[str, object]
+) -> None:
+    before = toy_hash(ToyV1(steps=5), ())
+    assert toy_hash(ToyV2(steps=5, **changed), ("warmup", "tags")) != before
+
+
+def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
+    assert registry.spec("evaluate").hash_exempt_defaults == ("split", "greedy", "rewards")
+    assert registry.spec("hard_subset").hash_exempt_defaults == ("above", "by")
+    plain = registry.hashed_config("evaluate", EvalConfig())
+    assert not {"split", "greedy", "rewards"} & set(plain)
+    greedy = EvalConfig(samples=4, temperature=0.8, greedy=True, split="grpo_train")
+    assert {"split": "grpo_train", "greedy": True}.items() <= registry.hashed_config(
+        "evaluate", greedy
+    ).items()
+    subset = registry.hashed_config("hard_subset", HardSubsetConfig(model="sft", above=0.0))
+    assert subset["above"] == 0.0 and "by" not in subset
