@@ -37,9 +37,15 @@ The bound is the larger of FLOPs / peak FLOP/s and bytes / peak bytes/s, on the 
 batch is padded to; `useful` is the fraction of those positions holding real tokens (the
 padding's share is work the bound counts but the recipe does not need).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/roofline.py --recipe smoke
-    JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python bench/roofline.py --recipe demo \
-        --sft-steps 3 --grpo-steps 3 --baseline 491a66d^
+    JAX_PLATFORMS=cpu .venv/bin/python bench/roofline.py --recipe recipes/smoke.yaml
+    JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python bench/roofline.py --recipe recipes/demo.yaml \
+        --sft-steps 2 --grpo-steps 2 --no-xla --baseline 491a66d^
+
+On the real model XLA's cross-check (on by default) compiles two gradients of the 270M model
+(minutes, ~13 GB resident beside the stages'): --no-xla skips it there; the unit test runs
+it on the tiny model, and bench/completion_logits.py prints the real model's log-prob FLOPs.
+A demo measurement needs ~6-9 GB free beside whatever else runs (491a66d^ is the commit
+before the completion-only log-probs).
 """
 
 from __future__ import annotations
@@ -584,7 +590,11 @@ def main() -> None:
     parser.add_argument(
         "--baseline", help="a git ref: its code measured alternately with this tree"
     )
-    parser.add_argument("--no-xla", action="store_true", help="skip XLA's FLOP count cross-check")
+    parser.add_argument(
+        "--no-xla",
+        action="store_true",
+        help="skip XLA's FLOP count cross-check (slow on a real model)",
+    )
     parser.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"))
     parser.add_argument("--out", help="the JSON (default bench/results/roofline-<recipe>.json)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
