@@ -2,7 +2,8 @@
 
 Runs data_prep, a short SFT and GRPO through FAR's stages and prints, from the GRPO record's
 history, each step's seconds per phase and each phase's share of the timed time over the
-steps after the first (the first one compiles).
+steps after the first (the first one compiles). bench/roofline.py runs the same stages
+(`run_stages`) and sets each phase's time against the machine's bound.
 
     JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py                       # smoke
     flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py \
@@ -15,10 +16,67 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
+
+SECONDS_PREFIX = "far/seconds/"  # stages/grpo/timing.PREFIX (kept here: older trees import it)
+
+
+def run_stages(
+    recipe_name: str,
+    sft_steps: int,
+    grpo_steps: int,
+    cache_dir: str | None,
+    between: Callable[[str, Any], None] | None = None,
+) -> dict[str, Any]:
+    """data_prep, SFT and GRPO of `recipe_name` through FAR's stages in a temporary root.
+
+    `between(stage, recipe)` runs before "sft", before "grpo" and after it ("end"), outside
+    any stage's clock. Returns the recipe, the dataset artifact, the SFT record's metrics, the
+    GRPO record's history, and the real prompt lengths of the GRPO split in tokens."""
+    from schemas.record import StageRecord
+    from stages import data_prep, grpo, sft
+    from stages.core import datasets, storage
+    from stages.core.runner import RunContext
+    from stages.modeling.tokenizers import build_tokenizer
+    from tests.conftest import recipe_with
+
+    def mark(stage: str) -> None:
+        if between is not None:
+            between(stage, recipe)
+
+    with tempfile.TemporaryDirectory(prefix="far-grpo-phases-") as tmp:
+        recipe = recipe_with(
+            tmp, recipe_name, sft={"max_steps": sft_steps}, grpo={"max_steps": grpo_steps}
+        )
+        ctx = RunContext(tmp, "phases", cache_dir=cache_dir)
+        dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
+        tokenizer = build_tokenizer(recipe.model, ctx.model_cache)
+        prompts = datasets.load_prompts(dataset, "grpo_train")
+        prompt_lengths = [len(tokenizer.encode(row["prompt"])) for row in prompts]
+        mark("sft")
+        sft_out = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
+        sft_record = StageRecord.model_validate(storage.read_json(sft_out.record_uri))
+        mark("grpo")
+        out = grpo.reinforce(dataset, sft_out.output, recipe.grpo, recipe.model, recipe.mesh, ctx)
+        history = StageRecord.model_validate(storage.read_json(out.record_uri)).history
+        mark("end")
+    return {
+        "recipe": recipe,
+        "dataset": dataset,
+        "sft_metrics": dict(sft_record.metrics),
+        "grpo_history": history,
+        "prompt_lengths": prompt_lengths,
+    }
+
+
+def phase_seconds(history: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each timed GRPO phase's seconds per step, from the record's history."""
+    return {k.removeprefix(SECONDS_PREFIX): v for k, v in history.items() if SECONDS_PREFIX in k}
 
 
 def main() -> None:
@@ -29,23 +87,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"))
     args = parser.parse_args()
 
-    from schemas.record import StageRecord
-    from stages import data_prep, grpo, sft
-    from stages.core import storage
-    from stages.core.runner import RunContext
-    from stages.grpo import timing
-    from tests.conftest import recipe_with
-
-    with tempfile.TemporaryDirectory(prefix="far-grpo-phases-") as tmp:
-        recipe = recipe_with(
-            tmp, args.recipe, sft={"max_steps": args.sft_steps}, grpo={"max_steps": args.grpo_steps}
-        )
-        ctx = RunContext(tmp, "phases", cache_dir=args.cache_dir)
-        dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
-        policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
-        out = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
-        history = StageRecord.model_validate(storage.read_json(out.record_uri)).history
-    phases = {k.removeprefix(timing.PREFIX): v for k, v in history.items() if timing.PREFIX in k}
+    run = run_stages(args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir)
+    phases = phase_seconds(run["grpo_history"])
     print(f"\n{args.recipe}: GRPO seconds per step and phase (load average {os.getloadavg()})")
     print("phase             " + " ".join(f"step {i:>3}" for i in range(args.grpo_steps)))
     for phase, values in phases.items():

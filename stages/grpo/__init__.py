@@ -204,6 +204,7 @@ def build_session(
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     tunix_compat.project_completion_only()  # no vocabulary logits over the prompt
+    tunix_compat.prefill_last_position_only()  # nor in the rollout's prefill (before the clones)
     reference, actor = _reference_and_actor(sft, spec, mesh, ctx)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)

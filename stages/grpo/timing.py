@@ -5,8 +5,10 @@ phase's wall time (waiting for its device work to finish, so JAX's asynchronous 
 not move time into the next phase) is buffered into Tunix's per-step metrics as
 `far/seconds/<phase>`: TensorBoard and the record's history get it like every other metric.
 
-A phase that runs inside another (a checkpoint save inside the actor update) is counted once:
-the outer phase gets its own time minus the inner one's. `totals` also covers the final
+A phase that runs inside another (a checkpoint save inside the actor update; the sampler's
+compiled prefill and decode loop inside the rollout) is counted once: the outer phase gets
+its own time minus the inner one's, so a rollout's seconds are rollout + rollout_prefill +
+rollout_decode. `totals` also covers the final
 checkpoint that Tunix writes after the last step's metrics were logged.
 """
 
@@ -23,7 +25,9 @@ from stages.modeling import tunix_compat
 
 PREFIX = metrics.SECONDS_PREFIX
 PHASES = (
-    "rollout",
+    "rollout",  # the sampler's host work: tokenizing, padding, detokenizing
+    "rollout_prefill",  # nested in rollout: the compiled prompt pass
+    "rollout_decode",  # nested in rollout: the compiled decode loop
     "reference_logps",
     "old_logps",
     "rewards",

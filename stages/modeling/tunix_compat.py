@@ -75,8 +75,11 @@ def wrap_grpo_phases(cluster: Any, learner: Any, wrap: Callable[..., Callable[..
     structures; these are the calls the learner makes through instance attribute lookups,
     so shadowing them on the instance changes nothing else. Rewards are computed in the
     learner's private `_compute_rewards`; the actor's checkpoint saves go through its
-    trainer's `checkpoint_manager.save`. Test: tests/unit/test_grpo_timing.py trains two tiny
-    GRPO steps and finds every phase's seconds in the step metrics.
+    trainer's `checkpoint_manager.save`. Within the rollout, Tunix's vanilla engine keeps its
+    Sampler private (`_sampler`), and the Sampler its two compiled functions (prompt prefill,
+    decode while-loop) as private instance attributes: they are timed as `rollout_prefill` and
+    `rollout_decode`, nested in `rollout`. Test: tests/integration/test_grpo_timing.py trains
+    two tiny GRPO steps and finds every phase's seconds in the step metrics.
     """
     actor = cluster.actor_trainer
 
@@ -91,6 +94,11 @@ def wrap_grpo_phases(cluster: Any, learner: Any, wrap: Callable[..., Callable[..
     learner._compute_rewards = wrap("rewards", learner._compute_rewards)
     manager = actor.checkpoint_manager
     manager.save = wrap("checkpoint_save", manager.save, before=lambda: settle_actor(None))
+    engine = cluster.rollout
+    if isinstance(engine, vanilla_rollout.VanillaRollout):
+        sampler = engine._sampler
+        sampler._compiled_prefill_fn = wrap("rollout_prefill", sampler._compiled_prefill_fn)
+        sampler._compiled_decode_fn = wrap("rollout_decode", sampler._compiled_decode_fn)
 
 
 # --- jax.monitoring listeners ----------------------------------------------------------------
@@ -279,3 +287,51 @@ def project_completion_only() -> None:
     log-probs, rollout log-probs) through completion_per_token_logps. Tunix reads the function
     from its module at each call, so this is one assignment; idempotent."""
     rl_common.compute_per_token_logps = completion_per_token_logps
+
+
+# --- the rollout's prompt pass: logits of the last prompt position only -------------------------
+
+# Tunix 0.1.7's Gemma 3 call, kept for every call that does not ask for the last position only.
+TUNIX_GEMMA3_CALL = gemma3_model.Gemma3.__call__
+
+
+def _gemma3_call(
+    self: Any,
+    last_tokens: jax.Array,
+    positions: jax.Array | None = None,
+    cache: Any = None,
+    attention_mask: jax.Array | None = None,
+    output_hidden_states: bool = False,
+    *,
+    images: jax.Array | None = None,
+    decode_only_last_token: bool = False,
+) -> tuple[jax.Array, Any]:
+    """Gemma3.__call__ that, asked for `decode_only_last_token` (as Tunix's Sampler asks in its
+    prefill when the model accepts the argument), projects only the last position to the
+    vocabulary. Otherwise Tunix's own call, unchanged."""
+    if not decode_only_last_token or output_hidden_states:
+        return TUNIX_GEMMA3_CALL(
+            self, last_tokens, positions, cache, attention_mask, output_hidden_states, images=images
+        )
+    _, new_cache = TUNIX_GEMMA3_CALL(
+        self, last_tokens, positions, cache, attention_mask, True, images=images
+    )
+    hidden = jax.tree.leaves(nnx.pop(self, nnx.Intermediate))[-1]  # after the final norm
+    return self.embedder.decode(hidden[:, -1:]), new_cache
+
+
+def prefill_last_position_only() -> None:
+    """Let Tunix's Sampler project only the last prompt position in its prefill.
+
+    Tunix 0.1.7's Sampler passes `decode_only_last_token=True` to the model's prefill call
+    when the model's __call__ accepts that argument (it checks the signature when the Sampler
+    is built), and then reads only the last position's logits (`_sample`: logits[:, -1]);
+    its Gemma 3 does not accept it, so every prompt position is projected to the
+    262,144-token vocabulary and all but one thrown away: on the demo's 8 rows of 64 prompt
+    tokens, 172 of the prefill's 274 GFLOP. This gives Gemma3 the argument; the last
+    position's logits are the same arithmetic, bit for bit (test). Samplers built before this
+    call keep Tunix's prefill. Idempotent.
+    Test: tests/unit/test_prefill_last_position.py shows Tunix's prefill projecting every
+    position (compiled FLOPs) and the sampled completions equal with this.
+    """
+    gemma3_model.Gemma3.__call__ = _gemma3_call

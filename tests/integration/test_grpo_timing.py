@@ -18,7 +18,16 @@ from tests.conftest import recipe_with
 
 pytestmark = pytest.mark.slow
 STEPS = 2
-TIMED = ("rollout", "reference_logps", "old_logps", "rewards", "actor_update", "checkpoint_save")
+TIMED = (
+    "rollout",
+    "rollout_prefill",
+    "rollout_decode",
+    "reference_logps",
+    "old_logps",
+    "rewards",
+    "actor_update",
+    "checkpoint_save",
+)
 
 
 def test_each_phase_is_timed_per_step(tmp_path: Path) -> None:
@@ -35,7 +44,8 @@ def test_each_phase_is_timed_per_step(tmp_path: Path) -> None:
     for phase in TIMED:
         seconds = history[f"far/seconds/{phase}"]
         assert len(seconds) == STEPS and all(np.isfinite(s) and s >= 0 for s in seconds), phase
-    assert min(history["far/seconds/rollout"]) > 0 and min(history["far/seconds/actor_update"]) > 0
+    for phase in ("rollout", "rollout_prefill", "rollout_decode", "actor_update"):
+        assert min(history[f"far/seconds/{phase}"]) > 0, phase
     # one mesh: the rollout shares the actor's weights, so no weight sync ever runs
     assert "far/seconds/weight_sync" not in history
     tags = scalar_tags(Path(outcome.output.uri).parents[1] / "tensorboard")
