@@ -52,7 +52,10 @@ log = logging.getLogger(__name__)
 # 3: k-shot base row, Wilson intervals, paired McNemar comparisons
 # 4: sampled models get the headroom metrics (unbiased pass@k, solve-rate histogram) and, with
 #    `greedy`, a greedy row; every model's metrics say its samples per prompt
-STAGE_VERSION = 4
+# 5: each row is compared with the row before it decoded the same way (greedy with greedy:
+#    version 4 set a sampled row against the greedy row before it), and sampled rows also by
+#    their per-prompt solve rates (pass@1, paired sign-flip test)
+STAGE_VERSION = 5
 
 
 def generate(

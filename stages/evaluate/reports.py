@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global backend state
 
 from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
@@ -33,26 +33,47 @@ def per_prompt(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[f
     return list(first.values())
 
 
+def previous_rows(scores: Sequence[ModelScores]) -> list[ModelScores | None]:
+    """Each row's comparison partner: the nearest row before it decoded the same way (a greedy
+    row with the greedy row before it, a sampled row with the sampled one), or None."""
+    last: dict[bool, ModelScores] = {}
+    out: list[ModelScores | None] = []
+    for s in scores:
+        greedy_row = s.name.endswith(GREEDY_SUFFIX)
+        out.append(last.get(greedy_row))
+        last[greedy_row] = s
+    return out
+
+
 def with_statistics(
     scores: Sequence[ModelScores], samples: Sequence[dict[str, Any]]
 ) -> list[ModelScores]:
-    """Scores with Wilson 95% intervals of format rate and accuracy (per completion) and,
-    from the second model on, the exact McNemar comparison with the model before it."""
+    """Scores with Wilson 95% intervals of format rate and accuracy (per completion) and the
+    paired comparison with the row before it decoded the same way (`previous_rows`): exact
+    McNemar on each prompt's first sample and, for rows sampled k > 1 times a prompt, the
+    sign-flip test of the per-prompt solve rates (pass@1)."""
     out: list[ModelScores] = []
-    for i, s in enumerate(scores):
+    for s, before in zip(scores, previous_rows(scores), strict=True):
         rows = [r for r in samples if r["model"] == s.name]
         extra: dict[str, float] = {}
         for metric, key in (("format_rate", "format"), ("accuracy", "correct")):
             low, high = stats.rate_interval([float(r[key]) for r in rows])
             extra |= {f"{metric}_ci_low": low, f"{metric}_ci_high": high}
-        if i:
-            extra |= comparison_metrics(samples, scores[i - 1].name, s.name)
+        if before is not None:
+            extra |= comparison_metrics(samples, before.name, s.name)
+            if _samples(before) > 1 and _samples(s) > 1:
+                extra |= pass_at_1_metrics(samples, before.name, s.name)
         out.append(s.model_copy(update={"metrics": {**s.metrics, **extra}}))
     return out
 
 
+def _samples(s: ModelScores) -> int:
+    return int(s.metrics.get("samples", 1))
+
+
 # (label, metric prefix, per-sample key): accuracy keeps the unprefixed names it always had
 PAIRED_OUTCOMES = (("accuracy", "", "correct"), ("format", "format_", "format"))
+PASS_AT_1 = "pass@1_"  # metric prefix of the sampled rows' paired solve-rate comparison
 
 
 def comparison_metrics(
@@ -71,6 +92,31 @@ def comparison_metrics(
             f"{VS_PREVIOUS}/{prefix}p_value": paired.p_value,
         }
     return extra
+
+
+def solve_matrix(samples: Sequence[dict[str, Any]], name: str) -> np.ndarray:
+    """One model's 0/1 correctness as prompts x samples, prompts in first-seen order."""
+    by_prompt: dict[str, list[float]] = {}
+    for r in samples:
+        if r["model"] == name:
+            by_prompt.setdefault(str(r["id"]), []).append(float(r["correct"]))
+    return np.asarray(list(by_prompt.values()), dtype=np.float64)
+
+
+def pass_at_1_metrics(
+    samples: Sequence[dict[str, Any]], before: str, name: str
+) -> dict[str, float]:
+    """`name` against `before`, both sampled: each prompt's solve rate, paired sign-flip test."""
+    paired = stats.paired_rates(solve_matrix(samples, before), solve_matrix(samples, name))
+    prefix = f"{VS_PREVIOUS}/{PASS_AT_1}"
+    return {
+        f"{prefix}difference": paired.difference,
+        f"{prefix}ci_low": paired.ci_low,
+        f"{prefix}ci_high": paired.ci_high,
+        f"{prefix}prompts_up": float(paired.prompts_up),
+        f"{prefix}prompts_down": float(paired.prompts_down),
+        f"{prefix}p_value": paired.p_value,
+    }
 
 
 def record_metrics(scores: Sequence[ModelScores]) -> dict[str, float]:
@@ -93,13 +139,16 @@ def _interval(s: ModelScores, metric: str) -> str:
 
 
 def comparison_table(scores: Sequence[ModelScores]) -> str:
-    """Each model against the one before it on the same prompts (exact McNemar): accuracy,
-    then format rate ("right" there means the completion met the strict format)."""
+    """Each row against the row before it decoded the same way, on the same prompts: accuracy
+    and format rate by exact McNemar ("right" for format: the completion met the strict
+    format), and for sampled rows pass@1 by the paired sign-flip test of solve rates."""
     lines = [
-        "| model | vs | metric | change | only this right | only previous right | p (McNemar) |",
+        "| model | vs | metric | change | prompts this better | prompts previous better | p |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
-    for before, s in itertools.pairwise(scores):
+    for s, before in zip(scores, previous_rows(scores), strict=True):
+        if before is None:
+            continue
         m = s.metrics
         for label, prefix, _ in PAIRED_OUTCOMES:
             if f"{VS_PREVIOUS}/{prefix}p_value" not in m:
@@ -111,11 +160,29 @@ def comparison_table(scores: Sequence[ModelScores]) -> str:
                 f"{m[f'{VS_PREVIOUS}/{prefix}only_previous_right']:.0f} | "
                 f"{m[f'{VS_PREVIOUS}/{prefix}p_value']:.3g} |"
             )
+        lines += _pass_at_1_row(s, before)
     note = (
-        "\nRates with Wilson 95% intervals. A change whose p-value is above 0.05 is within the"
-        " noise of this many prompts.\n"
+        "\nRates with Wilson 95% intervals. accuracy and format: exact McNemar on each prompt's"
+        " first completion (prompts right only under this model, only under the previous one)."
+        " pass@1: the mean over each prompt's samples, with the 95% interval of the change and"
+        " a paired sign-flip test of the per-prompt solve rates (prompts solved more often"
+        " under this model, under the previous one). A change whose p-value is above 0.05 is"
+        " within the noise of this many prompts.\n"
     )
     return "\n".join(lines) + "\n" + note
+
+
+def _pass_at_1_row(s: ModelScores, before: ModelScores) -> list[str]:
+    prefix = f"{VS_PREVIOUS}/{PASS_AT_1}"
+    m = s.metrics
+    if f"{prefix}p_value" not in m:
+        return []
+    return [
+        f"| {s.name} | {before.name} | pass@1 ({_samples(s)} samples) | "
+        f"{m[f'{prefix}difference']:+.3f} [{m[f'{prefix}ci_low']:+.3f}, "
+        f"{m[f'{prefix}ci_high']:+.3f}] | {m[f'{prefix}prompts_up']:.0f} | "
+        f"{m[f'{prefix}prompts_down']:.0f} | {m[f'{prefix}p_value']:.3g} |"
+    ]
 
 
 def headroom_section(scores: Sequence[ModelScores]) -> str:

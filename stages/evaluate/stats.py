@@ -3,7 +3,9 @@
 A rate measured on a few dozen prompts moves by several points between two equally good
 models, so every rate in a report carries a Wilson 95% interval, and two models evaluated on
 the same prompts are compared pairwise with the exact McNemar test (only the prompts on which
-they disagree carry information about which is better).
+they disagree carry information about which is better). Two models sampled k times a prompt
+are compared on their per-prompt solve rates with a paired sign-flip permutation test: the
+first sample alone would throw away k - 1 of every k completions.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -132,3 +136,70 @@ def informative_group_chance(solve_rate: float, group: int) -> float:
     holds both a right and a wrong one (a group with zero reward variance carries no
     gradient): 1 - p^G - (1 - p)^G."""
     return 1.0 - solve_rate**group - (1.0 - solve_rate) ** group
+
+
+SIGN_FLIPS = 100_000  # draws of the sign-flip test: its p-value is within ~0.002 of the exact one
+SIGN_FLIP_SEED = 0  # fixed: a report computed twice from the same samples says the same p
+
+
+@dataclass(frozen=True)
+class PairedRates:
+    """Model B against model A on the same prompts, each prompt's solve rate over k samples."""
+
+    n: int
+    baseline_rate: float
+    candidate_rate: float
+    ci_low: float  # 95% interval of the mean per-prompt difference (normal approximation)
+    ci_high: float
+    prompts_up: int  # prompts the candidate solved more often than the baseline
+    prompts_down: int  # and less often
+    p_value: float  # two-sided paired sign-flip permutation test of the mean difference
+
+    @property
+    def difference(self) -> float:
+        return self.candidate_rate - self.baseline_rate
+
+
+def sign_flip_p(
+    differences: np.ndarray, draws: int = SIGN_FLIPS, seed: int = SIGN_FLIP_SEED
+) -> float:
+    """Two-sided p-value of a mean paired difference: under the null each prompt's difference
+    is as likely negative as positive, so flipping signs at random draws the null distribution
+    of the sum. (1 + hits) / (1 + draws): never 0, and exact in expectation."""
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0
+    observed = abs(d.sum()) - 1e-9 * float(np.abs(d).sum())  # ties count as hits
+    rng = np.random.default_rng(seed)
+    hits, done = 0, 0
+    while done < draws:
+        chunk = min(10_000, draws - done)
+        signs = rng.integers(0, 2, size=(chunk, d.size), dtype=np.int8) * 2 - 1
+        hits += int(np.count_nonzero(np.abs(signs @ d) >= observed))
+        done += chunk
+    return (1 + hits) / (1 + draws)
+
+
+def paired_rates(baseline: np.ndarray, candidate: np.ndarray) -> PairedRates:
+    """Compare per-prompt solve rates (prompts x samples 0/1 arrays, same prompts in order;
+    the two may hold different numbers of samples)."""
+    if baseline.shape[0] != candidate.shape[0]:
+        raise ValueError(
+            f"paired rates need the same prompts: the baseline has {baseline.shape[0]}, "
+            f"the candidate {candidate.shape[0]}"
+        )
+    a, b = baseline.mean(axis=1), candidate.mean(axis=1)
+    d = b - a
+    n = int(d.size)
+    half = Z_95 * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else float("inf")
+    return PairedRates(
+        n=n,
+        baseline_rate=float(a.mean()) if n else 0.0,
+        candidate_rate=float(b.mean()) if n else 0.0,
+        ci_low=float(d.mean()) - half if n else 0.0,
+        ci_high=float(d.mean()) + half if n else 0.0,
+        prompts_up=int(np.count_nonzero(d > 0)),
+        prompts_down=int(np.count_nonzero(d < 0)),
+        p_value=sign_flip_p(d),
+    )

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from tunix.generate import sampler as tunix_sampler
 
 from schemas.recipe import ModelSpec
-from stages.modeling import models
+from stages.modeling import models, tunix_compat
 from stages.modeling.tokenizers import Tokenizer
 
 
@@ -23,7 +23,9 @@ def build_sampler(
     network: Any, tokenizer: Tokenizer, spec: ModelSpec, prompt_len: int, max_tokens: int
 ) -> tunix_sampler.Sampler:
     """A sampler whose KV cache fits `prompt_len` prompt tokens plus `max_tokens`; reuse it
-    across calls to compile each shape once."""
+    across calls to compile each shape once. Its prefill projects only the last prompt
+    position to the vocabulary (`tunix_compat.prefill_last_position_only`: the same logits)."""
+    tunix_compat.prefill_last_position_only()  # read by the Sampler when it is built
     arch = models.tunix_config(spec)
     return tunix_sampler.Sampler(
         network,

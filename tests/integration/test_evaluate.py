@@ -95,7 +95,7 @@ def test_report_files_scores_and_records(trained) -> None:
     assert all(f"| {name} |" in table for name in ("base", "base-3shot", "sft"))
     # the base model also sees 3 worked SFT examples; each row is compared with the previous
     assert [s.name for s in report.scores][:3] == ["base", "base-3shot", "sft"]
-    assert "| sft | base-3shot |" in table and "p (McNemar)" in table
+    assert "| sft | base-3shot |" in table and "exact McNemar" in table
     sft_metrics = by_name["sft"].metrics
     assert 0 <= sft_metrics["vs_previous/p_value"] <= 1
     assert sft_metrics["format_rate_ci_low"] <= by_name["sft"].format_rate

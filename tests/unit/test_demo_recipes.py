@@ -38,3 +38,6 @@ def test_the_headroom_recipe_filters_on_its_own_policy_before_grpo() -> None:
     assert (band.above, band.below, band.min_prompts) == (0.0, 1.0, recipe.grpo.batch_size)
     assert nodes["grpo"].inputs == {"dataset": "informative", "policy": "sft"}
     assert recipe.data.eval.size >= 256 and recipe.grpo.beta == 0.0
+    held_out = nodes["evaluate"].config  # greedy and sampled, on the held-out split
+    assert held_out.split == "eval" and held_out.greedy and held_out.samples >= 4
+    assert held_out.temperature == recipe.grpo.temperature and held_out.models == ["sft", "grpo"]

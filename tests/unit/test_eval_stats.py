@@ -191,3 +191,78 @@ def test_greedy_rows_need_a_sampled_evaluation() -> None:
     with pytest.raises(ValueError, match="needs samples >= 2"):
         EvalConfig(greedy=True)
     EvalConfig(greedy=True, samples=4, temperature=1.0)
+
+
+def test_sign_flip_p_matches_the_exact_sign_test_on_equal_differences() -> None:
+    # six equal differences all one way: exactly 2 of the 64 sign patterns are as extreme
+    assert stats.sign_flip_p(np.ones(6)) == pytest.approx(2 / 64, abs=0.003)
+    assert stats.sign_flip_p(np.array([1.0] * 5 + [-1.0])) == pytest.approx(14 / 64, abs=0.005)
+    assert stats.sign_flip_p(np.zeros(5)) == 1.0  # no prompt moved: no evidence
+    assert stats.sign_flip_p(np.ones(6)) == stats.sign_flip_p(np.ones(6))  # seeded
+
+
+def test_paired_rates_use_every_sample_of_a_prompt() -> None:
+    # 40 prompts x 4 samples: the candidate solves one more sample on 30 prompts, one fewer
+    # on 2; its first samples are the same as the baseline's, so McNemar would see nothing
+    base = np.zeros((40, 4))
+    cand = np.zeros((40, 4))
+    cand[:30, 1] = 1
+    base[30:32, 2] = 1
+    paired = stats.paired_rates(base, cand)
+    assert (paired.prompts_up, paired.prompts_down, paired.n) == (30, 2, 40)
+    assert paired.difference == pytest.approx((30 - 2) / 160)
+    assert paired.ci_low > 0 and paired.p_value < 1e-4
+    with pytest.raises(ValueError, match="the baseline has 40, the candidate 3"):
+        stats.paired_rates(base, cand[:3])
+
+
+def _rows(model: str, outcomes: list[list[int]]) -> list[dict[str, object]]:
+    return [
+        {"model": model, "id": f"p{i}", "format": 1.0, "correct": float(c)}
+        for i, row in enumerate(outcomes)
+        for c in row
+    ]
+
+
+def _scores(name: str, samples: int, outcomes: list[list[int]]) -> ModelScores:
+    return ModelScores(
+        name=name,
+        checkpoint_uri=None,
+        num_prompts=len(outcomes),
+        format_rate=1.0,
+        accuracy=float(np.mean(outcomes)),
+        mean_completion_chars=1.0,
+        metrics={"samples": float(samples)},
+    )
+
+
+def test_sampled_rows_are_compared_with_sampled_rows_and_greedy_with_greedy() -> None:
+    # rows in the order the stage writes them: sft, sft@greedy, grpo, grpo@greedy
+    sft = [[1, 0, 0, 0]] * 12 + [[0, 0, 0, 0]] * 12
+    grpo = [[1, 1, 1, 0]] * 12 + [[0, 1, 0, 0]] * 12  # same first samples, more right later
+    sft_greedy, grpo_greedy = [[1]] * 12 + [[0]] * 12, [[1]] * 24
+    given = [
+        ("sft", 4, sft),
+        ("sft@greedy", 1, sft_greedy),
+        ("grpo", 4, grpo),
+        ("grpo@greedy", 1, grpo_greedy),
+    ]
+    samples = [r for name, _, outcomes in given for r in _rows(name, outcomes)]
+    rows = reports.with_statistics([_scores(*g) for g in given], samples)
+    by_name = {s.name: s for s in rows}
+    assert [None if b is None else b.name for b in reports.previous_rows(rows)] == [
+        None,
+        None,
+        "sft",
+        "sft@greedy",
+    ]
+    sampled, greedy = by_name["grpo"].metrics, by_name["grpo@greedy"].metrics
+    assert sampled["vs_previous/only_this_right"] == 0  # first samples: no change
+    assert sampled["vs_previous/pass@1_difference"] == pytest.approx(0.5 - 0.125)
+    assert sampled["vs_previous/pass@1_prompts_up"] == 24
+    assert sampled["vs_previous/pass@1_p_value"] < 1e-4
+    assert greedy["vs_previous/only_this_right"] == 12  # greedy against greedy
+    assert "vs_previous/pass@1_p_value" not in greedy
+    table = reports.comparison_table(rows)
+    assert "| grpo | sft | pass@1 (4 samples) | +0.375 [+0.324, +0.426] | 24 | 0 |" in table
+    assert "| grpo@greedy | sft@greedy | accuracy | +0.500 | 12 | 0 | 0.000488 |" in table

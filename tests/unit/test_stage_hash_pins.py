@@ -3,6 +3,9 @@ a refactor of how a stage declares or hashes its config must leave every one of 
 was. The values were computed on main before the stage registry (issue 27, item 4) existed;
 upstream fingerprints are fixed stand-ins, so only the hashed config, model and code version
 count. data_prep's is the one README.md prints for `far run recipes/smoke.yaml`.
+
+Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 5
+(sampled rows compared with sampled rows, and by pass@1; issue 25).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
     "sft": "8e3c756d93ce29161ef6f3668341292388e8b3d8e6dbc4ced5a76fdcce723927",
     "grpo": "41b746b9e5478f7401746956054dc92db68c166e4a47a9d52abdb56bb6bf0573",
-    "evaluate": "030f999a55121c00e9c1fbe404970482b11fdbbc422c1270bdd50dcc84416e2f",
-    "dag.evaluate_train": "bb50df4e5eac4a0bb0a5015515bdc173faba3f7ca0e6d4c62ca79a774586c215",
+    "evaluate": "c05f5ee95de78388ed88fe6a08fef44ad5d944d968bf8cbec369dd2996ef2ee6",
+    "dag.evaluate_train": "c89e067f59bfc7a9f68b7a25500f8ca573a1755aa23dec06054c57fd1712e49c",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
     "dag.self_teach": "49e3fd1f544251062be612487a2cd77334db32effa22e79950824c61590305d2",
     "dag.sft_self": "e29f2c74c0bc6ff26668c93747eaf15839235880e2ffb11d8af79532b7340c09",
