@@ -156,8 +156,12 @@ def _code_change(kind: str, state: manifest.StageState | None) -> drift.Change |
 
 
 def _touches(path: str, node: StageNode, recipe: Recipe) -> bool:
-    """Whether a changed recipe path feeds `node`: the model and pipeline feed every node."""
-    head = path.split(".", 1)[0]
+    """Whether a changed recipe path feeds `node`: the model feeds every node, a pipeline
+    node's own entry (`pipeline.<id>...`) only that node (drift.diff compares nodes by id)."""
+    parts = path.split(".")
+    head = parts[0]
+    if head == "pipeline" and len(parts) > 1:
+        return parts[1] == node.id
     if head in ("model", "pipeline"):
         return True
     uses_section = recipe.pipeline is None or node.config is None

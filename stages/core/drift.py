@@ -71,7 +71,11 @@ class DriftError(InputError):
 
 
 def diff(old: Any, new: Any, prefix: str = "") -> list[Change]:
-    """Every leaf that differs between two JSON-like values, as dotted paths."""
+    """Every leaf that differs between two JSON-like values, as dotted paths. A list of
+    objects that each have an "id" (a recipe's `pipeline:` nodes) is compared by id
+    (`pipeline.evaluate.config.samples`); any other list is one leaf."""
+    if _by_id(old) is not None and _by_id(new) is not None:
+        return diff(_by_id(old), _by_id(new), prefix)
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[Change] = []
         for key in sorted(set(old) | set(new), key=str):
@@ -79,6 +83,17 @@ def diff(old: Any, new: Any, prefix: str = "") -> list[Change]:
             out += diff(old.get(key, _ABSENT), new.get(key, _ABSENT), path)
         return out
     return [] if old == new else [Change(prefix, old, new)]
+
+
+def _by_id(value: Any) -> dict[str, Any] | None:
+    """{id: item} for a list of objects with distinct string ids, else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    ids = [item.get("id") if isinstance(item, dict) else None for item in value]
+    keys = [i for i in ids if isinstance(i, str)]
+    if len(keys) != len(value) or len(set(keys)) != len(keys):
+        return None
+    return dict(zip(keys, value, strict=True))
 
 
 def is_allowed(change: Change, allowed: Iterable[str]) -> bool:

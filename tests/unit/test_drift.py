@@ -20,6 +20,17 @@ DIFFS: list[tuple[Any, Any, list[str]]] = [
     ({"s": {"x": 1}}, {"s": {}}, ["s.x: 1 -> (absent)"]),
     ({"l": [1, 2]}, {"l": [1, 3]}, ["l: [1, 2] -> [1, 3]"]),  # lists compare whole
     ({"a": None}, {"a": {"b": 1}}, ['a: null -> {"b": 1}']),
+    # pipeline nodes are compared by id: one changed setting, not the whole pipeline
+    (
+        {"p": [{"id": "a", "c": {"k": 1}}, {"id": "b"}]},
+        {"p": [{"id": "a", "c": {"k": 4}}, {"id": "b"}, {"id": "z"}]},
+        ["p.a.c.k: 1 -> 4", 'p.z: (absent) -> {"id": "z"}'],
+    ),
+    (
+        {"l": [{"id": "a"}, {"id": "a"}]},
+        {"l": [{"id": "a"}]},
+        ['l: [{"id": "a"}, {"id": "a"}] -> [{"id": "a"}]'],
+    ),
 ]
 
 

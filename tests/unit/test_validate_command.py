@@ -281,6 +281,46 @@ def test_plan_refused_by_the_drift_guard(
     assert rows["grpo"][3] == "run"  # its input changes
 
 
+def test_plan_of_a_dag_whose_one_node_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A changed pipeline node is drift of that node alone: the plan names its setting, runs it
+    and what reads it, and skips the rest (a list diff once refused and re-ran every node)."""
+    path = _write(tmp_path, DAG)
+    recipe = load_recipe(path)
+    ctx = RunContext(root=str(tmp_path / "runs"), run=recipe.name)
+    manifest = RunManifest(
+        run=recipe.name,
+        recipe=recipe.model_dump(mode="json"),
+        recipe_source=path,
+        created_at=datetime.now(UTC),
+    )
+    storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
+    for node in ("data_prep", "sft", "grpo", "evaluate_train", "hard"):
+        checkpoint_stage(ctx, node, {}, {})
+        kind = next(n["kind"] for n in DAG["pipeline"] if n["id"] == node)
+        _set_version(ctx, node, stage_version(kind))
+    train = next(n for n in DAG["pipeline"] if n["id"] == "evaluate_train")
+    changed = _dag_with("evaluate_train", config={**train["config"], "seed": 7})
+    code, _, err = _far(capsys, "validate", _write(tmp_path, changed, "changed.yaml"))
+    assert code == cli.EXIT_INVALID
+    assert "pipeline.evaluate_train.config.seed: 0 -> 7" in err and '"kind"' not in err
+    code, out, err = _far(
+        capsys, "validate", _write(tmp_path, changed, "changed.yaml"), "--allow-change", "pipeline"
+    )
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert [rows[n][3] for n in ("data_prep", "sft", "grpo")] == ["skip"] * 3
+    assert rows["evaluate_train"][3:] == [
+        "run",
+        "pipeline.evaluate_train.config.seed:",
+        "0",
+        "->",
+        "7",
+    ]
+    assert rows["hard"][3:] == ["run", "an", "input", "changes"]
+
+
 def test_version_and_exit_codes_in_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])
