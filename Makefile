@@ -63,8 +63,9 @@ browser:
 	else echo "browser: no chromium and not root: the Prefect UI browser test will be SKIPPED" \
 		"(install Debian's chromium, or set FAR_CHROMIUM to a chromium binary)"; fi
 
+# --durations=25: the slowest tests in every run's log, so a slower suite names its cause
 test: lint browser
-	JAX_PLATFORMS=cpu $(BIN)/pytest $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 # A few minutes on 2 cores: what a developer runs between edits. CI runs the full `make test`.
 test-fast: env
