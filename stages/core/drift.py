@@ -100,6 +100,26 @@ def is_allowed(change: Change, allowed: Iterable[str]) -> bool:
     return any(change.path == a or change.path.startswith(a + ".") for a in allowed)
 
 
+def node_allowances(allowed: Iterable[str], node: str, sections: Iterable[str]) -> tuple[str, ...]:
+    """`allowed` (recipe paths) plus the same allowances as a pipeline node's stage identity
+    names them: its config sits under its section (`eval.samples`), not under
+    `pipeline.<node>.config.samples`. Allowing `pipeline`, `pipeline.<node>` or
+    `pipeline.<node>.config` allows every section of the node's config; a deeper path the
+    same setting in each section. The recipe-level check has already refused any change to
+    a top-level section that was not allowed by its own name."""
+    allowed, sections = tuple(allowed), tuple(sections)
+    extra: list[str] = []
+    for path in allowed:
+        parts = path.split(".")
+        if parts[0] != "pipeline" or (len(parts) > 1 and parts[1] != node):
+            continue
+        if len(parts) <= 2 or parts[2:] == ["config"]:
+            extra += sections
+        elif parts[2] == "config":
+            extra += [".".join([section, *parts[3:]]) for section in sections]
+    return allowed + tuple(extra)
+
+
 def check(what: str, changes: list[Change], allowed: Iterable[str]) -> list[Change]:
     """Raise DriftError unless every change is allowed; return the (allowed) changes."""
     allowed = tuple(allowed)

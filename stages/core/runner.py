@@ -434,7 +434,13 @@ def _start_directory(
         changes = identity_changes(
             storage.read_json(storage.join(previous, IDENTITY_NAME)), identity
         )
-        drift.check(f"stage {identity.stage}", changes, ctx.allow_changes)
+        node = ctx.directory_name(identity.stage)
+        sections = [key for key in identity.config if key != "model"]  # model: the recipe's
+        drift.check(
+            f"stage {identity.stage}",
+            changes,
+            drift.node_allowances(ctx.allow_changes, node, sections),
+        )
         if carry_over and drift.continuable(changes):
             for sub in carry_over:
                 log.info("stage %s: continuing from %s/%s", identity.stage, previous, sub)

@@ -95,6 +95,29 @@ def test_only_continuation_settings_carry_checkpoints_over(paths: list[str], ok:
     assert drift.continuable([drift.Change(p, 1, 2) for p in paths]) is ok
 
 
+@pytest.mark.parametrize(
+    ("allowed", "expected"),
+    [
+        (("pipeline",), ("eval",)),
+        (("pipeline.headroom",), ("eval",)),
+        (("pipeline.headroom.config",), ("eval",)),
+        (("pipeline.headroom.config.samples",), ("eval.samples",)),
+        (("pipeline.evaluate",), ()),  # another node
+        (("eval.seed",), ()),  # a recipe section is named as it is
+    ],
+)
+def test_allowing_a_pipeline_node_allows_its_stage_config(
+    allowed: tuple[str, ...], expected: tuple[str, ...]
+) -> None:
+    """`--allow-change pipeline.headroom` also lets the headroom node's stage start with its
+    changed config, which its identity names `eval.*` (it was refused there, after the
+    recipe-level check had allowed it)."""
+    assert drift.node_allowances(allowed, "headroom", ["eval"]) == allowed + expected
+    change = drift.Change("eval.samples", 1, 4)
+    allowances = drift.node_allowances(allowed, "headroom", ["eval"])
+    assert drift.is_allowed(change, allowances) == bool(expected)
+
+
 def test_manifest_records_sessions_and_refuses_a_changed_recipe() -> None:
     root = f"memory://far-drift-{uuid.uuid4().hex[:8]}"
     recipe = recipe_with(root)
@@ -208,3 +231,28 @@ def test_prefect_retry_condition_reads_the_exception_from_the_failed_state(
     from flows.far_flow import retry_if_transient
 
     assert retry_if_transient(None, None, Failed(data=error)) is retried  # type: ignore[arg-type]
+
+
+def test_a_stage_starts_with_a_changed_node_config_the_user_allowed(tmp_path: Any) -> None:
+    """The stage-level guard reads `--allow-change pipeline.<node>` too: a node whose own
+    config changed was allowed by the recipe check, then refused when its stage started."""
+    from schemas.artifacts import CheckpointArtifact
+    from stages.core.runner import StageIdentity, run_stage
+    from tests.unit.test_records import checkpoint_stage
+
+    root = str(tmp_path)
+
+    def stage(ctx: RunContext, samples: int) -> Any:
+        done = checkpoint_stage(RunContext(root=root, run="r", node="donor"), "x", {}, {})
+        identity = StageIdentity("evaluate", 1, {"eval": {"samples": samples}}, {})
+
+        def work(directory: str) -> tuple[CheckpointArtifact, dict[str, float], dict[str, Any]]:
+            return done.output, {}, {}
+
+        return run_stage(ctx, identity, work)
+
+    stage(RunContext(root=root, run="r", node="headroom"), 1)
+    with pytest.raises(drift.DriftError, match=r"eval\.samples: 1 -> 4"):
+        stage(RunContext(root=root, run="r", node="headroom"), 4)
+    allowed = RunContext(root=root, run="r", node="headroom", allow_changes=("pipeline.headroom",))
+    assert stage(allowed, 4).output.uri
