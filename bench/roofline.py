@@ -22,7 +22,8 @@ V vocabulary, A LoRA parameters a layer, P prompt and C completion positions, R 
     bytes                   the weights once per pass, 4*(L*W + V*d) in f32 (twice for a
                             train step); decode also reads its KV cache, 4*2*L*K*h*R*cache
 
-    SFT step          train at R x S, projected at every position
+    SFT step          train at R x S, projected at the T loss positions a row can hold
+                      (`as run` before tunix_compat.target_positions_loss: every position)
     rollout prefill   forward at R x P, projected at the last prompt position only (Tunix
                       0.1.7's Gemma 3 projects every prompt position, `as run` before
                       tunix_compat.prefill_last_position_only; attention over the cache)
@@ -164,11 +165,15 @@ class Shapes:
     prompt: int  # max_prompt_len: prompts are left-padded to it
     completion: int  # max_generation_tokens
     cache: int  # the sampler's KV cache length
+    sft_targets: int = 0  # SFT's loss positions a row, at most (0: every position)
 
     @classmethod
     def of(cls, recipe: Any, dataset: Any) -> Shapes:
+        from stages.core.datasets import load_sft_arrays
+
         grpo = recipe.grpo
         prompt = dataset.prompt_len
+        mask = load_sft_arrays(dataset)["input_mask"]
         return cls(
             recipe.sft.batch_size,
             dataset.seq_len,
@@ -176,6 +181,7 @@ class Shapes:
             prompt,
             grpo.max_generation_tokens,
             prompt + grpo.max_generation_tokens + 8,
+            int(mask[:, 1:].sum(axis=1).max()),
         )
 
 
@@ -186,8 +192,10 @@ def phase_work(
     completion_only: bool,
     saves_per_step: float,
     prefill_last_only: bool = False,
+    sft_targets_only: bool = False,
 ) -> dict[str, dict[str, float]]:
-    """Per phase and per step: FLOPs and bytes needed, and FLOPs as the code runs them."""
+    """Per phase and per step: FLOPs and bytes needed, and FLOPs as the code runs them
+    (`sft_targets_only`: SFT's loss projects its loss positions only, not every position)."""
     a, s = arch, shapes
     seq = s.prompt + s.completion
     prefill = a.forward(s.rows, s.prompt, 1, s.prompt)
@@ -196,10 +204,11 @@ def phase_work(
     logps_run = logps if completion_only else a.forward(s.rows, seq, seq)
     update = a.train(s.rows, seq, s.completion)
     update_run = update if completion_only else a.train(s.rows, seq, seq)
-    sft = a.train(s.sft_rows, s.sft_len, s.sft_len)
+    sft = a.train(s.sft_rows, s.sft_len, s.sft_targets or s.sft_len)
+    sft_run = sft if sft_targets_only else a.train(s.sft_rows, s.sft_len, s.sft_len)
     save = saves_per_step * 3 * F32 * a.layers * a.lora_per_layer
     return {
-        "sft_step": {"flops": sft, "bytes": 2 * a.weight_bytes, "flops_run": sft},
+        "sft_step": {"flops": sft, "bytes": 2 * a.weight_bytes, "flops_run": sft_run},
         "rollout_prefill": {
             "flops": prefill,
             "bytes": a.weight_bytes + a.kv_bytes(s.rows, s.prompt),
@@ -246,7 +255,8 @@ def measure_peaks(arch: Arch, tokens: int, projected: int, repeats: int = 5) -> 
 def xla_flops(recipe: Any, shapes: Shapes, cache_dir: str) -> dict[str, float]:
     """Compiled FLOPs (XLA cost_analysis) of the log-prob function GRPO uses, forward and its
     gradient with respect to the adapters, at the recipe's GRPO shapes; and of SFT's loss
-    gradient (next-token cross-entropy over every position). On a LoRA clone of the base."""
+    gradient (next-token cross-entropy; at `shapes.sft_targets` loss positions a row where
+    the tree's SFT projects only those, else at every position). On a LoRA clone."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -294,6 +304,13 @@ def xla_flops(recipe: Any, shapes: Shapes, cache_dir: str) -> dict[str, float]:
         model = nnx.merge(graphdef, nnx.merge_state(trained, frozen))
         positions = jnp.broadcast_to(jnp.arange(shapes.sft_len), tokens.shape)
         mask = jnp.tril(jnp.ones((shapes.sft_len, shapes.sft_len), bool))[None]
+        if hasattr(tunix_compat, "target_positions_loss"):  # as the SFT stage trains
+            targets = shapes.sft_targets or shapes.sft_len - 1
+            loss_mask = (jnp.arange(shapes.sft_len) >= shapes.sft_len - targets).astype(jnp.int32)
+            loss_mask = jnp.broadcast_to(loss_mask, tokens.shape)
+            return tunix_compat.target_positions_loss(targets)(
+                model, tokens, loss_mask, positions, mask
+            )
         logits, _ = model(tokens, positions, None, mask)
         return -jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(tokens, logits.shape[-1]))
 
@@ -380,7 +397,8 @@ def measure(
     saves = sum(1 for v in later.get("checkpoint_save", []) if v > 0) / steps
     completion_only = getattr(tunix_compat, "completion_per_token_logps", None) is not None
     last_only = hasattr(tunix_compat, "prefill_last_position_only")
-    work = phase_work(arch, shapes, decode_steps, completion_only, saves, last_only)
+    targets_only = hasattr(tunix_compat, "target_positions_loss")
+    work = phase_work(arch, shapes, decode_steps, completion_only, saves, last_only, targets_only)
     prompt_real = statistics.mean(min(n, shapes.prompt) for n in run["prompt_lengths"])
     completion_real = statistics.mean(mean_lengths)
     useful = {
@@ -401,6 +419,7 @@ def measure(
         ).stdout.strip(),
         "completion_only": completion_only,
         "prefill_last_position_only": last_only,
+        "sft_targets_only": targets_only,
         "arch": dataclasses.asdict(arch),
         "shapes": dataclasses.asdict(shapes),
         "decode_steps": decode_steps,

@@ -45,14 +45,16 @@ from stages.core.runner import (
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded
-from stages.modeling import models, optim
+from stages.modeling import models, optim, tunix_compat
 from stages.modeling.compilations import TRAIN_STEP, counting_compilations
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.tunix_compat import release_scalar_listeners
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 1
+# 2: the loss projects only the loss positions to the vocabulary (tunix_compat
+#    .target_positions_loss): the same loss and gradients up to the order of float sums
+STAGE_VERSION = 2
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "tensorboard"
 
@@ -105,8 +107,10 @@ def checkpoint_options(config: SFTConfig) -> ocp.CheckpointManagerOptions:
 
 
 def build_trainer(
-    model: Any, config: SFTConfig, checkpoint_dir: str, log_dir: str
+    model: Any, config: SFTConfig, checkpoint_dir: str, log_dir: str, keep: int
 ) -> peft_trainer.PeftTrainer:
+    """Tunix's PeftTrainer with FAR's inputs and its loss projected at the `keep` loss
+    positions a row can hold (tunix_compat.target_positions_loss)."""
     accumulate = config.gradient_accumulation_steps
     training_config = peft_trainer.TrainingConfig(
         eval_every_n_steps=10**9,  # no intermediate eval: it spikes TPU memory mid-training
@@ -128,6 +132,7 @@ def build_trainer(
         config.max_grad_norm,
     )
     trainer = peft_trainer.PeftTrainer(model, optimizer, training_config)
+    trainer = trainer.with_loss_fn(tunix_compat.target_positions_loss(keep))
     return trainer.with_gen_model_input_fn(model_inputs)
 
 
@@ -147,9 +152,10 @@ def _train(
     model = starting_model(base, config, mesh, policy)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
-    trainer = build_trainer(model, config, local_ckpt, local_logs)
-    start_step, clock = trainer.train_steps, StepClock()
     arrays = load_sft_arrays(dataset)
+    keep = tunix_compat.loss_positions(arrays["input_mask"])
+    trainer = build_trainer(model, config, local_ckpt, local_logs, keep)
+    start_step, clock = trainer.train_steps, StepClock()
     stream = reporting(
         guarded(
             in_memory_stream(batches(arrays, config.batch_size, config.seed)),

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from tunix.models.gemma3 import model as gemma3_model
 from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
+from tunix.sft import peft_trainer
 
 from stages.modeling import tunix_version
 
@@ -335,3 +337,58 @@ def prefill_last_position_only() -> None:
     position (compiled FLOPs) and the sampled completions equal with this.
     """
     gemma3_model.Gemma3.__call__ = _gemma3_call
+
+
+# --- SFT's loss: logits at the loss positions only ----------------------------------------------
+
+# Tunix 0.1.7's PeftTrainer loss, kept for the models the replacement does not handle.
+TUNIX_SFT_LOSS = peft_trainer._default_loss_fn
+
+
+def loss_positions(input_mask: Any) -> int:
+    """The most next-token targets any row of an SFT split has (input_mask[:, 1:] summed), the
+    `keep` of `target_positions_loss`; at least 1."""
+    return max(1, int(jnp.asarray(input_mask)[:, 1:].sum(axis=1).max()))
+
+
+def target_positions_loss(keep: int) -> Callable[..., jax.Array]:
+    """PeftTrainer's next-token loss with the output projection at the loss positions only.
+
+    Tunix 0.1.7's default SFT loss (`peft_trainer._default_loss_fn`, private) projects every
+    position of the row to the 262,144-token vocabulary, takes a full log-softmax, multiplies
+    it by a one-hot of the targets (another [rows x positions x vocabulary] array) and masks
+    all but the completion: on the demo's rows (95 target positions, at most 32 in the loss)
+    two thirds of the projection, forward and backward, is thrown away. Here the model runs
+    to its final norm (`output_hidden_states`, a public argument, as in
+    completion_per_token_logps), the `keep` hidden states that predict loss targets are
+    gathered (in order; rows with fewer are padded with weight-0 positions), and only those
+    are projected. Same per-position arithmetic and the same normalisation (the mask's sum);
+    only the sums' order differs: loss and gradients equal Tunix's to float rounding (test).
+    `keep` must be at least every row's target count (`loss_positions` of the split). Images
+    and other model families go to Tunix's loss unchanged.
+    """
+
+    def loss_fn(
+        model: Any,
+        input_tokens: jax.Array,
+        input_mask: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        images: jax.Array | None = None,
+    ) -> jax.Array:
+        if images is not None or not isinstance(model, gemma3_model.Gemma3):
+            return TUNIX_SFT_LOSS(
+                model, input_tokens, input_mask, positions, attention_mask, images
+            )
+        model(input_tokens, positions, None, attention_mask, output_hidden_states=True)
+        hidden = jax.tree.leaves(nnx.pop(model, nnx.Intermediate))[-1][:, :-1]
+        target_mask = input_mask[:, 1:]
+        # the loss positions first, in order (a stable sort of "not in the loss")
+        order = jnp.argsort(~target_mask.astype(bool), axis=1, stable=True)[:, :keep]
+        weights = jnp.take_along_axis(target_mask, order, axis=1).astype(hidden.dtype)
+        logits = model.embedder.decode(jnp.take_along_axis(hidden, order[..., None], axis=1))
+        targets = jnp.take_along_axis(input_tokens[:, 1:], order, axis=1)
+        logps = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)
+        return -jnp.sum(logps[..., 0] * weights) / (jnp.sum(target_mask) + 1e-8)
+
+    return loss_fn

@@ -29,7 +29,7 @@ from stages import data_prep, sft
 from stages.core import storage
 from stages.core.datasets import load_sft_arrays
 from stages.core.runner import RunContext
-from stages.modeling import models
+from stages.modeling import models, tunix_compat
 from tests.conftest import REPO, recipe_with
 from tests.integration._tpu_recipe_child import EXIT_SESSION_ENDED
 from tests.integration.test_sft_full import lora_leaves
@@ -104,7 +104,10 @@ def test_tunix_alone_checkpoints_a_half_accumulated_window(tmp_path: Path) -> No
     def trainer() -> sft.peft_trainer.PeftTrainer:
         base = models.build_base_model(recipe.model, mesh, ctx.model_cache)
         model = models.apply_lora(base, recipe.sft.lora, mesh, recipe.sft.seed)  # type: ignore[arg-type]
-        return sft.build_trainer(model, recipe.sft, str(tmp_path / "ck"), str(tmp_path / "tb"))
+        keep = tunix_compat.loss_positions(arrays["input_mask"])
+        return sft.build_trainer(
+            model, recipe.sft, str(tmp_path / "ck"), str(tmp_path / "tb"), keep
+        )
 
     first = trainer()
     with mesh:  # one window of 4 micro-batches and 2 of the next, then the data ends

@@ -43,6 +43,7 @@ def shapes_of(recipe: Any) -> Any:
         data.max_prompt_len,
         grpo.max_generation_tokens,
         data.max_prompt_len + grpo.max_generation_tokens + 8,
+        data.max_seq_len // 3,  # SFT loss positions a row: a completion after its prompt
     )
 
 
@@ -72,6 +73,9 @@ def test_completion_only_projection_is_counted(tmp_path: Path) -> None:
     assert prefill["flops_run"] > 2 * prefill["flops"]
     last = roofline.phase_work(arch, shapes, 32, True, 0, prefill_last_only=True)
     assert last["rollout_prefill"]["flops_run"] < 1.1 * prefill["flops"]  # attention: the cache
+    # SFT's loss needs logits at its loss positions only; Tunix's loss projects every one
+    sft = roofline.phase_work(arch, shapes, 32, True, 0, sft_targets_only=True)["sft_step"]
+    assert new["sft_step"]["flops_run"] > 1.5 * sft["flops"] == 1.5 * sft["flops_run"]
 
 
 def test_counts_match_xla_on_the_tiny_model(tmp_path: Path) -> None:
@@ -79,7 +83,9 @@ def test_counts_match_xla_on_the_tiny_model(tmp_path: Path) -> None:
     cost_analysis (which also counts the elementwise work the count leaves out)."""
     recipe = recipe_with(str(tmp_path), "smoke")
     arch, shapes = arch_of(recipe), shapes_of(recipe)
-    work = roofline.phase_work(arch, shapes, 24, completion_only=True, saves_per_step=0)
+    work = roofline.phase_work(
+        arch, shapes, 24, completion_only=True, saves_per_step=0, sft_targets_only=True
+    )
     compiled = roofline.xla_flops(recipe, shapes, str(tmp_path / "cache"))
     for phase in ("reference_logps", "actor_update", "sft_step"):
         assert work[phase]["flops_run"] == pytest.approx(compiled[phase], rel=0.05), phase

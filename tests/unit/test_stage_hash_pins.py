@@ -5,7 +5,8 @@ upstream fingerprints are fixed stand-ins, so only the hashed config, model and 
 count. data_prep's is the one README.md prints for `far run recipes/smoke.yaml`.
 
 Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 5
-(sampled rows compared with sampled rows, and by pass@1; issue 25).
+(sampled rows compared with sampled rows, and by pass@1; issue 25); sft and dag.sft_self by
+sft's STAGE_VERSION 1 -> 2 (the loss projected at the loss positions only; issue 26).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
-    "sft": "8e3c756d93ce29161ef6f3668341292388e8b3d8e6dbc4ced5a76fdcce723927",
+    "sft": "eb07b8f51445b0c8436503afbc2b2048ee4713d0e0e66a395bfdff76108b3fb4",
     "grpo": "41b746b9e5478f7401746956054dc92db68c166e4a47a9d52abdb56bb6bf0573",
     "evaluate": "c05f5ee95de78388ed88fe6a08fef44ad5d944d968bf8cbec369dd2996ef2ee6",
     "dag.evaluate_train": "c89e067f59bfc7a9f68b7a25500f8ca573a1755aa23dec06054c57fd1712e49c",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
     "dag.self_teach": "49e3fd1f544251062be612487a2cd77334db32effa22e79950824c61590305d2",
-    "dag.sft_self": "e29f2c74c0bc6ff26668c93747eaf15839235880e2ffb11d8af79532b7340c09",
+    "dag.sft_self": "439aa7484df543379de887b3e79d08e434b7e2af998a3459b1282a90e7d328ae",
     "dag.dpo": "c467f747e5a20ac52655ecd03b949d33840c521ef92296bb2ea3134bf4b14c95",
     "dag.orpo": "3a55cedf4646105a716a2143fb29346457483d2f9d6e1e7cfb3b0c4a0f8160ad",
     "dag.distill": "859be38e91004ec60a258e036d1961488218d62a305e64f50e6531c82c322f82",
