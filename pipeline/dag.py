@@ -16,19 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from schemas.recipe import (
     DataPrepNode,
     EvaluateNode,
     GRPONode,
     Recipe,
+    RegisteredNode,
     SFTNode,
     StageNode,
 )
 from stages import registry
+from stages.core.errors import InputError
 from stages.registry import SAYS, Port
 
 
-class DagError(ValueError):
+class DagError(InputError):
     """A pipeline that cannot run; the message names the node or edge at fault."""
 
 
@@ -84,6 +88,7 @@ def build_dag(recipe: Recipe) -> Dag:
         by_id[node.id] = node
     for node in nodes:
         _spec(node)
+        node_config(recipe, node)  # a registered kind's config, against its config model
     for node in nodes:
         _check_inputs(node, by_id, recipe)
     for node in nodes:
@@ -211,6 +216,8 @@ def node_config(recipe: Recipe, node: StageNode) -> Any:
     An evaluate node without its own config takes the recipe's `eval` with models 'base' and
     the node's checkpoint inputs.
     """
+    if isinstance(node, RegisteredNode):
+        return _registered_config(recipe, node)
     if node.config is not None:
         return node.config
     if isinstance(node, EvaluateNode):
@@ -220,3 +227,22 @@ def node_config(recipe: Recipe, node: StageNode) -> Any:
     if section is None:
         raise DagError(f"{node.id} ({node.kind}) has no config and its kind reads no section")
     return getattr(recipe, section)
+
+
+def _registered_config(recipe: Recipe, node: RegisteredNode) -> Any:
+    """A RegisteredNode's config, validated against its kind's config model (the schema keeps
+    it a mapping: schemas/ cannot read the registry); DagError names the node and the field."""
+    spec = _spec(node)
+    if node.config is None and spec.section is not None:
+        return getattr(recipe, spec.section)
+    try:
+        return spec.config.model_validate(node.config or {})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"config.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} "
+            f"(got {item.get('input')!r})"
+            for item in e.errors()
+        )
+        raise DagError(
+            f"{node.id} ({node.kind}): {problems}; expected a {spec.config.__name__}"
+        ) from e

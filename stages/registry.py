@@ -234,6 +234,13 @@ def spec(kind: str) -> StageSpec:
     return found
 
 
+def unregister(kind: str) -> None:
+    """Remove a kind registered with `register` (a test's, when it ends); built-ins stay."""
+    if kind in {s.kind for s in BUILTIN}:
+        raise ValueError(f"stage kind {kind!r} is built in and cannot be unregistered")
+    REGISTRY.pop(kind, None)
+
+
 @contextmanager
 def registered(extra: StageSpec) -> Iterator[StageSpec]:
     """`extra` registered for the duration of the block (a test's stage kind), then removed."""
@@ -241,7 +248,7 @@ def registered(extra: StageSpec) -> Iterator[StageSpec]:
     try:
         yield extra
     finally:
-        REGISTRY.pop(extra.kind, None)
+        unregister(extra.kind)
 
 
 def hashed_config(kind: str, config: BaseModel) -> dict[str, Any]:

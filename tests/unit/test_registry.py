@@ -17,7 +17,14 @@ from pydantic import Field
 
 from pipeline.plan import stage_version
 from schemas.base import Frozen
-from schemas.recipe import EvalConfig, HardSubsetConfig, StageNode
+from schemas.recipe import (
+    REGISTERED,
+    SHIPPED_NODES,
+    EvalConfig,
+    HardSubsetConfig,
+    RegisteredNode,
+    StageNode,
+)
 from stages import registry
 from stages.core.runner import StageIdentity
 
@@ -25,19 +32,22 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_A_KIND = {"stages.export"}  # a stage module that is no pipeline node (far export)
 
 
-def node_classes() -> dict[str, type]:
-    """kind -> node class, from the recipe schema's StageNode union."""
-    union = typing.get_args(StageNode)[0]
-    classes = typing.get_args(union)
-    return {typing.get_args(c.model_fields["kind"].annotation)[0]: c for c in classes}
-
-
-def test_every_node_class_has_a_registration_with_its_config_model() -> None:
-    nodes = node_classes()
-    assert set(nodes) == set(registry.REGISTRY)
-    for kind, node in nodes.items():
+def test_every_shipped_node_class_has_a_builtin_registration_with_its_config_model() -> None:
+    assert set(SHIPPED_NODES) == {spec.kind for spec in registry.BUILTIN}
+    for kind, node in SHIPPED_NODES.items():
         config = node.model_fields["config"].annotation
         assert registry.spec(kind).config in (config, *typing.get_args(config)), kind
+
+
+def test_each_node_class_is_tagged_with_its_kind() -> None:
+    """StageNode's tags route a YAML node by its kind; a shipped class under another tag would
+    read a node of one kind with another kind's config."""
+    for tagged in typing.get_args(typing.get_args(StageNode)[0]):
+        node, tag = typing.get_args(tagged)
+        if tag.tag == REGISTERED:
+            assert node is RegisteredNode
+        else:
+            assert typing.get_args(node.model_fields["kind"].annotation) == (tag.tag,)
 
 
 def test_every_entry_point_has_the_uniform_shape() -> None:
