@@ -63,6 +63,12 @@ class Port:
     splits: frozenset[str] = frozenset()
     required: bool = True
     producers: tuple[str, ...] = ()  # when set, only these node kinds may feed it
+    # when set, the port reads the one split this field of the node's config names (evaluate's
+    # `split`), not `splits` (the split when the config is left at its default)
+    split_field: str | None = None
+    # an eval report whose scored prompts the node trains on (hard_subset): the evaluation must
+    # not score the held-out eval split, and must have evaluated the node's own `dataset`
+    trains_on_scored: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         EvalConfig,
         "stages.evaluate:run",
         "eval_report",
-        {"dataset": DATASET_FOR["eval"]},  # the split its config scores (pipeline/dag.py)
+        {"dataset": Port(("dataset",), frozenset({"eval"}), split_field="split")},
         any_other_input=Port(("checkpoint",)),
         section="eval",
         progress=True,
@@ -160,7 +166,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         "stages.hard_subset:run",
         "dataset",
         {  # the dataset: the evaluated one (its grpo_train) and its eval split
-            "evaluation": Port(("eval_report",), producers=("evaluate",)),
+            "evaluation": Port(("eval_report",), producers=("evaluate",), trains_on_scored=True),
             "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
         },
         splits=frozenset({"grpo_train", "eval"}),
