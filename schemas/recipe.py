@@ -781,8 +781,9 @@ class RegisteredNode(Node):
     the DAG check (pipeline/dag.py) validates it against the config model of the kind's
     registration, and refuses a kind nothing registers, before any compute."""
 
-    kind: Annotated[str, Field(pattern=_NODE_ID.pattern)]
-    """The kind's name, as its registration spells it."""
+    kind: str
+    """The kind's name, as its registration spells it (the DAG check names the registered
+    kinds when none is spelled so)."""
     config: dict[str, Any] | None = None
     """The config, as the registered kind's config model reads it; None: its defaults (or
     the recipe section its registration names)."""

@@ -14,8 +14,12 @@ upstream artifacts keyed by port name, `config` the node's config (an instance o
 is named by "module:function" and imported only when a node of its kind runs: this module
 imports no stage, so reading the registry (validating a recipe, drawing the DAG) stays cheap.
 
-Adding a stage kind is one module (its `run`) plus one registration in `BUILTIN` below; the
-steps are in docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows.
+Adding a stage kind is one module (its config model and `run`) plus one line: `register(...)`
+at the end of that module (a plugin's or a test's kind; a recipe's YAML then names it, read as
+a schemas.recipe.RegisteredNode whose config pipeline/dag.py validates against the registered
+model), or, for a kind shipped with FAR, its StageSpec in `BUILTIN` below. The steps are in
+docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows. `SHARED_LAYERS`
+declares what else sits under stages/.
 """
 
 from __future__ import annotations
