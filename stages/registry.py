@@ -242,6 +242,11 @@ def register(spec: StageSpec) -> StageSpec:
             f"stage kind {spec.kind!r}: hash_exempt_defaults {unknown} are not fields of "
             f"{spec.config.__name__}"
         )
+    if any(p.trains_on_scored for p in spec.ports.values()) and "dataset" not in spec.ports:
+        raise ValueError(
+            f"stage kind {spec.kind!r}: a port that trains on scored prompts needs a 'dataset' "
+            f"port (the dataset the evaluation scored)"
+        )
     REGISTRY[spec.kind] = spec
     return spec
 

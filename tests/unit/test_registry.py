@@ -113,6 +113,12 @@ def test_a_kind_is_registered_once_and_a_registration_is_undone() -> None:
         registry.register(typo)
     with pytest.raises(registry.UnknownStageKind, match="no stage kind 'toy'"):
         registry.spec("toy")
+    scored = {"evaluation": registry.Port(("eval_report",), trains_on_scored=True)}
+    no_dataset = registry.StageSpec("toy", HardSubsetConfig, "x:run", "dataset", scored)
+    with pytest.raises(ValueError, match="needs a 'dataset' port"):
+        registry.register(no_dataset)
+    with pytest.raises(ValueError, match="'sft' is built in"):
+        registry.unregister("sft")
 
 
 # ---- "hashed only when set" ------------------------------------------------------------------
