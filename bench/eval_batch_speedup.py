@@ -15,7 +15,8 @@ import os
 import time
 
 from pipeline.recipes import load_recipe
-from stages import data_prep, evaluate
+from stages import evaluate
+from stages.data_prep import build as data_prep
 from stages.modeling import models
 from stages.modeling.tokenizers import build_tokenizer
 

@@ -39,9 +39,11 @@ def run_stages(
     any stage's clock. Returns the recipe, the dataset artifact, the SFT record's metrics, the
     GRPO record's history, and the real prompt lengths of the GRPO split in tokens."""
     from schemas.record import StageRecord
-    from stages import data_prep, grpo, sft
+    from stages import sft
     from stages.core import datasets, storage
     from stages.core.runner import RunContext
+    from stages.data_prep import build as data_prep
+    from stages.grpo import training as grpo
     from stages.modeling.tokenizers import build_tokenizer
     from tests.conftest import recipe_with
 

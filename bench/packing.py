@@ -17,7 +17,7 @@ import os
 import statistics
 
 from pipeline.recipes import load_recipe
-from stages import data_prep
+from stages.data_prep import build as data_prep
 from stages.data_prep import packing
 from stages.modeling.tokenizers import build_tokenizer
 

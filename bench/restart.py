@@ -34,8 +34,9 @@ def child(root: str, run: str, cache: str) -> None:
     """One process: data_prep (skipped once done) then SFT, printing compile seconds."""
     import jax
 
-    from stages import data_prep, sft
+    from stages import sft
     from stages.core.runner import RunContext
+    from stages.data_prep import build as data_prep
     from stages.modeling import compile_cache
     from tests.conftest import recipe_with
 

@@ -4,8 +4,8 @@ Same model, data, batch shapes, LoRA, optimizer settings and step counts; the ba
 are written the way Tunix's examples are (build the model, qwix LoRA, PeftTrainer /
 RLCluster + GRPOLearner, train on an iterator), with no records, guards, seeds, observers
 or publishing. FAR runs through its stage entry points (stages.sft.train,
-stages.grpo.reinforce) with a RunContext, each repetition in a new run directory. The two
-alternate within one process (the order flips every repetition); one unmeasured warm-up
+stages.grpo.training.reinforce) with a RunContext, each repetition in a new run directory. The
+two alternate within one process (the order flips every repetition); one unmeasured warm-up
 repetition of each comes first. Per repetition the ratio is FAR's wall time per step over
 the bare script's, both from the call to the trained, saved result (model building and
 compilation included, as a user waits for them). Both GRPO runs start from the same policy,
@@ -147,7 +147,7 @@ def bare_grpo(
     from tunix.rl.rollout import base_rollout
     from tunix.sft import checkpoint_manager
 
-    from stages.grpo import prompt_batches
+    from stages.grpo.training import prompt_batches
     from stages.modeling.tokenizers import build_tokenizer
 
     config, prompt_len = recipe.grpo, recipe.data.max_prompt_len
@@ -214,11 +214,13 @@ def compare(
     recipe: Any, reps: int, workdir: Path, cache: str, untimed: bool = False
 ) -> dict[str, list[float]]:
     from schemas.record import StageRecord
-    from stages import data_prep, grpo, sft
+    from stages import sft
     from stages.core import storage
     from stages.core.datasets import load_prompts, load_sft_arrays
     from stages.core.runner import RunContext
+    from stages.data_prep import build as data_prep
     from stages.grpo import timing
+    from stages.grpo import training as grpo
 
     prepared = data_prep.prepare(recipe.data, recipe.model, RunContext(str(workdir), "data"))
     dataset = prepared.output

@@ -585,7 +585,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     storage.check_export_target(args.out_dir)  # before the seconds importing JAX and Tunix
     find_checkpoint_record(args.checkpoint_uri)
-    from stages.export import export_checkpoint  # deferred: imports JAX and Tunix
+    from stages.modeling.hf_export import export_checkpoint  # deferred: imports JAX and Tunix
 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     out = export_checkpoint(args.checkpoint_uri, args.out_dir, cache_dir)

@@ -226,7 +226,10 @@ def _stage_row(spec: StageSpec) -> str:
 
 def _port(name: str, port: Port) -> str:
     what = " or ".join(SAYS[k] for k in port.accepts)
-    if port.splits:
+    if port.split_field is not None:
+        default = ", ".join(sorted(port.splits))
+        what += f" with the split its config's `{port.split_field}` names ({default} by default)"
+    elif port.splits:
         what += f" with split {', '.join(sorted(port.splits))}"
     if port.producers:
         what += f", from the output of {' or '.join(port.producers)}"

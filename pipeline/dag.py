@@ -13,22 +13,27 @@ validating a recipe stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import ValidationError
 
 from schemas.recipe import (
     DataPrepNode,
     EvaluateNode,
     GRPONode,
     Recipe,
+    RegisteredNode,
     SFTNode,
     StageNode,
 )
 from stages import registry
+from stages.core.errors import InputError
 from stages.registry import SAYS, Port
 
 
-class DagError(ValueError):
+class DagError(InputError):
     """A pipeline that cannot run; the message names the node or edge at fault."""
 
 
@@ -54,7 +59,13 @@ class Dag:
 
 
 def default_nodes(recipe: Recipe) -> list[StageNode]:
-    """data_prep -> sft -> grpo -> evaluate, from the recipe's sections (the original flow)."""
+    """data_prep -> sft -> grpo -> evaluate, from the recipe's sections (the original flow).
+
+    The one place in pipeline/ that spells out kinds: this DAG is FAR's original flow, read
+    from the recipe's top-level sections (`data`, `sft`, `grpo`, `eval`, each typed in the
+    schema), and its node ids name the stage directories of every run written without a
+    `pipeline:` (tests/unit/test_stage_hash_pins.py), so they cannot come from the registry.
+    `eval.models` names the checkpoints to compare by these ids."""
     checkpoints = {m: m for m in ("sft", "grpo") if m in recipe.eval.models}
     return [
         DataPrepNode(id="data_prep", kind="data_prep", config=recipe.data),
@@ -84,19 +95,24 @@ def build_dag(recipe: Recipe) -> Dag:
         by_id[node.id] = node
     for node in nodes:
         _spec(node)
+        node_config(recipe, node)  # a registered kind's config, against its config model
     for node in nodes:
         _check_inputs(node, by_id, recipe)
     for node in nodes:
-        if node.kind == "hard_subset":
-            _check_held_out(node, by_id[node.inputs["evaluation"]], recipe)
+        for name, port in _ports(node, recipe).items():
+            if port.trains_on_scored and name in node.inputs:
+                _check_held_out(node, name, by_id[node.inputs[name]], recipe)
     return Dag(tuple(_topological(nodes)))
 
 
 def evaluated_split(recipe: Recipe, node: StageNode) -> str:
-    """The dataset split an evaluate node scores (its config's, else the recipe's eval)."""
-    if not isinstance(node, EvaluateNode):
-        raise DagError(f"{node.id} is a {node.kind} node, not an evaluate node")
-    return (node.config or recipe.eval).split
+    """The dataset split an evaluation node scores: the one its `dataset` port reads (an
+    evaluate node's config's `split`, else the recipe's eval's)."""
+    port = _ports(node, recipe).get("dataset")
+    if port is None or port.split_field is None:
+        raise DagError(f"{node.id} is a {node.kind} node, which scores no split of a dataset")
+    (split,) = port.splits
+    return split
 
 
 def _spec(node: StageNode) -> registry.StageSpec:
@@ -108,19 +124,24 @@ def _spec(node: StageNode) -> registry.StageSpec:
 
 
 def _ports(node: StageNode, recipe: Recipe) -> dict[str, Port]:
-    """The node's inputs; an evaluate node's dataset must hold the split it scores."""
-    if node.kind != "evaluate":
-        return dict(_spec(node).ports)
-    return {"dataset": Port(("dataset",), frozenset({evaluated_split(recipe, node)}))}
+    """The node's inputs; a port whose split a config field names (an evaluate node's
+    dataset) must hold the split the node's config names."""
+    ports = dict(_spec(node).ports)
+    for name, port in ports.items():
+        if port.split_field is not None:
+            split = getattr(node_config(recipe, node), port.split_field)
+            ports[name] = dataclasses.replace(port, splits=frozenset({split}))
+    return ports
 
 
-def _check_held_out(node: StageNode, evaluation: StageNode, recipe: Recipe) -> None:
-    """hard_subset trains on what an evaluation scored: never on the held-out eval split."""
+def _check_held_out(node: StageNode, name: str, evaluation: StageNode, recipe: Recipe) -> None:
+    """A node that trains on what an evaluation scored (hard_subset) never trains on the
+    held-out eval split."""
     if evaluated_split(recipe, evaluation) == "eval":
         raise DagError(
-            f"{node.id}.evaluation <- {evaluation.id}: {evaluation.id} scores the held-out "
+            f"{node.id}.{name} <- {evaluation.id}: {evaluation.id} scores the held-out "
             f"eval split, and training on its hard prompts would leak them into every later "
-            f"evaluation; give hard_subset an evaluate node with config split: grpo_train"
+            f"evaluation; give {node.kind} an evaluate node with config split: grpo_train"
         )
     source = node.inputs["dataset"]
     if evaluation.inputs.get("dataset") != source:
@@ -211,6 +232,8 @@ def node_config(recipe: Recipe, node: StageNode) -> Any:
     An evaluate node without its own config takes the recipe's `eval` with models 'base' and
     the node's checkpoint inputs.
     """
+    if isinstance(node, RegisteredNode):
+        return _registered_config(recipe, node)
     if node.config is not None:
         return node.config
     if isinstance(node, EvaluateNode):
@@ -220,3 +243,22 @@ def node_config(recipe: Recipe, node: StageNode) -> Any:
     if section is None:
         raise DagError(f"{node.id} ({node.kind}) has no config and its kind reads no section")
     return getattr(recipe, section)
+
+
+def _registered_config(recipe: Recipe, node: RegisteredNode) -> Any:
+    """A RegisteredNode's config, validated against its kind's config model (the schema keeps
+    it a mapping: schemas/ cannot read the registry); DagError names the node and the field."""
+    spec = _spec(node)
+    if node.config is None and spec.section is not None:
+        return getattr(recipe, spec.section)
+    try:
+        return spec.config.model_validate(node.config or {})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"config.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} "
+            f"(got {item.get('input')!r})"
+            for item in e.errors()
+        )
+        raise DagError(
+            f"{node.id} ({node.kind}): {problems}; expected a {spec.config.__name__}"
+        ) from e

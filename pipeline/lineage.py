@@ -240,7 +240,7 @@ def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> 
     committed evaluation that wrote it."""
     listed: dict[str, str] = {}
     for record_uri, record in records:
-        if record.stage == "evaluate" and runner.EVALUATIONS_INDEX in record.files:
+        if runner.EVALUATIONS_INDEX in record.files:  # whichever stage wrote evaluations
             index = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_INDEX)
             for uri, sha256 in storage.read_json(index).items():
                 # {run}/{checkpoint stage dir}/evaluations/{file}: found in this run as it is now

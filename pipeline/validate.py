@@ -15,6 +15,7 @@ import uuid
 
 from pipeline.dag import build_dag, node_config
 from schemas.recipe import (
+    EVAL_MODELS,
     DataPrepConfig,
     EvalConfig,
     GRPOConfig,
@@ -28,8 +29,6 @@ from schemas.recipe import (
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
-
-EVAL_STAGE_NAMES = ("base", "sft", "grpo")
 
 
 def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
@@ -111,7 +110,7 @@ def check_storage_writable(root: str) -> None:
 
 
 def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
-    for split in ("eval", "grpo", "sft"):
+    for split in ("eval", "grpo", "sft"):  # DataPrepConfig's split sections, not stage kinds
         for index, source in enumerate(getattr(config, split).sources):
             field = f"{prefix}{split}.sources[{index}].name"
             if source.kind == "file":
@@ -120,7 +119,7 @@ def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
 
 def check_eval_checkpoints(config: EvalConfig, field: str = "eval.models") -> None:
     for index, name in enumerate(config.models):
-        if name in EVAL_STAGE_NAMES or "/" not in name:
+        if name in EVAL_MODELS or "/" not in name:
             continue  # this run's stages (and, in a pipeline, the node's inputs)
         try:
             find_checkpoint_record(name)

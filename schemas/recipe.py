@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
 
 from schemas.base import Frozen
 
@@ -716,8 +716,9 @@ NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
 class Node(Frozen):
     """One stage of a pipeline: its id (names its directory), and input name -> node id.
 
-    Each stage kind's node class adds `kind: Literal["<kind>"]` and `config: <its config
-    model>`; its registration (stages/registry.py) declares the rest."""
+    Each shipped stage kind's node class adds `kind: Literal["<kind>"]` and `config: <its
+    config model>`; its registration (stages/registry.py) declares the rest. A kind registered
+    anywhere else is a RegisteredNode."""
 
     id: NodeId
     """The node's id: names its directory, {id}-{hash}; lowercase, digits, '_'."""
@@ -774,18 +775,60 @@ class DistillNode(Node):
     config: DistillConfig
 
 
+class RegisteredNode(Node):
+    """A node of a kind this schema does not ship: one a plugin or a test registered
+    (stages/registry.py). schemas/ imports nothing of FAR, so its config stays a mapping here;
+    the DAG check (pipeline/dag.py) validates it against the config model of the kind's
+    registration, and refuses a kind nothing registers, before any compute."""
+
+    kind: str
+    """The kind's name, as its registration spells it (the DAG check names the registered
+    kinds when none is spelled so)."""
+    config: dict[str, Any] | None = None
+    """The config, as the registered kind's config model reads it; None: its defaults (or
+    the recipe section its registration names)."""
+
+    @field_validator("kind")
+    @classmethod
+    def _not_shipped(cls, value: str) -> str:
+        if value in SHIPPED_NODES:
+            raise ValueError(
+                f"kind {value!r} is shipped with FAR: write it as a {SHIPPED_NODES[value].__name__}"
+            )
+        return value
+
+
+REGISTERED = "registered"  # the tag of any kind the schema does not ship
+
+
+def _node_tag(value: Any) -> str:
+    """Which node class reads `value`: a shipped kind's own, else RegisteredNode."""
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if isinstance(kind, str) and kind in SHIPPED_NODES else REGISTERED
+
+
+# A shipped kind's node is tagged with its kind (so an error's path reads pipeline.1.sft.config);
+# any other kind is a RegisteredNode. tests/unit/test_registry.py checks that each tag is its
+# class's kind and that the shipped kinds are exactly the registry's BUILTIN ones.
 StageNode = Annotated[
-    DataPrepNode
-    | SFTNode
-    | GRPONode
-    | EvaluateNode
-    | HardSubsetNode
-    | SelfTeachNode
-    | PreferencesNode
-    | DPONode
-    | DistillNode,
-    Field(discriminator="kind"),
+    Annotated[DataPrepNode, Tag("data_prep")]
+    | Annotated[SFTNode, Tag("sft")]
+    | Annotated[GRPONode, Tag("grpo")]
+    | Annotated[EvaluateNode, Tag("evaluate")]
+    | Annotated[HardSubsetNode, Tag("hard_subset")]
+    | Annotated[SelfTeachNode, Tag("self_teach")]
+    | Annotated[PreferencesNode, Tag("preferences")]
+    | Annotated[DPONode, Tag("dpo")]
+    | Annotated[DistillNode, Tag("distill")]
+    | Annotated[RegisteredNode, Tag(REGISTERED)],
+    Discriminator(_node_tag),
 ]
+SHIPPED_NODES: dict[str, type[Node]] = {
+    get_args(tagged)[1].tag: get_args(tagged)[0]
+    for tagged in get_args(get_args(StageNode)[0])
+    if get_args(tagged)[1].tag != REGISTERED
+}
+"""Shipped kind -> its node class, read off StageNode."""
 
 
 class Recipe(Frozen):

@@ -14,8 +14,12 @@ upstream artifacts keyed by port name, `config` the node's config (an instance o
 is named by "module:function" and imported only when a node of its kind runs: this module
 imports no stage, so reading the registry (validating a recipe, drawing the DAG) stays cheap.
 
-Adding a stage kind is one module (its `run`) plus one registration in `BUILTIN` below; the
-steps are in docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows.
+Adding a stage kind is one module (its config model and `run`) plus one line: `register(...)`
+at the end of that module (a plugin's or a test's kind; a recipe's YAML then names it, read as
+a schemas.recipe.RegisteredNode whose config pipeline/dag.py validates against the registered
+model), or, for a kind shipped with FAR, its StageSpec in `BUILTIN` below. The steps are in
+docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows. `SHARED_LAYERS`
+declares what else sits under stages/.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ class Port:
     splits: frozenset[str] = frozenset()
     required: bool = True
     producers: tuple[str, ...] = ()  # when set, only these node kinds may feed it
+    # when set, the port reads the one split this field of the node's config names (evaluate's
+    # `split`), not `splits` (the split when the config is left at its default)
+    split_field: str | None = None
+    # an eval report whose scored prompts the node trains on (hard_subset): the evaluation must
+    # not score the held-out eval split, and must have evaluated the node's own `dataset`
+    trains_on_scored: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,7 @@ BUILTIN: tuple[StageSpec, ...] = (
     StageSpec(
         "data_prep",
         DataPrepConfig,
-        "stages.data_prep:run",
+        "stages.data_prep.build:run",
         "dataset",
         splits=ALL_SPLITS,
         section="data",
@@ -135,7 +145,7 @@ BUILTIN: tuple[StageSpec, ...] = (
     StageSpec(
         "grpo",
         GRPOConfig,
-        "stages.grpo:run",
+        "stages.grpo.training:run",
         "checkpoint",
         {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
         section="grpo",
@@ -147,7 +157,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         EvalConfig,
         "stages.evaluate:run",
         "eval_report",
-        {"dataset": DATASET_FOR["eval"]},  # the split its config scores (pipeline/dag.py)
+        {"dataset": Port(("dataset",), frozenset({"eval"}), split_field="split")},
         any_other_input=Port(("checkpoint",)),
         section="eval",
         progress=True,
@@ -160,7 +170,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         "stages.hard_subset:run",
         "dataset",
         {  # the dataset: the evaluated one (its grpo_train) and its eval split
-            "evaluation": Port(("eval_report",), producers=("evaluate",)),
+            "evaluation": Port(("eval_report",), producers=("evaluate",), trains_on_scored=True),
             "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
         },
         splits=frozenset({"grpo_train", "eval"}),
@@ -207,6 +217,16 @@ BUILTIN: tuple[StageSpec, ...] = (
     ),
 )
 
+# What else sits directly under stages/ beside the stage kinds: the layers every stage shares,
+# which import no stage (the import contract in pyproject.toml enforces it), and this registry.
+# They stay under stages/ because their paths are part of FAR's interface (a recipe's reward
+# names resolve in stages/rewards; stages/modeling/tunix_compat.py is named by the mission).
+# tests/unit/test_registry.py fails when a package or module under stages/ is neither a
+# registered kind's, a shared layer nor the registry, or when the import contract's lists
+# disagree with this declaration and BUILTIN.
+SHARED_LAYERS: tuple[str, ...] = ("stages.core", "stages.modeling", "stages.rewards")
+"""The shared layers, lowest first: storage, records and datasets; models; rewards."""
+
 REGISTRY: dict[str, StageSpec] = {}
 
 
@@ -222,6 +242,11 @@ def register(spec: StageSpec) -> StageSpec:
             f"stage kind {spec.kind!r}: hash_exempt_defaults {unknown} are not fields of "
             f"{spec.config.__name__}"
         )
+    if any(p.trains_on_scored for p in spec.ports.values()) and "dataset" not in spec.ports:
+        raise ValueError(
+            f"stage kind {spec.kind!r}: a port that trains on scored prompts needs a 'dataset' "
+            f"port (the dataset the evaluation scored)"
+        )
     REGISTRY[spec.kind] = spec
     return spec
 
@@ -234,6 +259,13 @@ def spec(kind: str) -> StageSpec:
     return found
 
 
+def unregister(kind: str) -> None:
+    """Remove a kind registered with `register` (a test's, when it ends); built-ins stay."""
+    if kind in {s.kind for s in BUILTIN}:
+        raise ValueError(f"stage kind {kind!r} is built in and cannot be unregistered")
+    REGISTRY.pop(kind, None)
+
+
 @contextmanager
 def registered(extra: StageSpec) -> Iterator[StageSpec]:
     """`extra` registered for the duration of the block (a test's stage kind), then removed."""
@@ -241,7 +273,7 @@ def registered(extra: StageSpec) -> Iterator[StageSpec]:
     try:
         yield extra
     finally:
-        REGISTRY.pop(extra.kind, None)
+        unregister(extra.kind)
 
 
 def hashed_config(kind: str, config: BaseModel) -> dict[str, Any]:

@@ -13,9 +13,10 @@ import json
 import sys
 
 from schemas.record import StageRecord
-from stages import data_prep, sft
+from stages import sft
 from stages.core import storage
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
 from stages.modeling import compile_cache
 from tests.conftest import recipe_with
 from tests.integration.test_sft_full import lora_leaves

@@ -10,9 +10,9 @@ import sys
 from typing import Any
 
 from schemas.record import StageRecord
-from stages import grpo
 from stages.core import storage
 from stages.core.runner import RunContext
+from stages.grpo import training as grpo
 from tests.conftest import recipe_with, use_session_compile_cache
 
 GRPO_STEPS = 6

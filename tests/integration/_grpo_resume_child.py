@@ -21,8 +21,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from stages import data_prep, grpo, sft
+from stages import sft
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
+from stages.grpo import training as grpo
 from stages.modeling import tunix_compat
 from tests.conftest import recipe_with, use_session_compile_cache
 

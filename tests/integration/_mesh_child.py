@@ -11,8 +11,9 @@ import sys
 
 import jax
 
-from stages import data_prep, sft
+from stages import sft
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
 from stages.modeling import models
 from tests.conftest import recipe_with
 

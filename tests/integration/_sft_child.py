@@ -15,8 +15,9 @@ import sys
 import time
 from typing import Any
 
-from stages import data_prep, sft
+from stages import sft
 from stages.core.runner import RunContext, SessionExpired
+from stages.data_prep import build as data_prep
 from tests.conftest import recipe_with, use_session_compile_cache
 
 EXIT_SESSION_ENDED = 3

@@ -14,8 +14,8 @@ from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec
 from schemas.record import RunSummary, StageRecord
 from stages.core import storage
-from stages.export import export_checkpoint
 from stages.modeling import models
+from stages.modeling.hf_export import export_checkpoint
 from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import recipe_with
 

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
-from stages.export import export_network
 from stages.modeling import models
+from stages.modeling.hf_export import export_network
 from tests.conftest import smoke_data
 
 pytestmark = pytest.mark.slow  # ~45 s: two transformers loads and the LoRA clone's compiles

@@ -9,8 +9,9 @@ import pytest
 from flax import nnx
 
 from schemas.recipe import ModelSpec
-from stages import data_prep, evaluate, sft
+from stages import evaluate, sft
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
 from stages.modeling import models
 from tests.conftest import recipe_with
 

@@ -23,11 +23,13 @@ from flax import nnx
 
 from schemas.recipe import HardSubsetConfig
 from schemas.record import StageRecord
-from stages import data_prep, evaluate, grpo, hard_subset, rewards, sft
+from stages import evaluate, hard_subset, rewards, sft
 from stages.core import storage
 from stages.core.datasets import load_prompts
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
 from stages.grpo import metrics as grpo_metrics
+from stages.grpo import training as grpo
 from stages.modeling import tunix_compat
 from tests.conftest import REPO, recipe_with
 from tests.integration._grpo_child import GRPO_STEPS, child_recipe

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from schemas.record import StageRecord
-from stages import data_prep, grpo, sft
+from stages import sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
+from stages.data_prep import build as data_prep
+from stages.grpo import training as grpo
 from tests.conftest import recipe_with
 from tests.integration.test_sft_full import lora_leaves
 

@@ -11,9 +11,11 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from schemas.record import StageRecord
-from stages import data_prep, grpo, sft
+from stages import sft
 from stages.core import storage
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
+from stages.grpo import training as grpo
 from tests.conftest import recipe_with
 
 pytestmark = pytest.mark.slow

@@ -28,9 +28,11 @@ from pipeline import lineage, manifest
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec, Recipe
 from schemas.record import StageRecord
-from stages import data_prep, grpo, sft
+from stages import sft
 from stages.core import drift, storage
 from stages.core.runner import RunContext, stage_directory
+from stages.data_prep import build as data_prep
+from stages.grpo import training as grpo
 from stages.modeling import models
 from tests.conftest import recipe_with
 

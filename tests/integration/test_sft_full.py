@@ -19,10 +19,11 @@ from flax import nnx
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec
 from schemas.record import StageRecord
-from stages import data_prep, sft
+from stages import sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
+from stages.data_prep import build as data_prep
 from stages.modeling import models
 from tests.conftest import REPO, recipe_with
 from tests.integration._sft_child import EXIT_SESSION_ENDED

@@ -1,12 +1,16 @@
-"""A stage kind added the way docs/adding-a-stage.md says, one module (toy_stage.py) plus one
-line (its registration), runs in a real DAG: build_dag checks its edges from the registration,
-the node runner (pipeline/nodes.py) calls its entry point, its records and directories are a
-stage's like any other, a second run skips it, and the generated stage table lists it. Once
-unregistered, a recipe naming it is refused before anything runs.
+"""A stage kind added the way docs/adding-a-stage.md says, one module (toy_stage.py, whose last
+line registers it), is written in a recipe's YAML `pipeline:` like a shipped kind, parsed by the
+real recipe loader, and runs in a real DAG: build_dag checks its edges and its config from the
+registration, the node runner (pipeline/nodes.py) calls its entry point, its records and
+directories are a stage's like any other, a second run skips it, and the generated stage table
+lists it. A kind nothing registers is refused before anything runs, naming the node, the kind
+and the registered kinds.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,42 +18,50 @@ from typing import Any
 import pytest
 
 from flows.gen_docs import stages_page
-from pipeline.dag import DagError, build_dag, node_config
+from pipeline.dag import build_dag, node_config
 from pipeline.nodes import run_node
+from pipeline.recipes import RecipeError, load_recipe
 from schemas.artifacts import DatasetArtifact
-from schemas.recipe import DataPrepNode, Recipe, SFTNode
+from schemas.recipe import Recipe, RegisteredNode
 from schemas.record import StageRecord
 from stages import registry
 from stages.core import storage
 from stages.core.datasets import load_prompts
+from stages.core.errors import InputError
 from stages.core.runner import RunContext, StageOutcome
-from tests.conftest import recipe_with
-from tests.integration import toy_stage
-from tests.integration.toy_stage import FirstPromptsConfig, FirstPromptsNode
+from tests.conftest import REPO
+
+TOY = "tests.integration.toy_stage"
+
+PIPELINE = """
+pipeline:
+  - {id: data_prep, kind: data_prep}
+  - id: first
+    kind: first_prompts
+    inputs: {dataset: data_prep}
+  - id: fewer
+    kind: first_prompts
+    inputs: {dataset: first}
+    config: {keep: 2, order: id}
+"""
 
 
 @pytest.fixture
 def toy_kind() -> Iterator[registry.StageSpec]:
-    with registry.registered(toy_stage.SPEC) as spec:  # the one line (BUILTIN for a shipped kind)
-        yield spec
+    """The toy module imported (its last line registers the kind), unregistered afterwards."""
+    module = importlib.import_module(TOY)
+    try:
+        yield registry.spec(module.KIND)
+    finally:
+        registry.unregister(module.KIND)
+        sys.modules.pop(TOY, None)  # the next import registers it again
 
 
-def toy_recipe(root: Path, *extra: Any) -> Recipe:
-    """The smoke recipe with a pipeline data_prep -> first -> fewer (two first_prompts nodes)."""
-    nodes = [
-        DataPrepNode(id="data_prep", kind="data_prep"),
-        FirstPromptsNode(id="first", kind="first_prompts", inputs={"dataset": "data_prep"}),
-        FirstPromptsNode(
-            id="fewer",
-            kind="first_prompts",
-            inputs={"dataset": "first"},
-            config=FirstPromptsConfig(keep=2, order="id"),
-        ),
-        *extra,
-    ]
-    # a shipped kind's node is one more member of schemas.recipe.StageNode; the test's own
-    # kind joins the validated recipe's pipeline directly
-    return recipe_with(str(root)).model_copy(update={"pipeline": nodes})
+def toy_recipe(root: Path, pipeline: str = PIPELINE) -> Recipe:
+    """recipes/smoke.yaml with a `pipeline:` written in YAML, read by the real recipe loader."""
+    path = root / "toy.yaml"
+    path.write_text((REPO / "recipes" / "smoke.yaml").read_text() + pipeline)
+    return load_recipe(str(path), overrides={"storage_root": str(root / "runs")})
 
 
 def run_dag(recipe: Recipe, ctx: RunContext) -> dict[str, StageOutcome[Any]]:
@@ -66,7 +78,8 @@ def test_a_registered_toy_kind_runs_in_a_dag_and_resumes(
     toy_kind: registry.StageSpec, tmp_path: Path, model_cache: str
 ) -> None:
     recipe = toy_recipe(tmp_path)
-    ctx = RunContext(root=str(tmp_path), run=recipe.name, cache_dir=model_cache)
+    assert recipe.pipeline is not None and isinstance(recipe.pipeline[1], RegisteredNode)
+    ctx = RunContext(root=str(tmp_path / "runs"), run=recipe.name, cache_dir=model_cache)
     first = run_dag(recipe, ctx)
     assert [o.skipped for o in first.values()] == [False, False, False]
     full = load_prompts(first["data_prep"].output, "grpo_train")
@@ -86,22 +99,21 @@ def test_a_registered_toy_kind_runs_in_a_dag_and_resumes(
     assert {k: o.output for k, o in again.items()} == {k: o.output for k, o in first.items()}
 
 
-def test_the_toy_kinds_edges_are_checked_from_its_registration(
+def test_the_toy_kinds_edges_and_config_are_checked_from_its_registration(
     toy_kind: registry.StageSpec, tmp_path: Path
 ) -> None:
-    sft = SFTNode(id="sft", kind="sft", inputs={"dataset": "first"})
-    with pytest.raises(DagError, match=r"sft\.dataset <- first: expected a dataset with split "):
-        build_dag(toy_recipe(tmp_path, sft))
-    recipe = toy_recipe(tmp_path).model_copy(
-        update={
-            "pipeline": [
-                DataPrepNode(id="data_prep", kind="data_prep"),
-                FirstPromptsNode(id="first", kind="first_prompts"),
-            ]
-        }
-    )
-    with pytest.raises(DagError, match=r"first \(first_prompts\) needs an input 'dataset'"):
-        build_dag(recipe)
+    sft = "  - {id: sft, kind: sft, inputs: {dataset: first}}\n"
+    with pytest.raises(RecipeError, match=r"sft\.dataset <- first: expected a dataset with split "):
+        toy_recipe(tmp_path, PIPELINE + sft)
+    unfed = PIPELINE.replace("inputs: {dataset: data_prep}", "inputs: {}")
+    with pytest.raises(RecipeError, match=r"first \(first_prompts\) needs an input 'dataset'"):
+        toy_recipe(tmp_path, unfed)
+    bad = PIPELINE.replace("keep: 2", "keep: 0")
+    with pytest.raises(RecipeError, match=r"fewer \(first_prompts\): config\.keep: Input should "):
+        toy_recipe(tmp_path, bad)
+    typo = PIPELINE.replace("keep: 2", "kep: 2")
+    with pytest.raises(RecipeError, match=r"config\.kep: Extra inputs are not permitted"):
+        toy_recipe(tmp_path, typo)
 
 
 def test_the_stage_table_lists_what_is_registered(toy_kind: registry.StageSpec) -> None:
@@ -109,6 +121,10 @@ def test_the_stage_table_lists_what_is_registered(toy_kind: registry.StageSpec) 
 
 
 def test_an_unregistered_kind_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    with pytest.raises(DagError, match="first: no stage kind 'first_prompts' is registered"):
-        build_dag(toy_recipe(tmp_path))
+    assert TOY not in sys.modules
+    with pytest.raises(RecipeError) as refused:
+        toy_recipe(tmp_path)
+    assert isinstance(refused.value.__cause__, InputError)
+    message = str(refused.value)
+    assert "first: no stage kind 'first_prompts' is registered; kinds: ['data_prep'," in message
     assert "first_prompts" not in stages_page()

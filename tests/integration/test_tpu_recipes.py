@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 
 from schemas.record import StageRecord
-from stages import data_prep, sft
+from stages import sft
 from stages.core import storage
 from stages.core.datasets import load_sft_arrays
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
 from stages.modeling import models, tunix_compat
 from tests.conftest import REPO, recipe_with
 from tests.integration._tpu_recipe_child import EXIT_SESSION_ENDED

@@ -1,5 +1,6 @@
-"""A toy stage kind, added the way docs/adding-a-stage.md says: this module, plus one line that
-registers `SPEC` (tests/integration/test_toy_stage.py does, for the test's duration).
+"""A toy stage kind, added the way docs/adding-a-stage.md says: this one module, whose last line
+registers it. Importing the module registers the kind; a recipe's YAML `pipeline:` can then
+name it (tests/integration/test_toy_stage.py does, and unregisters it when done).
 
 `first_prompts` keeps the first `keep` prompts of a dataset's grpo_train split and its eval
 split as they are: a dataset a grpo node could train on, made without a model in a second.
@@ -10,20 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field
-
 from schemas.artifacts import Artifact, DatasetArtifact
 from schemas.base import Frozen
-from schemas.recipe import Node, PositiveInt
+from schemas.recipe import PositiveInt
 from stages.core.datasets import load_prompts, write_derived_dataset
 from stages.core.runner import RunContext, StageIdentity, StageOutcome, run_stage, take, with_uris
-from stages.registry import Port, StageSpec, hashed_config
+from stages.registry import Port, StageSpec, hashed_config, register
 
 KIND = "first_prompts"
 STAGE_VERSION = 1  # bump when a change alters what the stage computes from the same inputs
 
 
-# 1. The config model and the node class (a shipped kind puts these in schemas/recipe.py).
+# 1. The config model (what a node's `config:` in the YAML is validated against).
 class FirstPromptsConfig(Frozen):
     """Keep the first `keep` prompts of the grpo_train split."""
 
@@ -32,12 +31,6 @@ class FirstPromptsConfig(Frozen):
     order: Literal["file", "id"] = "file"
     """Which prompts are first: the file's order, or sorted by id. Added after runs of this
     kind existed, so it is hashed only when set (SPEC.hash_exempt_defaults)."""
-
-
-class FirstPromptsNode(Node):
-    kind: Literal["first_prompts"]
-    config: FirstPromptsConfig = Field(default_factory=FirstPromptsConfig)
-    """The node's config (this kind reads no recipe section)."""
 
 
 # 2. What determines the output (its digest names the directory), and the uniform entry point.
@@ -64,14 +57,17 @@ def run(
     return run_stage(ctx, stage, work)
 
 
-# 3. The registration: the one line a shipped kind adds to stages/registry.py's BUILTIN.
-SPEC = StageSpec(
-    KIND,
-    FirstPromptsConfig,
-    f"{__name__}:run",
-    "dataset",
-    {"dataset": Port(("dataset",), frozenset({"grpo_train", "eval"}))},
-    splits=frozenset({"grpo_train", "eval"}),
-    hash_exempt_defaults=("order",),
-    summary="The first prompts of a dataset's grpo_train split.",
+# 3. The registration: the one line (a shipped kind's StageSpec goes in stages/registry.py's
+# BUILTIN instead).
+SPEC = register(
+    StageSpec(
+        KIND,
+        FirstPromptsConfig,
+        f"{__name__}:run",
+        "dataset",
+        {"dataset": Port(("dataset",), frozenset({"grpo_train", "eval"}))},
+        splits=frozenset({"grpo_train", "eval"}),
+        hash_exempt_defaults=("order",),
+        summary="The first prompts of a dataset's grpo_train split.",
+    )
 )

@@ -8,6 +8,8 @@ import pytest
 
 from pipeline.dag import DagError, build_dag, node_config
 from pipeline.recipes import RecipeError
+from schemas.recipe import HardSubsetConfig
+from stages import registry
 from tests.conftest import recipe_with
 
 ROOT = "/tmp/far-dag"
@@ -217,3 +219,19 @@ def test_node_id_names_the_directory_and_the_hash_stays() -> None:
     assert stage_directory(named, "sft", digest) == f"/r/x/sft-{digest[:12]}"
     other = RunContext(root="/r", run="x", node="sft_self")
     assert stage_directory(other, "sft", digest) == f"/r/x/sft_self-{digest[:12]}"
+
+
+def test_a_registered_kind_gets_the_checks_its_ports_declare() -> None:
+    """The DAG check reads what a port declares, not which kind owns it: a kind registered
+    outside FAR that trains on an evaluation's scored prompts is refused the held-out split as
+    hard_subset is, and its config (a mapping in the schema) is read with its config model."""
+    spec = registry.StageSpec(
+        "harder", HardSubsetConfig, "x:run", "dataset", registry.spec("hard_subset").ports
+    )
+    leaky = node("h", "harder", HARD, evaluation="eval1", dataset="data")
+    with registry.registered(spec):
+        with pytest.raises(RecipeError, match=r"h\.evaluation <- eval1: eval1 scores the held-out"):
+            recipe_with(ROOT, pipeline=pipeline(DATA, SFT, GRPO, EVAL, leaky))
+        held_apart = node("h", "harder", HARD, evaluation="eval_train", dataset="data")
+        recipe = recipe_with(ROOT, pipeline=pipeline(DATA, SFT, GRPO, EVAL_TRAIN, held_apart))
+        assert node_config(recipe, build_dag(recipe).node("h")) == HardSubsetConfig(**HARD)

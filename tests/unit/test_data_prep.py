@@ -11,9 +11,9 @@ import pytest
 
 from flows.ui_artifacts import card_markdown
 from schemas.recipe import DataPrepConfig, SplitSpec
-from stages import data_prep
 from stages.core import datasets, storage
 from stages.core.runner import RunContext
+from stages.data_prep import build as data_prep
 from stages.data_prep.sources import DIRECT_REASONING, Example
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.recipe import DataPrepConfig, SourceSpec
-from stages import data_prep, rewards
+from stages import rewards
+from stages.data_prep import build as data_prep
 from stages.data_prep.sources import (
     ADAPTERS,
     BadRow,

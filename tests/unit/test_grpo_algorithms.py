@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from tunix.rl.grpo import dapo_learner, drgrpo_learner, grpo_learner
 
 from schemas.recipe import GRPOConfig
-from stages import grpo
+from stages.grpo import training as grpo
 from stages.modeling import optim
 
 

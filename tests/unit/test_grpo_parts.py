@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import grpo
 from stages.grpo import metrics, rollouts
+from stages.grpo import training as grpo
 
 
 def test_step_seeds_differ_per_step_and_call_and_repeat_exactly() -> None:

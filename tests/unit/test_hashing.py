@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 
 from schemas.recipe import HardSubsetConfig, Recipe
-from stages import data_prep, evaluate, grpo, hard_subset, sft
+from stages import evaluate, hard_subset, sft
 from stages.core.runner import RunContext, StageIdentity, stage_directory
+from stages.data_prep import build as data_prep
+from stages.grpo import training as grpo
 from tests.conftest import recipe_with
 
 FP_DATA, FP_SFT, FP_GRPO = "a" * 64, "b" * 64, "c" * 64

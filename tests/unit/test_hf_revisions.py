@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from schemas.recipe import SourceSpec
-from stages import data_prep
 from stages.core import drift
 from stages.core.runner import identity_changes
+from stages.data_prep import build as data_prep
 from stages.data_prep.sources import hf_fingerprint
 from tests.conftest import recipe_with
 

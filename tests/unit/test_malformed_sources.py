@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.recipe import SourceSpec
-from stages import data_prep
 from stages.core.errors import InputError
+from stages.data_prep import build as data_prep
 from stages.data_prep.sources import read_rows
 
 ROW = {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}

@@ -17,27 +17,36 @@ from pydantic import Field
 
 from pipeline.plan import stage_version
 from schemas.base import Frozen
-from schemas.recipe import EvalConfig, HardSubsetConfig, StageNode
+from schemas.recipe import (
+    REGISTERED,
+    SHIPPED_NODES,
+    EvalConfig,
+    HardSubsetConfig,
+    RegisteredNode,
+    StageNode,
+)
 from stages import registry
 from stages.core.runner import StageIdentity
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_A_KIND = {"stages.export"}  # a stage module that is no pipeline node (far export)
 
 
-def node_classes() -> dict[str, type]:
-    """kind -> node class, from the recipe schema's StageNode union."""
-    union = typing.get_args(StageNode)[0]
-    classes = typing.get_args(union)
-    return {typing.get_args(c.model_fields["kind"].annotation)[0]: c for c in classes}
-
-
-def test_every_node_class_has_a_registration_with_its_config_model() -> None:
-    nodes = node_classes()
-    assert set(nodes) == set(registry.REGISTRY)
-    for kind, node in nodes.items():
+def test_every_shipped_node_class_has_a_builtin_registration_with_its_config_model() -> None:
+    assert set(SHIPPED_NODES) == {spec.kind for spec in registry.BUILTIN}
+    for kind, node in SHIPPED_NODES.items():
         config = node.model_fields["config"].annotation
         assert registry.spec(kind).config in (config, *typing.get_args(config)), kind
+
+
+def test_each_node_class_is_tagged_with_its_kind() -> None:
+    """StageNode's tags route a YAML node by its kind; a shipped class under another tag would
+    read a node of one kind with another kind's config."""
+    for tagged in typing.get_args(typing.get_args(StageNode)[0]):
+        node, tag = typing.get_args(tagged)
+        if tag.tag == REGISTERED:
+            assert node is RegisteredNode
+        else:
+            assert typing.get_args(node.model_fields["kind"].annotation) == (tag.tag,)
 
 
 def test_every_entry_point_has_the_uniform_shape() -> None:
@@ -54,22 +63,36 @@ def _contracts() -> list[dict[str, object]]:
 
 
 def _stage_packages() -> set[str]:
-    """What the import contract must name as stages: each registered entry point's package."""
-    return {".".join(spec.module.split(".")[:2]) for spec in registry.REGISTRY.values()}
+    """What the import contract must name as stages: each built-in entry point's package."""
+    return {".".join(spec.module.split(".")[:2]) for spec in registry.BUILTIN}
 
 
-def test_the_import_contract_lists_exactly_the_registered_stages() -> None:
+def test_the_import_contract_lists_exactly_the_registered_stages_and_shared_layers() -> None:
     by_name = {str(c["name"]): c for c in _contracts()}
     independent = set(by_name["A stage never imports another stage"]["modules"])
-    forbidden = set(
-        by_name["The shared layers (core, modeling, rewards) never import a stage"][
-            "forbidden_modules"
-        ]
-    )
-    assert independent - NOT_A_KIND == _stage_packages()
-    assert forbidden - NOT_A_KIND == _stage_packages()
+    shared = by_name["The shared layers (core, modeling, rewards) never import a stage"]
+    assert independent == _stage_packages()
+    assert set(shared["forbidden_modules"]) == _stage_packages()
+    assert tuple(shared["source_modules"]) == registry.SHARED_LAYERS
     registry_name = next(n for n in by_name if n.startswith("The stage registry"))
-    assert _stage_packages() <= set(by_name[registry_name]["forbidden_modules"])
+    imports_none_of = set(by_name[registry_name]["forbidden_modules"])
+    # the registry reads stages.core (InputError) and nothing above it
+    assert _stage_packages() | set(registry.SHARED_LAYERS[1:]) <= imports_none_of
+
+
+def test_everything_under_stages_is_a_stage_kind_a_shared_layer_or_the_registry() -> None:
+    """A new package or module directly under stages/ must be declared: registered as a kind
+    (BUILTIN), or added to registry.SHARED_LAYERS (and then to the import contract)."""
+    declared = _stage_packages() | set(registry.SHARED_LAYERS) | {"stages.registry"}
+    found = {
+        f"stages.{path.stem}"
+        for path in (REPO / "stages").iterdir()
+        if (path.is_dir() and (path / "__init__.py").exists())
+        or (path.suffix == ".py" and path.name != "__init__.py")
+    }
+    assert found == declared, (
+        f"undeclared: {sorted(found - declared)}; declared but missing: {sorted(declared - found)}"
+    )
 
 
 def test_the_long_stages_report_progress() -> None:
@@ -90,6 +113,12 @@ def test_a_kind_is_registered_once_and_a_registration_is_undone() -> None:
         registry.register(typo)
     with pytest.raises(registry.UnknownStageKind, match="no stage kind 'toy'"):
         registry.spec("toy")
+    scored = {"evaluation": registry.Port(("eval_report",), trains_on_scored=True)}
+    no_dataset = registry.StageSpec("toy", HardSubsetConfig, "x:run", "dataset", scored)
+    with pytest.raises(ValueError, match="needs a 'dataset' port"):
+        registry.register(no_dataset)
+    with pytest.raises(ValueError, match="'sft' is built in"):
+        registry.unregister("sft")
 
 
 # ---- "hashed only when set" ------------------------------------------------------------------

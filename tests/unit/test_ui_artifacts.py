@@ -9,8 +9,8 @@ import pytest
 
 from flows.ui_artifacts import artifact_key, browsable_link, metrics_rows
 from schemas.record import StageRecord
-from stages import data_prep
 from stages.core.runner import RunContext, read_record
+from stages.data_prep import build as data_prep
 from tests.conftest import recipe_with
 
 PREFECT_KEY = re.compile(r"^[a-z0-9-]+$")  # what Prefect accepts as an artifact key

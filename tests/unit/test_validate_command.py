@@ -383,3 +383,12 @@ def test_validate_where_the_sandbox_cannot_run(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "bubblewrap is not installed" in done.stderr
+
+
+def test_an_unregistered_kind_is_refused_naming_the_node_and_the_kinds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kind nothing registers parses (schemas/ cannot know the registry) and is refused by the
+    DAG check: exit 2, naming the node, the kind and the kinds that are registered."""
+    recipe = _write(tmp_path, _dag_with("sft", kind="sft_lora"))
+    _refused(capsys, recipe, r"sft: no stage kind 'sft_lora' is registered; kinds: \['data_prep'")

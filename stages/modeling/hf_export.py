@@ -5,6 +5,10 @@ weights (Tunix's Gemma 3 merge); full-weight checkpoints are converted directly.
 weights come from the model's source directory (gguf/safetensors/hub) or, for random-init test
 models, are written from the network itself.
 Output: model.safetensors, config.json and, for sentencepiece models, the tokenizer files.
+
+It is `far export`, no pipeline node, and a model-format concern: it reads a checkpoint back
+into a network (models, weight_sources, tunix_compat) and writes transformers' format
+(hf_config), so it sits in the modeling layer beside them rather than among the stage kinds.
 """
 
 from __future__ import annotations

@@ -1,0 +1,381 @@
+"""The data_prep stage, building a dataset: sources -> cleaned, de-duplicated examples -> mixed
+splits -> Gemma chat prompts with a <reasoning>/<answer> target -> fixed-shape (optionally
+packed) token arrays, prompt sets with answers and tests for GRPO and evaluation, and a data
+card.
+
+Entry point: `prepare(config, model, ctx) -> StageOutcome[DatasetArtifact]`.
+
+Splits are drawn eval, then grpo, then sft; an example id taken by one split is never drawn by
+a later one, so train and eval are held apart even when they share a source. Every row that
+is not used for a reason (undecodable, missing or mistyped field, empty, unparseable answer,
+duplicate, too long) is written to quarantine.jsonl with that reason and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import grain
+import numpy as np
+from tqdm import tqdm
+
+from schemas.artifacts import Artifact, DataCard, DatasetArtifact
+from schemas.recipe import DataPrepConfig, ModelSpec, SourceSpec, SplitSpec
+from stages.core import storage
+from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
+from stages.core.errors import InputError
+from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
+from stages.data_prep.packing import pack_rows, useful_fraction
+from stages.data_prep.sources import (
+    ADAPTERS,
+    DIRECT_REASONING,
+    BadRow,
+    Example,
+    read_rows,
+    source_fingerprint,
+    source_label,
+)
+from stages.modeling.tokenizers import Tokenizer, build_tokenizer
+from stages.registry import hashed_config
+
+log = logging.getLogger(__name__)
+STAGE_VERSION = 2
+INSTRUCTION = (
+    "Think step by step inside <reasoning> </reasoning>, "
+    "then give only the final answer inside <answer> </answer>."
+)
+SPLITS = (("eval", "eval"), ("grpo_train", "grpo"), ("sft_train", "sft"))  # (split, config)
+
+
+def chat_prompt(question: str) -> str:
+    """A Gemma user turn holding the instruction and question, opening the model's turn."""
+    return f"<start_of_turn>user\n{INSTRUCTION}\n{question}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def format_target(reasoning: str, answer: str) -> str:
+    """The SFT target; sources without reference reasoning get a fixed one-line reasoning."""
+    return (
+        f"<reasoning>{reasoning or DIRECT_REASONING}</reasoning>"
+        f"<answer>{answer}</answer><end_of_turn>"
+    )
+
+
+class Quarantine:
+    """Every row kept out of the dataset, with its reason."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, source: str, reason: str, **where: Any) -> None:
+        self.rows.append({"source": source, "reason": reason, **where})
+
+    def by_reason(self) -> dict[str, int]:
+        """Counts per reason kind (the text before any ':' detail)."""
+        return dict(Counter(_NUMBER.sub("N", r["reason"].split(":")[0]) for r in self.rows))
+
+
+# A standalone count or position ("line 3", "row 12"), not digits inside a name ("gsm8k",
+# "UTF-8", "file-2.jsonl"): reason kinds group by the words around it.
+_NUMBER = re.compile(r"(?<![\w.\-/])\d+(?![\w.\-/])")
+_SOFT_PUNCTUATION = re.compile(r"[.,;:!?'\"`“”‘’]")
+
+
+def normalized_key(text: str) -> str:
+    """Case, spacing and sentence punctuation removed; math symbols (+ - * / =) kept."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_SOFT_PUNCTUATION.sub(" ", folded).split())
+
+
+class Deduper:
+    """Exact (same prompt text) and normalized (case, spacing, punctuation) duplicates."""
+
+    def __init__(self) -> None:
+        self.exact: dict[str, str] = {}
+        self.normalized: dict[str, str] = {}
+
+    def duplicate_of(self, example: Example) -> str | None:
+        key = normalized_key(example.prompt)
+        if example.prompt in self.exact:
+            return f"duplicate (exact) of {self.exact[example.prompt]}"
+        if key in self.normalized:
+            return f"duplicate (normalized) of {self.normalized[key]}"
+        self.exact[example.prompt] = self.normalized[key] = example.id
+        return None
+
+
+def load_source(
+    spec: SourceSpec, seed: int, quarantine: Quarantine, dedupe: Deduper
+) -> list[Example]:
+    """All usable examples of one source; an error if it has no rows or only bad ones."""
+    label, adapter = source_label(spec), ADAPTERS[spec.row_adapter]
+    examples, total = [], 0
+    for index, row in enumerate(
+        tqdm(
+            read_rows(spec, seed),
+            desc=f"data_prep {label}",
+            unit=" rows",
+            leave=False,
+            mininterval=2,
+        )
+    ):
+        total += 1
+        try:
+            if isinstance(row, BadRow):
+                raise row
+            example = adapter(row, label)
+        except BadRow as bad:
+            quarantine.add(label, str(bad), index=index)
+            continue
+        if spec.domain is not None:
+            example = dataclasses.replace(example, domain=spec.domain)
+        duplicate = dedupe.duplicate_of(example)
+        if duplicate:
+            quarantine.add(label, duplicate, index=index, id=example.id)
+            continue
+        examples.append(example)
+    if not examples:
+        raise InputError(_no_usable_rows(spec, label, total, quarantine))
+    return examples
+
+
+def _no_usable_rows(spec: SourceSpec, label: str, total: int, quarantine: Quarantine) -> str:
+    where = spec.name if spec.kind == "file" else label
+    mine = [r for r in quarantine.rows if r["source"] == label]
+    if not mine:
+        return f"data source {where} ({label}) yielded no rows; expected at least one"
+    first = mine[0]
+    return (
+        f"data source {where} ({label}): none of its {total} rows is usable; "
+        f"row {first.get('index')}: {first['reason']}"
+        + (f" (and {len(mine) - 1} more)" if len(mine) > 1 else "")
+    )
+
+
+def _source_key(spec: SourceSpec) -> str:
+    return spec.model_dump_json()
+
+
+def sft_sequence(example: Example, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """(tokens, loss mask): BOS and prompt 0, target and EOS 1."""
+    prompt = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt))]
+    response = [
+        *tokenizer.encode(format_target(example.reasoning, example.answer)),
+        tokenizer.eos_id(),
+    ]
+    return prompt + response, [0] * len(prompt) + [1] * len(response)
+
+
+def tokenize_on_grain(
+    examples: list[Example], tokenizer: Tokenizer
+) -> list[tuple[list[int], list[int]]]:
+    """(tokens, loss mask) per example, as a grain map over the examples (order kept)."""
+    dataset = grain.MapDataset.source(examples).map(lambda e: sft_sequence(e, tokenizer))
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def fits(example: Example, split: str, tokenizer: Tokenizer, config: DataPrepConfig) -> str | None:
+    """None if the example fits the split's shapes, else the quarantine reason."""
+    if split == "sft_train":
+        length = len(sft_sequence(example, tokenizer)[0])
+        limit, what = config.max_seq_len, "max_seq_len"
+    else:
+        length = len(tokenizer.encode(chat_prompt(example.prompt))) + 1  # + BOS
+        limit, what = config.max_prompt_len, "max_prompt_len"
+    return f"oversize: {length} tokens > {what} {limit}" if length > limit else None
+
+
+def quotas(mix: dict[str, float], size: int) -> dict[str, int]:
+    """Whole counts per domain summing to `size` (largest remainder)."""
+    raw = {d: p * size for d, p in mix.items()}
+    counts = {d: int(v) for d, v in raw.items()}
+    for d in sorted(raw, key=lambda d: (counts[d] - raw[d], d))[: size - sum(counts.values())]:
+        counts[d] += 1
+    return counts
+
+
+def select(candidates: list[Example], spec: SplitSpec, rng: np.random.Generator) -> list[Example]:
+    """A seeded shuffle, then the first `size`, or per-domain quotas when a mix is given."""
+    shuffled = [candidates[i] for i in rng.permutation(len(candidates))]
+    if spec.mix is None:
+        return shuffled[: spec.size]
+    wanted = quotas({str(d): p for d, p in spec.mix.items()}, spec.size)
+    taken: Counter[str] = Counter()
+    chosen = []
+    for example in shuffled:
+        if taken[example.domain] < wanted.get(example.domain, 0):
+            taken[example.domain] += 1
+            chosen.append(example)
+    short = {d: n - taken[d] for d, n in wanted.items() if taken[d] < n}
+    if short:
+        log.warning("mix shortfall (domain: missing examples): %s", short)
+    return chosen
+
+
+def build_splits(
+    config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
+) -> dict[str, list[Example]]:
+    """Load every distinct source once, then draw eval, grpo and sft in that order."""
+    dedupe, pools = Deduper(), {}
+    for _, attr in SPLITS:
+        for source in getattr(config, attr).sources:
+            if _source_key(source) not in pools:
+                pools[_source_key(source)] = load_source(source, config.seed, quarantine, dedupe)
+    taken: set[str] = set()
+    splits: dict[str, list[Example]] = {}
+    for number, (split, attr) in enumerate(SPLITS):
+        spec: SplitSpec = getattr(config, attr)
+        candidates = []
+        for source in spec.sources:
+            for example in pools[_source_key(source)]:
+                if example.id in taken:
+                    continue
+                reason = fits(example, split, tokenizer, config)
+                if reason:
+                    quarantine.add(example.source, reason, split=split, id=example.id)
+                else:
+                    candidates.append(example)
+        splits[split] = select(candidates, spec, np.random.default_rng([config.seed, number]))
+        if not splits[split]:
+            raise InputError(
+                f"split {split!r} is empty: no source example fits it (raise "
+                f"data.max_seq_len / data.max_prompt_len, or add sources)"
+            )
+        taken |= {e.id for e in splits[split]}
+    return splits
+
+
+def prompt_row(example: Example) -> dict[str, Any]:
+    return {
+        "id": example.id,
+        "source": example.source,
+        "domain": example.domain,
+        "prompt": chat_prompt(example.prompt),
+        "answer": example.answer,
+        "tests": list(example.tests),
+    }
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+
+
+def data_card(
+    config: DataPrepConfig,
+    splits: dict[str, list[Example]],
+    lengths: list[int],
+    arrays: dict[str, np.ndarray],
+    quarantine: Quarantine,
+) -> DataCard:
+    width = max(1, config.max_seq_len // 8)
+    bins = Counter((n // width) * width for n in lengths)
+    histogram = {f"{low}-{low + width - 1}": bins[low] for low in sorted(bins)}
+    domains = {s: Counter(e.domain for e in ex) for s, ex in splits.items()}
+    return DataCard(
+        counts_by_source={s: dict(Counter(e.source for e in ex)) for s, ex in splits.items()},
+        counts_by_domain={s: dict(c) for s, c in domains.items()},
+        target_mix={s: dict(getattr(config, a).mix or {}) for s, a in SPLITS},
+        achieved_mix={
+            s: {d: n / sum(c.values()) for d, n in c.items()} for s, c in domains.items()
+        },
+        quarantined_by_reason=quarantine.by_reason(),
+        sft_length_histogram=histogram,
+        packed=config.packing,
+        sft_rows=int(arrays["input_tokens"].shape[0]),
+        useful_token_fraction=useful_fraction(arrays),
+    )
+
+
+def _build_splits_or_explain(
+    directory: str, config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
+) -> dict[str, list[Example]]:
+    """build_splits; when the data cannot make the splits, quarantine.jsonl is still written
+    (the reasons the error points to) and the error names it."""
+    try:
+        return build_splits(config, tokenizer, quarantine)
+    except InputError as e:
+        if not quarantine.rows:  # the file itself was unreadable: no rows to point to
+            raise
+        uri = storage.join(directory, "quarantine.jsonl")
+        storage.write_bytes(uri, _jsonl(quarantine.rows))
+        raise InputError(f"{e}; every rejected row with its reason: {uri}") from e
+
+
+def _write_dataset(
+    directory: str, config: DataPrepConfig, model: ModelSpec, ctx: RunContext
+) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
+    tokenizer = build_tokenizer(model, ctx.model_cache, ctx.shared)
+    quarantine = Quarantine()
+    splits = _build_splits_or_explain(directory, config, tokenizer, quarantine)
+    sequences = tokenize_on_grain(splits["sft_train"], tokenizer)
+    arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
+    files = {
+        SPLIT_FILES["sft_train"]: sft_npz_bytes(arrays),
+        SPLIT_FILES["grpo_train"]: _jsonl([prompt_row(e) for e in splits["grpo_train"]]),
+        SPLIT_FILES["eval"]: _jsonl([prompt_row(e) for e in splits["eval"]]),
+        "quarantine.jsonl": _jsonl(quarantine.rows),
+    }
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        storage.write_bytes(storage.join(directory, name), files[name])
+        digest.update(name.encode() + hashlib.sha256(files[name]).digest())
+    card = data_card(config, splits, [len(t) for t, _ in sequences], arrays, quarantine)
+    artifact = DatasetArtifact(
+        uri=directory,
+        tokenizer=tokenizer.name,
+        seq_len=config.max_seq_len,
+        prompt_len=config.max_prompt_len,
+        split_sizes={s: len(ex) for s, ex in splits.items()},
+        quarantined=len(quarantine.rows),
+        card=card,
+        fingerprint=digest.hexdigest(),
+    )
+    metrics = {
+        "useful_token_fraction": card.useful_token_fraction,
+        "quarantined": float(len(quarantine.rows)),
+        "sft_rows": float(card.sft_rows),
+    }
+    return artifact, metrics, {}
+
+
+def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
+    """The data depends on its config, the sources' content and the tokenizer (named by where
+    it comes from) only."""
+    tokenizer = {
+        "tokenizer": model.tokenizer,
+        "source": model.source,
+        "uri": model.uri,
+        "preset": model.preset,
+    }
+    hashed = {"data": hashed_config("data_prep", config), "model": tokenizer}
+    sources = {}
+    for _, attr in SPLITS:
+        for spec in getattr(config, attr).sources:
+            sources[f"{SOURCE_PREFIX}{spec.kind}:{spec.name}"] = source_fingerprint(spec)
+    return StageIdentity("data_prep", STAGE_VERSION, hashed, dict(sorted(sources.items())))
+
+
+def prepare(
+    config: DataPrepConfig, model: ModelSpec, ctx: RunContext
+) -> StageOutcome[DatasetArtifact]:
+    """Prepare (or reuse, if already committed) the run's dataset."""
+    return run_stage(
+        ctx,
+        identity(config, model),
+        lambda directory: _write_dataset(directory, config, model, ctx),
+    )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: DataPrepConfig, ctx: RunContext
+) -> StageOutcome[DatasetArtifact]:
+    """The registered entry point (stages/registry.py): no inputs; the recipe's model names
+    the tokenizer."""
+    return prepare(config, ctx.require_model(), ctx)

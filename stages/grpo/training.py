@@ -1,0 +1,451 @@
+"""The GRPO stage: reward correctness and format with Tunix's GRPOLearner.
+
+Entry point: `reinforce(dataset, sft, config, model, mesh, ctx)` ->
+StageOutcome[CheckpointArtifact].
+
+The policy starts from the SFT CheckpointArtifact (restored from its URI); a second, frozen
+restore of it is the reference for the KL term. Rollouts use Tunix's vanilla engine on the
+same mesh, sampling with a seed derived from the recipe seed and the global step
+(stages/grpo/rollouts.py). Actor checkpoints are written by Tunix under checkpoints/actor/, per-step
+metrics to tensorboard/ and the record's history, a few completions per step to samples.jsonl.
+
+`max_steps` and `checkpoint_every_steps` count GRPO steps (prompt batches); Tunix counts
+optimizer updates, num_iterations per step, so both are scaled for it. A resumed run skips
+exactly the prompt batches already trained on and samples with the same seeds, so stopping
+and resuming (or kill -9 and re-running) ends with the same adapters, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orbax.checkpoint as ocp
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import dapo_learner, drgrpo_learner, grpo_learner
+from tunix.rl.rollout import base_rollout
+from tunix.sft import metrics_logger
+
+from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
+from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
+from stages import rewards
+from stages.core import storage
+from stages.core.checkpoints import committed_checkpoint, publish_session
+from stages.core.datasets import check_dataset, load_prompts
+from stages.core.progress import report_end, reporting
+from stages.core.runner import (
+    RunContext,
+    StageIdentity,
+    StageOutcome,
+    run_stage,
+    take,
+    with_uris,
+)
+from stages.core.sessions import StepClock, guarded, nonempty
+from stages.grpo import metrics, rollouts, timing
+from stages.modeling import models, optim, tunix_compat
+from stages.modeling.compilations import (
+    SAMPLER_FUNCTIONS,
+    TRAIN_STEP,
+    CompileCounter,
+    counting_compilations,
+)
+from stages.modeling.tokenizers import build_tokenizer
+from stages.registry import hashed_config
+
+log = logging.getLogger(__name__)
+# 2: per-step rollout seeds, exact resume position, TensorBoard, samples
+# 3: the optimizer from the recipe (schedule, clipping, weight decay, betas); algorithms
+# 4: the KL reference is the starting policy (a frozen restore of it), not the LoRA-free base
+STAGE_VERSION = 4
+CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "tensorboard"
+SAMPLES_FILE = "samples.jsonl"
+ACTOR_SUBDIR = "actor"  # where Tunix's RLCluster puts the trained policy's checkpoints
+
+
+def prompt_batches(
+    rows: list[dict[str, str]], batch_size: int, seed: int
+) -> Iterator[dict[str, Any]]:
+    """Endless deterministic epochs of {'prompts', 'answer'} batches (numpy, as Tunix needs)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(len(rows))
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            chosen = [rows[i] for i in order[start : start + batch_size]]
+            yield {
+                "prompts": np.asarray([r["prompt"] for r in chosen]),
+                "answer": np.asarray([r["answer"] for r in chosen]),
+                "tests": np.asarray([json.dumps(r.get("tests", [])) for r in chosen]),
+            }
+
+
+def _cluster_config(
+    config: GRPOConfig,
+    prompt_len: int,
+    ckpt_dir: str,
+    log_dir: str,
+    meshes: tuple[Any, Any],
+    eos: list[int],
+) -> rl_cluster_lib.ClusterConfig:
+    """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
+    updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
+    training = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optim.grpo_adamw(config),
+        eval_every_n_steps=10**9,
+        max_steps=config.max_steps * updates,
+        mini_batch_size=config.batch_size,
+        train_micro_batch_size=config.train_micro_batch_size,
+        checkpoint_root_directory=ckpt_dir,
+        checkpointing_options=ocp.CheckpointManagerOptions(
+            save_interval_steps=config.checkpoint_every_steps * updates, max_to_keep=2
+        ),
+        metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+            log_dir=log_dir, flush_every_n_steps=1
+        ),
+        pbar_description="GRPO",
+    )
+    rollout = base_rollout.RolloutConfig(
+        max_tokens_to_generate=config.max_generation_tokens,
+        max_prompt_length=prompt_len,
+        kv_cache_size=prompt_len + config.max_generation_tokens + 8,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        eos_tokens=eos,
+        seed=None if meshes[0] is meshes[1] else config.seed,  # SeededRollout: one per step
+    )
+    # SeededRollout samples with the actor's own model (RLCluster hands custom engines the
+    # actor); a rollout apart from the actor needs Tunix's engine, which copies the weights.
+    engine: Any = functools.partial(
+        tunix_compat.SeededRollout, seed_of=functools.partial(rollouts.step_seed, config.seed)
+    )
+    role = rl_cluster_lib.Role
+    return rl_cluster_lib.ClusterConfig(
+        role_to_mesh={role.ACTOR: meshes[0], role.REFERENCE: meshes[0], role.ROLLOUT: meshes[1]},
+        rollout_engine=engine if meshes[0] is meshes[1] else "vanilla",
+        offload_to_cpu=False,
+        training_config=training,
+        rollout_config=rollout,
+    )
+
+
+def algorithm_config(config: GRPOConfig) -> grpo_learner.GRPOConfig:
+    """Tunix's algorithm config for the recipe's algorithm (its learner takes it)."""
+    shared = {
+        "num_generations": config.num_generations,
+        "num_iterations": config.num_iterations,
+        "epsilon": config.epsilon,
+    }
+    if config.algorithm == "dapo":
+        penalty = config.overlong_penalty
+        return dapo_learner.DAPOConfig(
+            **shared,
+            beta=None,
+            epsilon_high=config.epsilon_high or config.epsilon,
+            overlong_buffer=None
+            if penalty is None
+            else {
+                "enable": True,
+                "overlong_buffer_length": penalty.buffer_chars,
+                "overlong_buffer_penalty": penalty.penalty,
+                "max_response_length": penalty.max_chars,
+            },
+        )
+    if config.algorithm == "dr-grpo":
+        return drgrpo_learner.DrGRPOConfig(**shared, beta=config.beta)
+    return grpo_learner.GRPOConfig(**shared, beta=config.beta, loss_algo=config.algorithm)
+
+
+_LEARNERS: dict[str, type[grpo_learner.GRPOLearner]] = {
+    "grpo": grpo_learner.GRPOLearner,
+    "gspo-token": grpo_learner.GRPOLearner,
+    "dapo": dapo_learner.DAPOLearner,
+    "dr-grpo": drgrpo_learner.DrGRPOLearner,
+}
+
+
+def _learner(
+    cluster: rl_cluster_lib.RLCluster,
+    config: GRPOConfig,
+    sandbox: rewards.SandboxStats,
+    observer: metrics.StepObserver,
+) -> grpo_learner.GRPOLearner:
+    return _LEARNERS[config.algorithm](
+        rl_cluster=cluster,
+        algo_config=algorithm_config(config),
+        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
+        metric_fns=[observer],
+    )
+
+
+def build_session(
+    directory: str,
+    dataset: DatasetArtifact,
+    sft: CheckpointArtifact,
+    config: GRPOConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+    rollout_mesh: Any | None = None,
+) -> Session:
+    """The cluster (restored from `directory`'s checkpoints if any) and learner of a session.
+
+    `rollout_mesh` puts the rollout model apart from the actor, with Tunix's own engine (a
+    copy of the weights synced every step, one sampling seed for all steps); the stage runs
+    everything on one mesh, the tests use it to show Tunix's stale-rollout resume defect."""
+    tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
+    mesh = models.build_mesh(mesh_spec)
+    tunix_compat.project_completion_only()  # no vocabulary logits over the prompt
+    tunix_compat.prefill_last_position_only()  # nor in the rollout's prefill (before the clones)
+    reference, actor = _reference_and_actor(sft, spec, mesh, ctx)
+    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
+    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
+    cluster = rl_cluster_lib.RLCluster(
+        actor=actor,
+        reference=reference,
+        tokenizer=tokenizer,
+        cluster_config=_cluster_config(
+            config, dataset.prompt_len, local_ckpt, local_logs, (mesh, rollout_mesh or mesh), eos
+        ),
+    )
+    seeds: list[tuple[int, int]] = []
+    if isinstance(cluster.rollout, tunix_compat.SeededRollout):
+        cluster.rollout.follow(lambda: cluster.global_steps)
+        seeds = cluster.rollout.seeds_used
+    observer = metrics.StepObserver(
+        config.num_generations,
+        config.samples_per_step,
+        lambda: cluster.global_steps,
+        lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
+    )
+    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
+    learner = _learner(cluster, config, sandbox, observer)
+    return Session(
+        cluster,
+        learner,
+        observer,
+        sandbox,
+        mesh,
+        tokenizer.name,
+        ckpt_uri,
+        local_ckpt,
+        log_uri,
+        local_logs,
+    )
+
+
+def _reference_and_actor(
+    sft: CheckpointArtifact, spec: ModelSpec, mesh: Any, ctx: RunContext
+) -> tuple[Any, Any]:
+    """The starting policy twice: a frozen one, the KL reference, and the actor.
+
+    The KL term keeps the actor near the policy GRPO started from, as DPO's reference does.
+    (With the LoRA-free base as reference, the KL term pulled a LoRA actor back towards the
+    pretrained model and undid SFT whenever the rewards gave no signal.) LoRA: one restore,
+    and the actor is a copy of its adapters on the same frozen base weights. Full weights:
+    two restores, each into a private base.
+    """
+    if sft.lora is None:
+        reference, actor = (
+            models.restore_policy(sft, models.build_base_model(spec, mesh, ctx.model_cache), mesh)
+            for _ in range(2)
+        )
+        return reference, actor
+    base = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=False)
+    reference = models.restore_policy(sft, base, mesh)
+    return reference, models.copy_lora_policy(reference, mesh)
+
+
+@dataclass
+class Session:
+    """One GRPO session's Tunix objects and where its outputs go."""
+
+    cluster: rl_cluster_lib.RLCluster
+    learner: grpo_learner.GRPOLearner
+    observer: metrics.StepObserver
+    sandbox: rewards.SandboxStats
+    mesh: Any
+    tokenizer_name: str
+    ckpt_uri: str
+    local_ckpt: str
+    log_uri: str
+    local_logs: str
+
+    def steps_done(self, config: GRPOConfig) -> int:
+        """GRPO steps (prompt batches) trained, from the actor's optimizer-update count."""
+        return self.cluster.actor_trainer.train_steps // config.num_iterations
+
+
+def _reinforce(
+    directory: str,
+    dataset: DatasetArtifact,
+    sft: CheckpointArtifact,
+    config: GRPOConfig,
+    spec: ModelSpec,
+    mesh_spec: MeshSpec,
+    ctx: RunContext,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    session = build_session(directory, dataset, sft, config, spec, mesh_spec, ctx)
+    history = metrics.MetricsHistory()
+    session.cluster.with_external_metrics_logger(history)
+    # A restored actor resumes at its step: skip the prompt batches it already trained on
+    # (one batch per step), so the run continues at the exact prompt position.
+    start_step = session.steps_done(config)
+    if start_step:
+        tunix_compat.resync_after_restore(session.cluster, session.learner, start_step)
+    tunix_compat.skip_tunix_fast_forward(session.learner)
+    timing.instrument(session.cluster, session.learner)  # far/seconds/<phase> per step
+    compilations = compilation_metrics(None)  # a session that trains no step compiles nothing
+    if start_step < config.max_steps:  # Tunix would train one more step on a finished run
+        rows = load_prompts(dataset, "grpo_train")
+        batches = itertools.islice(
+            prompt_batches(rows, config.batch_size, config.seed), start_step, None
+        )
+        stream = reporting(
+            guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock()),
+            ctx.progress,
+            "grpo",
+            start_step,
+            config.max_steps,
+            metrics=history.latest_reward,
+            library_bar=True,  # Tunix's learner draws step/total and loss on a terminal
+        )
+        started = time.perf_counter()
+        first_batch_and_rest = nonempty(stream)
+        if first_batch_and_rest is not None:  # else no time for a step: stop where restored
+            # (Tunix's close() at the end of train() clears every JAX listener: count inside)
+            with session.mesh, counting_compilations() as compiles:
+                session.learner.train(first_batch_and_rest)  # close() saves the last checkpoint
+            compilations = compilation_metrics(compiles)
+        report_end(
+            ctx.progress,
+            "grpo",
+            start_step,
+            session.steps_done(config),
+            config.max_steps,
+            time.perf_counter() - started,
+            history.latest_reward(),
+            library_bar=True,
+        )
+    for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
+        # else they keep writing into this stage's directory
+        tunix_compat.release_scalar_listeners(logger)
+    save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
+    publish_session(
+        "GRPO",
+        session.steps_done(config),
+        config.max_steps,
+        session.local_ckpt,
+        session.ckpt_uri,
+        session.local_logs,
+        session.log_uri,
+    )
+    artifact, scalars, curves = _results(session, config, spec, sft, history, start_step)
+    return artifact, {**scalars, **compilations}, curves
+
+
+def compilation_metrics(compiles: CompileCounter | None) -> dict[str, float]:
+    """This session's compilations of the actor's train step and of the rollout sampler."""
+    counts = {"train_step_compilations": compiles.count_of(TRAIN_STEP) if compiles else 0}
+    for part, function in SAMPLER_FUNCTIONS.items():
+        counts[f"rollout_{part}_compilations"] = compiles.count_of(function) if compiles else 0
+    return {name: float(count) for name, count in counts.items()}
+
+
+def _results(
+    session: Session,
+    config: GRPOConfig,
+    spec: ModelSpec,
+    sft: CheckpointArtifact,
+    history: metrics.MetricsHistory,
+    start_step: int,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    artifact = committed_checkpoint(
+        storage.join(session.ckpt_uri, ACTOR_SUBDIR),
+        # Tunix numbers checkpoints by optimizer update: num_iterations per GRPO step
+        config.max_steps * config.num_iterations,
+        spec,
+        session.tokenizer_name,
+        sft.lora,
+    )
+    scalars = {
+        **history.summary(),
+        "resumed_from_step": float(start_step),
+        "sandbox_runs": float(session.sandbox.runs),
+        "sandbox_failures": float(session.sandbox.failures),
+        **rewards.isolation_metrics(session.sandbox),
+    }
+    return artifact, scalars, history.curves(actor_kl(session.cluster))
+
+
+def actor_kl(cluster: rl_cluster_lib.RLCluster) -> list[float]:
+    """KL to the reference per optimizer update of this session (Tunix logs it as actor/kl)."""
+    logger = cluster.actor_trainer.metrics_logger
+    if not logger.metric_exists("actor", "kl", "train"):
+        return []
+    return [float(x) for x in np.asarray(logger.get_metric_history("actor", "kl", "train"))]
+
+
+def save_samples(uri: str, samples: list[dict[str, Any]], start_step: int) -> None:
+    """Append this session's sample completions to the stage's samples.jsonl; rows of steps
+    at or after `start_step` from an earlier session were not checkpointed and are dropped."""
+    kept: list[str] = []
+    if storage.exists(uri):
+        kept = [
+            line
+            for line in storage.read_text(uri).splitlines()
+            if line and json.loads(line)["step"] < start_step
+        ]
+    kept += [json.dumps(sample, sort_keys=True) for sample in samples]
+    storage.write_text(uri, "".join(line + "\n" for line in kept))
+
+
+def identity(
+    config: GRPOConfig, model: ModelSpec, dataset_fingerprint: str, sft_fingerprint: str
+) -> StageIdentity:
+    hashed = {"grpo": hashed_config("grpo", config), "model": model.model_dump(mode="json")}
+    inputs = {"dataset": dataset_fingerprint, "sft": sft_fingerprint}
+    return StageIdentity("grpo", STAGE_VERSION, hashed, inputs)
+
+
+def reinforce(
+    dataset: DatasetArtifact,
+    sft: CheckpointArtifact,
+    config: GRPOConfig,
+    model: ModelSpec,
+    mesh: MeshSpec,
+    ctx: RunContext,
+) -> StageOutcome[CheckpointArtifact]:
+    """Run GRPO from the SFT checkpoint (or reuse a committed result)."""
+    tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
+    check_dataset(dataset, tokenizer_name)
+    models.check_compatible(sft, model, tokenizer_name)
+    rewards.validate_names(config.rewards)
+    return run_stage(
+        ctx,
+        with_uris(
+            identity(config, model, dataset.fingerprint, sft.fingerprint),
+            dataset=dataset.uri,
+            sft=sft.uri,
+        ),
+        lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
+        carry_over=(CHECKPOINT_DIR,),
+    )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: GRPOConfig, ctx: RunContext
+) -> StageOutcome[CheckpointArtifact]:
+    """The registered entry point (stages/registry.py): `dataset` and the `policy` to start from."""
+    dataset = take(inputs, "dataset", DatasetArtifact)
+    policy = take(inputs, "policy", CheckpointArtifact)
+    return reinforce(dataset, policy, config, ctx.require_model(), ctx.mesh, ctx)
