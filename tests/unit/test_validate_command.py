@@ -216,6 +216,7 @@ def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
     checkpoint_stage(ctx, "data_prep", {}, {})  # a stage with identity version 1, committed
     _set_version(ctx, "data_prep", stage_version("data_prep"))  # as this code's data_prep
     checkpoint_stage(ctx, "sft", {}, {})
+    _set_version(ctx, "sft", stage_version("sft"))
     grpo = storage.join(ctx.run_uri, "grpo-0123456789ab")
     identity = {"created_at": "2026-01-01T00:00:00", "config": {"grpo": {"max_steps": 8}}}
     storage.write_json(storage.join(grpo, IDENTITY_NAME), identity)
@@ -238,10 +239,11 @@ def test_plan_refuses_a_stage_whose_code_version_changed(
     _set_version(ctx, "sft", 0)
     code, out, err = _far(capsys, "validate", path)
     assert code == cli.EXIT_INVALID
-    assert "refused by the drift guard: code.sft_version: 0 -> 1" in err
+    now = stage_version("sft")
+    assert f"refused by the drift guard: code.sft_version: 0 -> {now}" in err
     rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
     assert rows["data_prep"][3] == "skip"
-    assert rows["sft"][3] == "refused" and "code.sft_version: 0 -> 1" in " ".join(rows["sft"])
+    assert rows["sft"][3] == "refused" and f"code.sft_version: 0 -> {now}" in " ".join(rows["sft"])
     assert rows["grpo"][2:] == ["-", "-", "not", "reached"]
     code, out, _ = _far(capsys, "validate", path, "--allow-change", "code.sft_version")
     assert code == 0
