@@ -37,13 +37,18 @@ def run_stages(
 
     `between(stage, recipe)` runs before "sft", before "grpo" and after it ("end"), outside
     any stage's clock. Returns the recipe, the dataset artifact, the SFT record's metrics, the
-    GRPO record's history, and the real prompt lengths of the GRPO split in tokens."""
+    GRPO record's history, the real prompt lengths of the GRPO split in tokens, and the most
+    SFT loss targets a row holds."""
     from schemas.record import StageRecord
     from stages import sft
     from stages.core import datasets, storage
     from stages.core.runner import RunContext
-    from stages.data_prep import build as data_prep
-    from stages.grpo import training as grpo
+
+    try:
+        from stages.data_prep import build as data_prep
+        from stages.grpo import training as grpo
+    except ImportError:  # a baseline tree from before the modules were named (bench --baseline)
+        from stages import data_prep, grpo  # type: ignore[no-redef]
     from stages.modeling.tokenizers import build_tokenizer
     from tests.conftest import recipe_with
 
@@ -60,6 +65,7 @@ def run_stages(
         tokenizer = build_tokenizer(recipe.model, ctx.model_cache)
         prompts = datasets.load_prompts(dataset, "grpo_train")
         prompt_lengths = [len(tokenizer.encode(row["prompt"])) for row in prompts]
+        loss_mask = datasets.load_sft_arrays(dataset)["input_mask"][:, 1:]
         mark("sft")
         sft_out = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
         sft_record = StageRecord.model_validate(storage.read_json(sft_out.record_uri))
@@ -73,6 +79,7 @@ def run_stages(
         "sft_metrics": dict(sft_record.metrics),
         "grpo_history": history,
         "prompt_lengths": prompt_lengths,
+        "sft_targets": int(loss_mask.sum(axis=1).max()),
     }
 
 

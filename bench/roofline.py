@@ -168,12 +168,9 @@ class Shapes:
     sft_targets: int = 0  # SFT's loss positions a row, at most (0: every position)
 
     @classmethod
-    def of(cls, recipe: Any, dataset: Any) -> Shapes:
-        from stages.core.datasets import load_sft_arrays
-
+    def of(cls, recipe: Any, dataset: Any, sft_targets: int = 0) -> Shapes:
         grpo = recipe.grpo
         prompt = dataset.prompt_len
-        mask = load_sft_arrays(dataset)["input_mask"]
         return cls(
             recipe.sft.batch_size,
             dataset.seq_len,
@@ -181,7 +178,7 @@ class Shapes:
             prompt,
             grpo.max_generation_tokens,
             prompt + grpo.max_generation_tokens + 8,
-            int(mask[:, 1:].sum(axis=1).max()),
+            sft_targets,
         )
 
 
@@ -376,7 +373,7 @@ def measure(
     started = time.time()
     run = grpo_phases.run_stages(recipe_name, sft_steps, grpo_steps, cache, between)
     recipe, dataset, arch = run["recipe"], run["dataset"], state["arch"]
-    shapes = Shapes.of(recipe, dataset)
+    shapes = Shapes.of(recipe, dataset, run["sft_targets"])
     history, sft_metrics = run["grpo_history"], run["sft_metrics"]
     phases = grpo_phases.phase_seconds(history)
     later = {name: values[1:] for name, values in phases.items()}  # step 0 compiles

@@ -201,6 +201,18 @@ def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     _add_override_argument(parser)
     parser.add_argument("--root", help="override the recipe's storage_root (path or URI)")
     parser.add_argument("--name", help="override the recipe's run name")
+    _add_plugin_option(parser)
+
+
+def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first: a stage kind's module that registers the kind, so the\n"
+        "recipe can name it (docs/adding-a-stage.md); repeatable",
+    )
 
 
 def _add_override_argument(parser: argparse.ArgumentParser) -> None:
@@ -280,6 +292,7 @@ def _add_run_commands(commands: Any) -> None:
     resume.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     resume.add_argument("--session-budget", help="stop cleanly after this long, e.g. 9h")
     _add_session_options(resume)
+    _add_plugin_option(resume)
     lineage = commands.add_parser(
         "lineage",
         help="print the ancestry of an artifact back to its data sources",
@@ -619,6 +632,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "allow_untested_tunix", False):
         log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
+    for module in getattr(args, "plugin", []):  # before any recipe loads
+        try:
+            log.info("--plugin %s: registered %s", module, registry.load_plugin(module))
+        except registry.PluginError as e:
+            return report_input_error(e, verbose)
     handlers = {
         "run": cmd_run,
         "validate": cmd_validate,

@@ -59,6 +59,10 @@ class UnknownStageKind(InputError):
     """A node of a kind no registration declares."""
 
 
+class PluginError(InputError):
+    """A --plugin module that cannot be imported or registers no stage kind."""
+
+
 @dataclass(frozen=True)
 class Port:
     """One input of a kind of node: the artifact kinds it accepts, the dataset splits it reads."""
@@ -264,6 +268,27 @@ def unregister(kind: str) -> None:
     if kind in {s.kind for s in BUILTIN}:
         raise ValueError(f"stage kind {kind!r} is built in and cannot be unregistered")
     REGISTRY.pop(kind, None)
+
+
+def load_plugin(module: str) -> list[str]:
+    """Import `module` (a stage kind's module, on the Python path), which registers its kinds
+    as it is imported; the kinds it added. `far run --plugin MODULE` calls this before the
+    recipe loads, so the recipe's YAML can name those kinds."""
+    before = set(REGISTRY)
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise PluginError(
+            f"--plugin {module}: cannot import it ({e}); expected a module on the Python path "
+            f"whose last line registers a stage kind (docs/adding-a-stage.md)"
+        ) from e
+    added = sorted(set(REGISTRY) - before)
+    if not added:
+        raise PluginError(
+            f"--plugin {module}: importing it registered no stage kind (registered: "
+            f"{sorted(REGISTRY)}); expected a module that calls stages.registry.register"
+        )
+    return added
 
 
 @contextmanager

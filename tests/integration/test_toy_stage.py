@@ -10,6 +10,7 @@ and the registered kinds.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +129,34 @@ def test_an_unregistered_kind_is_refused_before_anything_runs(tmp_path: Path) ->
     message = str(refused.value)
     assert "first: no stage kind 'first_prompts' is registered; kinds: ['data_prep'," in message
     assert "first_prompts" not in stages_page()
+
+
+def test_far_validate_loads_a_plugin_kind_by_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`far validate --plugin MODULE` imports the kind's module before the recipe loads, so a
+    recipe's YAML can name a kind FAR does not ship; a module that cannot be imported, or
+    registers nothing, is refused with exit 2 before anything else."""
+    from flows import cli
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # far sets Prefect's defaults in it
+    path = tmp_path / "toy.yaml"
+    recipe = (REPO / "recipes" / "smoke.yaml").read_text() + PIPELINE
+    path.write_text(recipe.replace("storage_root: runs", f"storage_root: {tmp_path / 'runs'}"))
+    try:
+        assert cli.main(["validate", str(path), "--plugin", TOY]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+        assert [r[:2] for r in rows] == [
+            ["data_prep", "data_prep"],
+            ["first", "first_prompts"],
+            ["fewer", "first_prompts"],
+        ]
+    finally:
+        registry.unregister("first_prompts")
+        sys.modules.pop(TOY, None)
+    assert cli.main(["validate", str(path)]) == 2  # without the plugin: an unknown kind
+    assert "no stage kind 'first_prompts' is registered" in capsys.readouterr().err
+    assert cli.main(["validate", str(path), "--plugin", "no_such.module"]) == 2
+    assert "--plugin no_such.module: cannot import it" in capsys.readouterr().err
+    assert cli.main(["validate", str(path), "--plugin", "json"]) == 2
+    assert "registered no stage kind" in capsys.readouterr().err
