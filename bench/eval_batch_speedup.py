@@ -15,8 +15,8 @@ import os
 import time
 
 from pipeline.recipes import load_recipe
-from stages import evaluate
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.modeling import models
 from stages.modeling.tokenizers import build_tokenizer
 

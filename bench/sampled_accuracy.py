@@ -24,7 +24,7 @@ from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec
 from stages import rewards
 from stages.core.datasets import load_prompts
-from stages.evaluate import correctness
+from stages.evaluate.evaluation import correctness
 from stages.modeling import generation, models, tunix_compat
 from stages.modeling.tokenizers import build_tokenizer
 

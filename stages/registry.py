@@ -159,7 +159,7 @@ BUILTIN: tuple[StageSpec, ...] = (
     StageSpec(
         "evaluate",
         EvalConfig,
-        "stages.evaluate:run",
+        "stages.evaluate.evaluation:run",
         "eval_report",
         {"dataset": Port(("dataset",), frozenset({"eval"}), split_field="split")},
         any_other_input=Port(("checkpoint",)),

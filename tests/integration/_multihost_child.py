@@ -22,9 +22,10 @@ from stages.core.sessions import StopFlag
 def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> int:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
-    from stages import evaluate, sft
+    from stages import sft
     from stages.core.runner import RunContext, SessionExpired, is_primary_process
     from stages.data_prep import build as data_prep
+    from stages.evaluate import evaluation as evaluate
     from stages.grpo import training as grpo
     from tests.conftest import recipe_with
 

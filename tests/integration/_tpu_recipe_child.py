@@ -22,11 +22,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from schemas.record import StageRecord
-from stages import evaluate, sft
+from stages import sft
 from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo
 from stages.modeling import compile_cache
 from tests.scaled_recipes import scaled

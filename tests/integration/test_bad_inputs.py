@@ -13,10 +13,11 @@ import pytest
 
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact
 from schemas.recipe import Recipe
-from stages import evaluate, sft
+from stages import sft
 from stages.core import storage
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo
 from tests.conftest import recipe_with
 

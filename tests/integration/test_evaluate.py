@@ -13,12 +13,13 @@ from PIL import Image
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
 from schemas.record import StageRecord
-from stages import evaluate, sft
+from stages import sft
 from stages.core import storage
 from stages.core.progress import ProgressUpdate
 from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
 from stages.core.sessions import StopFlag
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.modeling import models
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with

@@ -9,9 +9,10 @@ import pytest
 from flax import nnx
 
 from schemas.recipe import ModelSpec
-from stages import evaluate, sft
+from stages import sft
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.modeling import models
 from tests.conftest import recipe_with
 

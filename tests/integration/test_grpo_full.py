@@ -23,11 +23,12 @@ from flax import nnx
 
 from schemas.recipe import HardSubsetConfig
 from schemas.record import StageRecord
-from stages import evaluate, hard_subset, rewards, sft
+from stages import hard_subset, rewards, sft
 from stages.core import storage
 from stages.core.datasets import load_prompts
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.grpo import metrics as grpo_metrics
 from stages.grpo import training as grpo
 from stages.modeling import tunix_compat

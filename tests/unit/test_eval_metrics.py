@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages import evaluate
+from stages.evaluate import evaluation as evaluate
 
 MATH = {"id": "m", "domain": "math", "answer": "6", "tests": []}
 CODE = {"id": "c", "domain": "code", "answer": "", "tests": ["assert double(3) == 6"]}

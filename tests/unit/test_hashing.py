@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from schemas.recipe import HardSubsetConfig, Recipe
-from stages import evaluate, hard_subset, sft
+from stages import hard_subset, sft
 from stages.core.runner import RunContext, StageIdentity, stage_directory
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo
 from tests.conftest import recipe_with
 

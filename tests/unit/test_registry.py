@@ -101,7 +101,7 @@ def test_the_long_stages_report_progress() -> None:
 
 
 def test_a_kind_is_registered_once_and_a_registration_is_undone() -> None:
-    spec = registry.StageSpec("toy", EvalConfig, "stages.evaluate:run", "eval_report")
+    spec = registry.StageSpec("toy", EvalConfig, "stages.evaluate.evaluation:run", "eval_report")
     with pytest.raises(ValueError, match="'sft' is registered already"):
         registry.register(registry.spec("sft"))
     with registry.registered(spec):

@@ -17,9 +17,10 @@ import pytest
 
 from pipeline.dag import build_dag, node_config
 from pipeline.recipes import load_recipe
-from stages import distill, dpo, evaluate, hard_subset, self_teach, sft
+from stages import distill, dpo, hard_subset, self_teach, sft
 from stages.core.runner import StageIdentity
 from stages.data_prep import build as data_prep
+from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
