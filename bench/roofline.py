@@ -346,6 +346,13 @@ def measure(
     """Peaks before SFT, before GRPO and after it; the stages' times; the counted work."""
     import jax
 
+    import stages
+
+    tree = TREE or str(REPO)
+    code = str(Path(stages.__file__).resolve())
+    if not code.startswith(str(Path(tree).resolve()) + os.sep):
+        raise RuntimeError(f"this measurement would run {code}, not the code of {tree}")
+
     from stages.modeling import models, tunix_compat
 
     cache = cache_dir or str(Path.home() / ".cache" / "far")
@@ -407,7 +414,8 @@ def measure(
     useful["old_logps"] = useful["actor_update"] = useful["reference_logps"]
     result = {
         "recipe": recipe_name,
-        "tree": TREE or str(REPO),
+        "tree": tree,
+        "stages": code,
         "commit": subprocess.run(
             ["git", "-C", TREE or str(REPO), "rev-parse", "--short", "HEAD"],
             capture_output=True,
