@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
+if str(REPO) not in sys.path:  # appended: a tree bench/roofline.py put first stays first
+    sys.path.append(str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
 
 
 def median_seconds(call: Callable[[], Any], repeats: int) -> float:

@@ -75,6 +75,9 @@ sys.path.insert(1, str(BENCH))
 import grpo_phases  # noqa: E402  (bench/, found through the path set above)
 from completion_logits import median_seconds  # noqa: E402
 
+if sys.path[0] != (TREE or str(REPO)):  # the measured tree's code first, whatever the above did
+    sys.path.insert(0, TREE or str(REPO))
+
 F32 = 4
 COPY_BYTES = 256 * 2**20  # a quarter GiB: far beyond the caches
 LINEARS = {  # Gemma's adapted linear layers: (inputs, outputs) from (d, f, H, h, K)
