@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 # 5: each row is compared with the row before it decoded the same way (greedy with greedy:
 #    version 4 set a sampled row against the greedy row before it), and sampled rows also by
 #    their per-prompt solve rates (pass@1, paired sign-flip test)
-STAGE_VERSION = 5
+# 6: a sampled row's Wilson intervals count prompts, not completions (a prompt's samples are
+#    correlated: version 5's intervals were too narrow)
+STAGE_VERSION = 6
 
 
 def generate(

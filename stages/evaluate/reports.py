@@ -48,16 +48,16 @@ def previous_rows(scores: Sequence[ModelScores]) -> list[ModelScores | None]:
 def with_statistics(
     scores: Sequence[ModelScores], samples: Sequence[dict[str, Any]]
 ) -> list[ModelScores]:
-    """Scores with Wilson 95% intervals of format rate and accuracy (per completion) and the
-    paired comparison with the row before it decoded the same way (`previous_rows`): exact
-    McNemar on each prompt's first sample and, for rows sampled k > 1 times a prompt, the
-    sign-flip test of the per-prompt solve rates (pass@1)."""
+    """Scores with Wilson 95% intervals of format rate and accuracy and the paired comparison
+    with the row before it decoded the same way (`previous_rows`): exact McNemar on each
+    prompt's first sample and, for rows sampled k > 1 times a prompt, the sign-flip test of
+    the per-prompt solve rates (pass@1). The intervals count prompts, not completions: a
+    prompt's k samples are correlated, so each prompt's mean is one (fractional) outcome."""
     out: list[ModelScores] = []
     for s, before in zip(scores, previous_rows(scores), strict=True):
-        rows = [r for r in samples if r["model"] == s.name]
         extra: dict[str, float] = {}
         for metric, key in (("format_rate", "format"), ("accuracy", "correct")):
-            low, high = stats.rate_interval([float(r[key]) for r in rows])
+            low, high = stats.rate_interval(prompt_means(samples, s.name, key))
             extra |= {f"{metric}_ci_low": low, f"{metric}_ci_high": high}
         if before is not None:
             extra |= comparison_metrics(samples, before.name, s.name)
@@ -92,6 +92,15 @@ def comparison_metrics(
             f"{VS_PREVIOUS}/{prefix}p_value": paired.p_value,
         }
     return extra
+
+
+def prompt_means(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[float]:
+    """One model's mean `key` outcome per prompt, prompts in first-seen order."""
+    by_prompt: dict[str, list[float]] = {}
+    for r in samples:
+        if r["model"] == name:
+            by_prompt.setdefault(str(r["id"]), []).append(float(r[key]))
+    return [sum(v) / len(v) for v in by_prompt.values()]
 
 
 def solve_matrix(samples: Sequence[dict[str, Any]], name: str) -> np.ndarray:

@@ -263,6 +263,10 @@ def test_sampled_rows_are_compared_with_sampled_rows_and_greedy_with_greedy() ->
     assert sampled["vs_previous/pass@1_p_value"] < 1e-4
     assert greedy["vs_previous/only_this_right"] == 12  # greedy against greedy
     assert "vs_previous/pass@1_p_value" not in greedy
+    # the interval counts the 24 prompts (their means 0.75 and 0.25), not the 96 completions
+    assert (sampled["accuracy_ci_low"], sampled["accuracy_ci_high"]) == pytest.approx(
+        stats.wilson_interval(12 * 0.75 + 12 * 0.25, 24)
+    )
     table = reports.comparison_table(rows)
     assert "| grpo | sft | pass@1 (4 samples) | +0.375 [+0.324, +0.426] | 24 | 0 |" in table
     assert "| grpo@greedy | sft@greedy | accuracy | +0.500 | 12 | 0 | 0.000488 |" in table

@@ -4,9 +4,9 @@ was. The values were computed on main before the stage registry (issue 27, item 
 upstream fingerprints are fixed stand-ins, so only the hashed config, model and code version
 count. data_prep's is the one README.md prints for `far run recipes/smoke.yaml`.
 
-Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 5
-(sampled rows compared with sampled rows, and by pass@1; issue 25); sft and dag.sft_self by
-sft's STAGE_VERSION 1 -> 2 (the loss projected at the loss positions only; issue 26).
+Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 6
+(sampled rows compared with sampled rows, by pass@1, intervals over prompts; issue 25);
+sft and dag.sft_self by sft's STAGE_VERSION 1 -> 2 (the loss at its loss positions; issue 26).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
     "sft": "eb07b8f51445b0c8436503afbc2b2048ee4713d0e0e66a395bfdff76108b3fb4",
     "grpo": "41b746b9e5478f7401746956054dc92db68c166e4a47a9d52abdb56bb6bf0573",
-    "evaluate": "c05f5ee95de78388ed88fe6a08fef44ad5d944d968bf8cbec369dd2996ef2ee6",
-    "dag.evaluate_train": "c89e067f59bfc7a9f68b7a25500f8ca573a1755aa23dec06054c57fd1712e49c",
+    "evaluate": "383fe1185995225d9daf929a72636f9180dd618914de7aee55365c9095d2235e",
+    "dag.evaluate_train": "7aafd0bcf9f6b85a2bd6d0a0f7d63483e9f8e7a271044768d0ab75743b6c5a4f",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
     "dag.self_teach": "49e3fd1f544251062be612487a2cd77334db32effa22e79950824c61590305d2",
     "dag.sft_self": "439aa7484df543379de887b3e79d08e434b7e2af998a3459b1282a90e7d328ae",
