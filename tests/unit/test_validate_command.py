@@ -201,9 +201,8 @@ def test_plan_of_a_new_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert not (tmp_path / "runs" / "smoke-dag").exists()  # nothing written but the probe
 
 
-def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
-    """The smoke recipe's run with data_prep and sft committed and grpo stopped at step 3."""
-    path = _write(tmp_path, smoke_data())
+def _started_manifest(tmp_path: Path, path: str) -> RunContext:
+    """The run of the recipe at `path` as a first session leaves it: its run.json."""
     recipe = load_recipe(path)
     ctx = RunContext(root=str(tmp_path / "runs"), run=recipe.name)
     manifest = RunManifest(
@@ -213,6 +212,13 @@ def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
         created_at=datetime.now(UTC),
     )
     storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
+    return ctx
+
+
+def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
+    """The smoke recipe's run with data_prep and sft committed and grpo stopped at step 3."""
+    path = _write(tmp_path, smoke_data())
+    ctx = _started_manifest(tmp_path, path)
     checkpoint_stage(ctx, "data_prep", {}, {})  # a stage with identity version 1, committed
     _set_version(ctx, "data_prep", stage_version("data_prep"))  # as this code's data_prep
     checkpoint_stage(ctx, "sft", {}, {})
@@ -289,15 +295,7 @@ def test_plan_of_a_dag_whose_one_node_changed(
     """A changed pipeline node is drift of that node alone: the plan names its setting, runs it
     and what reads it, and skips the rest (a list diff once refused and re-ran every node)."""
     path = _write(tmp_path, DAG)
-    recipe = load_recipe(path)
-    ctx = RunContext(root=str(tmp_path / "runs"), run=recipe.name)
-    manifest = RunManifest(
-        run=recipe.name,
-        recipe=recipe.model_dump(mode="json"),
-        recipe_source=path,
-        created_at=datetime.now(UTC),
-    )
-    storage.write_json(manifest_uri(ctx.run_uri), manifest.model_dump(mode="json"))
+    ctx = _started_manifest(tmp_path, path)
     for node in ("data_prep", "sft", "grpo", "evaluate_train", "hard"):
         checkpoint_stage(ctx, node, {}, {})
         kind = next(n["kind"] for n in DAG["pipeline"] if n["id"] == node)
