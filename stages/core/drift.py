@@ -74,8 +74,9 @@ def diff(old: Any, new: Any, prefix: str = "") -> list[Change]:
     """Every leaf that differs between two JSON-like values, as dotted paths. A list of
     objects that each have an "id" (a recipe's `pipeline:` nodes) is compared by id
     (`pipeline.evaluate.config.samples`); any other list is one leaf."""
-    if _by_id(old) is not None and _by_id(new) is not None:
-        return diff(_by_id(old), _by_id(new), prefix)
+    old_nodes, new_nodes = _by_id(old), _by_id(new)
+    if old_nodes is not None and new_nodes is not None:
+        return diff(old_nodes, new_nodes, prefix)
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[Change] = []
         for key in sorted(set(old) | set(new), key=str):

@@ -23,14 +23,19 @@ GREEDY_SUFFIX = "@greedy"  # the row of a sampled model decoded greedily (EvalCo
 VS_PREVIOUS = "vs_previous"  # metric prefix of the paired comparison with the model before
 
 
-def per_prompt(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[float]:
-    """One model's `key` outcome per prompt, in prompt order (its first sample of each: rows
-    of one model may be sampled k times and another's greedy once)."""
-    first: dict[str, float] = {}
+def outcomes_by_prompt(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[list[float]]:
+    """One model's `key` outcomes grouped by prompt, prompts in first-seen order (a model may
+    be sampled k times a prompt and another decoded greedily once)."""
+    by_prompt: dict[str, list[float]] = {}
     for r in samples:
         if r["model"] == name:
-            first.setdefault(str(r["id"]), float(r[key]))
-    return list(first.values())
+            by_prompt.setdefault(str(r["id"]), []).append(float(r[key]))
+    return list(by_prompt.values())
+
+
+def per_prompt(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[float]:
+    """One model's `key` outcome of its first sample of each prompt, in prompt order."""
+    return [outcomes[0] for outcomes in outcomes_by_prompt(samples, name, key)]
 
 
 def previous_rows(scores: Sequence[ModelScores]) -> list[ModelScores | None]:
@@ -96,27 +101,17 @@ def comparison_metrics(
 
 def prompt_means(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[float]:
     """One model's mean `key` outcome per prompt, prompts in first-seen order."""
-    by_prompt: dict[str, list[float]] = {}
-    for r in samples:
-        if r["model"] == name:
-            by_prompt.setdefault(str(r["id"]), []).append(float(r[key]))
-    return [sum(v) / len(v) for v in by_prompt.values()]
-
-
-def solve_matrix(samples: Sequence[dict[str, Any]], name: str) -> np.ndarray:
-    """One model's 0/1 correctness as prompts x samples, prompts in first-seen order."""
-    by_prompt: dict[str, list[float]] = {}
-    for r in samples:
-        if r["model"] == name:
-            by_prompt.setdefault(str(r["id"]), []).append(float(r["correct"]))
-    return np.asarray(list(by_prompt.values()), dtype=np.float64)
+    return [sum(v) / len(v) for v in outcomes_by_prompt(samples, name, key)]
 
 
 def pass_at_1_metrics(
     samples: Sequence[dict[str, Any]], before: str, name: str
 ) -> dict[str, float]:
     """`name` against `before`, both sampled: each prompt's solve rate, paired sign-flip test."""
-    paired = stats.paired_rates(solve_matrix(samples, before), solve_matrix(samples, name))
+    before_rates, rates = (
+        np.asarray(outcomes_by_prompt(samples, model, "correct")) for model in (before, name)
+    )
+    paired = stats.paired_rates(before_rates, rates)
     prefix = f"{VS_PREVIOUS}/{PASS_AT_1}"
     return {
         f"{prefix}difference": paired.difference,

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tunix.models.gemma3 import model as gemma3_model
 from tunix.rl import common as rl_common
@@ -348,7 +349,7 @@ TUNIX_SFT_LOSS = peft_trainer._default_loss_fn
 def loss_positions(input_mask: Any) -> int:
     """The most next-token targets any row of an SFT split has (input_mask[:, 1:] summed), the
     `keep` of `target_positions_loss`; at least 1."""
-    return max(1, int(jnp.asarray(input_mask)[:, 1:].sum(axis=1).max()))
+    return max(1, int(np.asarray(input_mask)[:, 1:].sum(axis=1).max()))  # host arrays
 
 
 def target_positions_loss(keep: int) -> Callable[..., jax.Array]:
