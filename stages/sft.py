@@ -54,7 +54,9 @@ from stages.registry import hashed_config
 log = logging.getLogger(__name__)
 # 2: the loss projects only the loss positions to the vocabulary (tunix_compat
 #    .target_positions_loss): the same loss and gradients up to the order of float sums
-STAGE_VERSION = 2
+# 3: those positions' log-probs through the fused projection (stages/modeling/projection):
+#    the same loss and gradients up to the order of float sums, faster on CPU
+STAGE_VERSION = 3
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "tensorboard"
 

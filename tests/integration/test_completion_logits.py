@@ -1,6 +1,7 @@
 """Log-probs of the completion without full-vocabulary logits over the prompt
 (tunix_compat.completion_per_token_logps): the cost Tunix's own function pays, and equal
-results, log-probs and gradients bit for bit, on a tiny Gemma 3 with LoRA."""
+results (logits bit for bit; log-probs and gradients to float rounding, the fused projection
+summing in another order), on a tiny Gemma 3 with LoRA."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_tunix_projects_the_prompt_to_the_vocabulary_too(policy: tuple[Any, ...]
     assert tunix - ours == pytest.approx(projection * PROMPT, rel=0.05), (tunix, ours)
 
 
-def test_log_probs_logits_and_gradients_equal_tunix_bit_for_bit(policy: tuple[Any, ...]) -> None:
+def test_log_probs_logits_and_gradients_equal_tunixs(policy: tuple[Any, ...]) -> None:
     network, prompts, completions, mesh = policy
     temperature = 0.7  # the rollout temperature divides the logits on both paths
     with mesh:
@@ -74,7 +75,7 @@ def test_log_probs_logits_and_gradients_equal_tunix_bit_for_bit(policy: tuple[An
             tunix_compat.completion_per_token_logps,
             network, prompts, completions, return_logits=True, temperature=temperature,
         )  # fmt: skip
-        np.testing.assert_array_equal(np.asarray(ours), np.asarray(tunix))
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(tunix), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(np.asarray(our_logits), np.asarray(tunix_logits))
         graphdef, _ = nnx.split(network)
         _, adapters, frozen = nnx.split(network, nnx.LoRAParam, ...)
@@ -93,5 +94,6 @@ def test_log_probs_logits_and_gradients_equal_tunix_bit_for_bit(policy: tuple[An
         ours_grad = loss(tunix_compat.completion_per_token_logps)
         tunix_grad = loss(tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS)
     for a, b in zip(jax.tree.leaves(ours_grad), jax.tree.leaves(tunix_grad), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        scale = float(np.abs(np.asarray(b)).max())  # rounding is relative to the leaf's size
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-4 * scale)
     assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(ours_grad))

@@ -6,7 +6,9 @@ count. data_prep's is the one README.md prints for `far run recipes/smoke.yaml`.
 
 Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 6
 (sampled rows compared with sampled rows, by pass@1, intervals over prompts; issue 25);
-sft and dag.sft_self by sft's STAGE_VERSION 1 -> 2 (the loss at its loss positions; issue 26).
+sft and dag.sft_self by sft's STAGE_VERSION 1 -> 3 (the loss at its loss positions, then
+through the fused projection; issue 26); grpo by grpo's STAGE_VERSION 4 -> 5 (log-probs through
+the fused projection; issue 26).
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
-    "sft": "eb07b8f51445b0c8436503afbc2b2048ee4713d0e0e66a395bfdff76108b3fb4",
-    "grpo": "41b746b9e5478f7401746956054dc92db68c166e4a47a9d52abdb56bb6bf0573",
+    "sft": "8564c99b166313142789fd809f7f6517c3d68a3f1c7fc709be785c8521364d71",
+    "grpo": "4ade2a832fda3bfcc7a62edb20af979d638d1234b73f177f05db1f7f87aa731d",
     "evaluate": "383fe1185995225d9daf929a72636f9180dd618914de7aee55365c9095d2235e",
     "dag.evaluate_train": "7aafd0bcf9f6b85a2bd6d0a0f7d63483e9f8e7a271044768d0ab75743b6c5a4f",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
     "dag.self_teach": "49e3fd1f544251062be612487a2cd77334db32effa22e79950824c61590305d2",
-    "dag.sft_self": "439aa7484df543379de887b3e79d08e434b7e2af998a3459b1282a90e7d328ae",
+    "dag.sft_self": "3b994e5073483090633d1bc76ac74eb817c62a73073f95eee6efbb5d6aa58c10",
     "dag.dpo": "c467f747e5a20ac52655ecd03b949d33840c521ef92296bb2ea3134bf4b14c95",
     "dag.orpo": "3a55cedf4646105a716a2143fb29346457483d2f9d6e1e7cfb3b0c4a0f8160ad",
     "dag.distill": "859be38e91004ec60a258e036d1961488218d62a305e64f50e6531c82c322f82",
