@@ -40,7 +40,7 @@ padding's share is work the bound counts but the recipe does not need).
 
     JAX_PLATFORMS=cpu .venv/bin/python bench/roofline.py --recipe recipes/smoke.yaml
     JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python bench/roofline.py --recipe recipes/demo.yaml \
-        --sft-steps 2 --grpo-steps 2 --no-xla --baseline 491a66d^
+        --sft-steps 6 --grpo-steps 3 --no-xla --baseline 491a66d^
 
 On the real model XLA's cross-check (on by default) compiles two gradients of the 270M model
 (minutes, ~13 GB resident beside the stages'): --no-xla skips it there; the unit test runs
@@ -52,7 +52,9 @@ before the completion-only log-probs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -62,7 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +326,44 @@ def xla_flops(recipe: Any, shapes: Shapes, cache_dir: str) -> dict[str, float]:
 
 # --- one measurement ----------------------------------------------------------------------------
 
+STEADY_FROM = 2  # handouts 0-1 hold compilation and the first step's wait (Tunix reads a
+#                  step's loss at the next step): SFT's steady step time starts after them
+
+
+@contextlib.contextmanager
+def sft_step_clock() -> Iterator[list[float]]:
+    """When SFT handed out each batch, from the stage's own StepClock (any tree's sft module
+    has one): the times the stage itself estimates step lengths from."""
+    from stages import sft
+
+    handouts: list[float] = []
+    original = sft.StepClock
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.times = handouts
+
+    sft.StepClock = Recording
+    try:
+        yield handouts
+    finally:
+        sft.StepClock = original
+
+
+def steady_step_seconds(handouts: list[float]) -> float:
+    """The median time between batch handouts after the first STEADY_FROM (compilation).
+
+    The stage's own tokens/s (its record) runs from the second handout to the end of
+    training, so it also counts the first step's wait and the final checkpoint: on a short
+    benchmark run that is a third of the time; here only steady steps count."""
+    gaps = [b - a for a, b in itertools.pairwise(handouts)][STEADY_FROM:]
+    if not gaps:
+        raise ValueError(
+            f"{len(handouts)} SFT batches timed: --sft-steps must be at least {STEADY_FROM + 2}"
+        )
+    return statistics.median(gaps)
+
 
 def others_on_the_machine() -> list[str]:
     """The busiest processes outside this one's tree (the load this run shared the cores with)."""
@@ -381,7 +421,8 @@ def measure(
         )
 
     started = time.time()
-    run = grpo_phases.run_stages(recipe_name, sft_steps, grpo_steps, cache, between)
+    with sft_step_clock() as sft_handouts:
+        run = grpo_phases.run_stages(recipe_name, sft_steps, grpo_steps, cache, between)
     recipe, dataset, arch = run["recipe"], run["dataset"], state["arch"]
     shapes = Shapes.of(recipe, dataset, run["sft_targets"])
     history, sft_metrics = run["grpo_history"], run["sft_metrics"]
@@ -389,13 +430,7 @@ def measure(
     later = {name: values[1:] for name, values in phases.items()}  # step 0 compiles
     steps = max(1, grpo_steps - 1)
     seconds = {name: sum(values) / steps for name, values in later.items()}
-    sft_seconds = (
-        sft_metrics["rows_per_step"]
-        * sft_metrics["useful_token_fraction"]
-        * shapes.sft_len
-        / sft_metrics["tokens_per_second"]
-    )
-    seconds["sft_step"] = sft_seconds
+    seconds["sft_step"] = steady_step_seconds(sft_handouts)
     lengths = history.get("completions/max_length", [shapes.completion])[1:] or [shapes.completion]
     mean_lengths = history.get("completions/mean_length", [shapes.completion])[1:] or [
         shapes.completion
@@ -439,7 +474,11 @@ def measure(
         "useful": useful,
         "grpo_completions_per_s": shapes.rows
         / sum(v for k, v in seconds.items() if k != "sft_step"),
-        "sft_tokens_per_s": sft_metrics["tokens_per_second"],
+        "sft_tokens_per_s": shapes.sft_rows
+        * sft_metrics["useful_token_fraction"]
+        * shapes.sft_len
+        / seconds["sft_step"],
+        "sft_tokens_per_s_record": sft_metrics["tokens_per_second"],  # the stage's own figure
         "wall_s": time.time() - started,
     }
     if xla:
@@ -611,7 +650,9 @@ def child(tree: str | None, args: argparse.Namespace, out: Path, xla: bool) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="smoke")
-    parser.add_argument("--sft-steps", type=int, default=4)
+    parser.add_argument(
+        "--sft-steps", type=int, default=5, help="SFT steps (the first two, compiling, untimed)"
+    )
     parser.add_argument("--grpo-steps", type=int, default=4)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument(
@@ -627,6 +668,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.recipe = Path(args.recipe).stem  # recipes/demo.yaml or demo
+    if args.sft_steps < STEADY_FROM + 2:  # before any compute
+        parser.error(f"--sft-steps {args.sft_steps}: at least {STEADY_FROM + 2} (two steady steps)")
     if args.child:
         result = measure(
             args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, not args.no_xla

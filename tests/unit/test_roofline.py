@@ -122,3 +122,11 @@ def test_lora_gradient_skips_the_frozen_weights(tmp_path: Path) -> None:
     full_grad = flops(jax.grad(loss), params, rest)
     assert lora_grad < 2.3 * forward < full_grad
     assert full_grad > 1.25 * lora_grad
+
+
+def test_sft_steps_are_timed_after_compilation_by_their_median() -> None:
+    # handouts: compile + step 0, the first step's wait, then steady steps of ~2 s
+    handouts = [0.0, 9.0, 15.0, 17.0, 19.5, 21.5]
+    assert roofline.steady_step_seconds(handouts) == 2.0
+    with pytest.raises(ValueError, match="at least 4"):
+        roofline.steady_step_seconds([0.0, 9.0, 15.0])
