@@ -29,7 +29,7 @@ from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
 from stages.core import drift, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.shared import SharedBuilds
-from stages.modeling import weight_sources
+from stages.modeling import tunix_compat, weight_sources
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -138,8 +138,11 @@ def policy_network(
 def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> nnx.Module:
     """A LoRA clone of `base` that shares its frozen weights (base stays usable as reference).
 
-    `seed` initializes the adapters; a restored checkpoint overwrites them anyway.
+    `seed` initializes the adapters; a restored checkpoint overwrites them anyway. The
+    adapters' backward goes through tunix_compat.lora_backward_positions_major (the same
+    gradients, bit for bit, without XLA CPU's transposed copies).
     """
+    tunix_compat.lora_backward_positions_major()
     provider = qwix.LoraProvider(module_path=lora.module_path, rank=lora.rank, alpha=lora.alpha)
     model_input = base.get_model_input()  # type: ignore[attr-defined]
     with mesh:

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from qwix import version as qwix_version
+from qwix._src.providers import lora as qwix_lora
 from tunix.models.gemma3 import model as gemma3_model
 from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
@@ -405,3 +407,95 @@ def target_positions_loss(keep: int) -> Callable[..., jax.Array]:
         return -jnp.sum(logps * weights) / (jnp.sum(target_mask) + 1e-8)
 
     return loss_fn
+
+
+# --- LoRA's backward: the adapters' gradients without a transposed activation gradient ------
+
+# qwix's LoRA delta, kept for the shapes the replacement does not handle (and for the test).
+QWIX_COMPUTE_LORA_DELTA = qwix_lora._compute_lora_delta
+TESTED_QWIX_VERSIONS = ("0.1.8",)
+
+
+@jax.custom_vjp
+def _low_rank_product(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """(x @ a) @ b over x's last axis: the products qwix's `_compute_lora_delta` makes."""
+    return _low_rank_forward(x, a, b)[0]
+
+
+def _contract(x: jax.Array, y: jax.Array, x_axis: int, y_axis: int) -> jax.Array:
+    return jax.lax.dot_general(x, y, (((x_axis,), (y_axis,)), ((), ())))
+
+
+def _low_rank_forward(x: jax.Array, a: jax.Array, b: jax.Array) -> tuple[jax.Array, Any]:
+    down = _contract(x, a, x.ndim - 1, 0)  # as qwix: dot_general(lhs, a), then (., b)
+    return _contract(down, b, down.ndim - 1, 0), (x, down, a, b)
+
+
+def _low_rank_backward(saved: Any, grad: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The three products of autodiff's transpose, each contracting the positions axis with
+    the positions-major operands as they are (autodiff's order makes XLA CPU write the
+    activation gradient transposed first)."""
+    x, down, a, b = saved
+    rows = x.reshape(-1, x.shape[-1])
+    down_rows = down.reshape(-1, down.shape[-1])
+    grad_rows = grad.reshape(-1, grad.shape[-1])
+    grad_down = _contract(grad_rows, b, 1, 1)  # [positions, rank]
+    d_b = _contract(grad_rows, down_rows, 0, 0).T  # [out, rank] -> [rank, out]
+    d_a = _contract(grad_down, rows, 0, 0).T  # [rank, in] -> [in, rank]
+    d_x = _contract(grad_down, a, 1, 1).reshape(x.shape)
+    return d_x, d_a, d_b
+
+
+_low_rank_product.defvjp(_low_rank_forward, _low_rank_backward)
+
+
+def _lora_delta(
+    lhs: jax.Array,
+    lora_a: jax.Array,
+    lora_b: jax.Array,
+    lhs_ca: Any,
+    lhs_ba: Any,
+    contract_shape: Any,
+    batch_shape: Any,
+    remain_shape: Any,
+    rank: int,
+    precision: Any = None,
+) -> jax.Array:
+    """qwix's `_compute_lora_delta` for a linear layer (one contracting axis, lhs's last; no
+    batch axes; default precision) through `_low_rank_product`; any other shape to qwix's."""
+    linear = (
+        not batch_shape
+        and not lhs_ba
+        and tuple(lhs_ca) == (lhs.ndim - 1,)
+        and len(contract_shape) == 1
+        and len(remain_shape) == 1
+        and precision is None
+    )
+    if not linear:
+        return QWIX_COMPUTE_LORA_DELTA(
+            lhs, lora_a, lora_b, lhs_ca, lhs_ba, contract_shape, batch_shape, remain_shape,
+            rank, precision=precision,
+        )  # fmt: skip
+    return _low_rank_product(lhs, lora_a, lora_b)
+
+
+def lora_backward_positions_major() -> bool:
+    """Route qwix's LoRA delta for linear layers (Gemma's MLP: gate, up, down) through
+    `_low_rank_product`, whose backward is written out.
+
+    qwix 0.1.8 computes a LoRA linear layer's delta as (x @ A) @ B with two dot_generals
+    (`_compute_lora_delta`, private) and leaves the backward to autodiff. On XLA CPU the
+    transpose of the second product, dB = (x A)^T g, makes XLA materialise the incoming
+    gradient g transposed ([hidden x positions]) in a fusion of its own for every adapted
+    layer, beside the untransposed one the activation gradient uses: on the demo's SFT step
+    36 such fusions took 0.44 s of a 2.4 s step (XLA's trace; docs/performance.md). The
+    written-out backward makes the same three products, contracting the positions axis of
+    the operands as they lie. qwix reads the function from its module at each call, so this
+    is one assignment; idempotent. Returns False (and changes nothing) for an untested qwix.
+    Test: tests/unit/test_lora_backward.py shows the transposed fusion in qwix's compiled
+    gradient and equal gradients without it.
+    """
+    if qwix_version.__version__ not in TESTED_QWIX_VERSIONS:
+        return False
+    qwix_lora._compute_lora_delta = _lora_delta
+    return True
