@@ -76,10 +76,4 @@ def _backward(
     return d_hidden.reshape(*grad.shape, flat.shape[-1]), d_embedding, None
 
 
-def _vjp_forward(
-    hidden: jax.Array, embedding: jax.Array, targets: jax.Array, temperature: float
-) -> tuple[jax.Array, tuple[Any, ...]]:
-    return _forward(hidden, embedding, targets, temperature)
-
-
-token_logps.defvjp(_vjp_forward, _backward)
+token_logps.defvjp(_forward, _backward)  # the forward pass keeps what the backward reads
