@@ -23,6 +23,7 @@ from schemas.recipe import (
     DataPrepNode,
     EvaluateNode,
     GRPONode,
+    PickNode,
     Recipe,
     RegisteredNode,
     SFTNode,
@@ -166,7 +167,9 @@ def _check_inputs(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) 
             raise DagError(f"{edge}: {node.kind} has no input {name!r}; inputs: {sorted(ports)}")
         if source not in by_id:
             raise DagError(f"{edge}: no node {source!r}; nodes: {sorted(by_id)}")
-        _check_edge(edge, given, by_id[source])
+        _check_edge(edge, given, by_id[source], recipe)
+    if isinstance(node, PickNode):
+        _check_pick(node, by_id, recipe)
     if isinstance(node, EvaluateNode) and node.config is not None:
         for model in node.config.models:
             if model != "base" and "/" not in model and model not in node.inputs:
@@ -176,7 +179,42 @@ def _check_inputs(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) 
                 )
 
 
-def _check_edge(edge: str, port: Port, source: StageNode) -> None:
+def _produced_splits(source: StageNode, recipe: Recipe) -> frozenset[str]:
+    """The splits a dataset node's output holds: its registration's, less a data_prep's
+    validation split when its config draws none."""
+    splits = _spec(source).splits
+    if isinstance(source, DataPrepNode) and node_config(recipe, source).validation is None:
+        return splits - {"validation"}
+    return splits
+
+
+def _check_pick(node: PickNode, by_id: dict[str, StageNode], recipe: Recipe) -> None:
+    """A pick node chooses between its candidate inputs by an evaluation of the validation
+    split that scored the very same nodes under the same names."""
+    missing = [name for name in node.config.candidates if name not in node.inputs]
+    if missing:
+        raise DagError(
+            f"{node.id}: candidates {missing} are not inputs of this node; inputs: "
+            f"{sorted(node.inputs)}"
+        )
+    evaluation = by_id[node.inputs["evaluation"]]
+    split = evaluated_split(recipe, evaluation)
+    if split != "validation":
+        raise DagError(
+            f"{node.id}.evaluation <- {evaluation.id}: it scores the {split!r} split; pick "
+            f"chooses on the validation split (set config split: validation, and "
+            f"data.validation), so the held-out eval split is scored after the choice"
+        )
+    for name in node.config.candidates:
+        if evaluation.inputs.get(name) != node.inputs[name]:
+            raise DagError(
+                f"{node.id}.{name} <- {node.inputs[name]}: {evaluation.id} must evaluate the "
+                f"same node under the same name (it has {name!r} <- "
+                f"{evaluation.inputs.get(name)})"
+            )
+
+
+def _check_edge(edge: str, port: Port, source: StageNode, recipe: Recipe) -> None:
     produced = _spec(source).produces
     if produced not in port.accepts:
         raise DagError(f"{edge}: expected {_wants(port)}, got {SAYS[produced]}")
@@ -185,12 +223,18 @@ def _check_edge(edge: str, port: Port, source: StageNode) -> None:
             f"{edge}: expected the output of a {' or '.join(port.producers)} node, "
             f"got a {source.kind} node's"
         )
-    missing = port.splits - _spec(source).splits
+    held_splits = _produced_splits(source, recipe)
+    missing = port.splits - held_splits
     if produced == "dataset" and missing:
-        held = ", ".join(sorted(_spec(source).splits))
+        held = ", ".join(sorted(held_splits))
+        hint = (
+            "; set data.validation"
+            if "validation" in missing and source.kind == "data_prep"
+            else ""
+        )
         raise DagError(
             f"{edge}: expected a dataset with split {', '.join(sorted(missing))}, "
-            f"got a {source.kind} dataset ({held})"
+            f"got a {source.kind} dataset ({held}){hint}"
         )
 
 

@@ -79,6 +79,11 @@ class ModelScores(Frozen):
     by_domain: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
+GREEDY_SUFFIX = "@greedy"
+"""An evaluated model's greedy row beside its sampled one (EvalConfig.greedy) is labelled
+`<model>@greedy`, in the report and in samples.jsonl."""
+
+
 class EvalReport(Frozen):
     """Metrics per model; the per-sample outputs behind them live at `samples_uri`."""
 

@@ -263,8 +263,8 @@ class SplitSpec(Frozen):
 class DataPrepConfig(Frozen):
     """Where examples come from and how they become fixed-shape token arrays.
 
-    Splits are drawn eval first, then grpo, then sft: an example id taken by one split is
-    never drawn by a later one, so a source may feed several splits.
+    Splits are drawn eval first, then validation (when set), grpo, then sft: an example id
+    taken by one split is never drawn by a later one, so a source may feed several splits.
     """
 
     sft: SplitSpec
@@ -273,6 +273,10 @@ class DataPrepConfig(Frozen):
     """The GRPO split: prompts with reference answers for the rewards."""
     eval: SplitSpec
     """The held-out evaluation split."""
+    validation: SplitSpec | None = None
+    """A validation split apart from `eval`, drawn right after it: a `pick` node chooses
+    between policies by their accuracy here, so the held-out eval split is scored only after
+    the choice; null: none (and the other splits are drawn exactly as without the field)."""
     seed: int = 0
     """Seeds the draw of examples from each source."""
     max_seq_len: PositiveInt = 128
@@ -507,8 +511,9 @@ class EvalConfig(Frozen):
     """Completions per prompt (needs temperature > 0 when above 1)."""
     seed: int = 0
     """Seeds sampling."""
-    split: Literal["eval", "grpo_train"] = "eval"
-    """The prompts scored: eval (held out), or grpo_train (for hard_subset)."""
+    split: Literal["eval", "grpo_train", "validation"] = "eval"
+    """The prompts scored: eval (held out), grpo_train (for hard_subset), or validation (for
+    a pick node's choice between policies)."""
     greedy: bool = False
     """With samples > 1: also decode each model greedily, a row `<model>@greedy` beside it, so
     the report's headroom table sets pass@k against greedy accuracy."""
@@ -571,6 +576,10 @@ class HardSubsetConfig(Frozen):
     With a sampled evaluation of the policy GRPO starts from (samples >= the GRPO group size),
     `above: 0, below: 1` is DAPO's dynamic sampling done before training: prompts the policy
     always or never solves give groups of equal rewards and no gradient, and are dropped.
+
+    `select: mode` keeps instead the prompts where the model's greedy answer (its mode) is
+    wrong while its samples sometimes find the right one, plus `right_share` of greedy-right
+    prompts: the prompts where training can move the mode rather than sharpen it.
     """
 
     model: Annotated[str, Field(min_length=1)]
@@ -588,8 +597,23 @@ class HardSubsetConfig(Frozen):
     (the evaluation's accuracy), `format`, or `reward/<name>` for a reward the evaluation
     scored (EvalConfig.rewards; a reward in [0, 1])."""
 
+    select: Literal["rate", "mode"] = "rate"
+    """`rate`: by the solve rate (`below`, `above`). `mode`: the prompts whose greedy answer
+    is wrong but whose samples sometimes solve them (where the policy's mode, not its
+    coverage, is at fault), read from an evaluation with `greedy: true` (the `<model>@greedy`
+    row beside the sampled `<model>` row); `below` and `above` are then not used."""
+    right_share: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """With `select: mode`, this share of the kept prompts is greedy-right prompts (those
+    the samples solve least often first), so training on the wrong modes does not unlearn
+    the right ones; 0: none."""
+
     @model_validator(mode="after")
     def _band(self) -> HardSubsetConfig:
+        if self.select == "rate" and self.right_share:
+            raise ValueError(
+                f"hard_subset.right_share={self.right_share} applies to select: mode; "
+                f"got select: {self.select}"
+            )
         if self.above is not None and self.above >= self.below:
             raise ValueError(
                 f"hard_subset keeps solve rates in (above, below): above={self.above} must be "
@@ -652,6 +676,21 @@ class PreferencesConfig(Frozen):
     """Least reward difference between chosen and rejected."""
     max_pairs: PositiveInt | None = None
     """Keep at most this many pairs; null: all."""
+    pairing: Literal["best_worst", "mode"] = "best_worst"
+    """`best_worst`: in each group the best-rewarded completion against the worst. `mode`
+    (from an evaluation with `greedy: true`, `model` set): for each prompt whose greedy
+    answer is wrong and one of whose samples is right, chosen = the first right sample with
+    strict format, rejected = the greedy (wrong) completion."""
+
+    @model_validator(mode="after")
+    def _mode_names_model(self) -> PreferencesConfig:
+        if self.pairing == "mode" and (self.model is None or self.file is not None):
+            raise ValueError(
+                f"preferences pairing: mode pairs a model's right samples against its own "
+                f"greedy answer: it needs `model` (got {self.model!r}) and no `file` "
+                f"(got {self.file!r})"
+            )
+        return self
 
 
 class DPOConfig(Frozen):
@@ -711,6 +750,30 @@ class DistillConfig(Frozen):
 
 
 NodeId = Annotated[str, Field(pattern=_NODE_ID.pattern)]
+
+
+class PickConfig(Frozen):
+    """Choose between policies by greedy accuracy on the validation split, before the
+    held-out eval split is scored: a run's output is never a policy that did worse there.
+
+    `candidates` are input names of the node, each a checkpoint the node's `evaluation` (an
+    evaluate node with `split: validation`) scored greedily (its row `<name>`, or
+    `<name>@greedy` beside a sampled one). The first is the incumbent, the policy the others
+    started from: another candidate is chosen only when its accuracy exceeds the incumbent's
+    by more than `min_gain`, and the most accurate such one wins (ties: the earlier listed).
+    """
+
+    candidates: list[NodeId] = Field(min_length=2)
+    """Input names of the checkpoints to choose between; the first is the incumbent."""
+    min_gain: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """How much more validation accuracy than the incumbent's a candidate needs."""
+
+    @field_validator("candidates")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"pick.candidates must be distinct, got {value}")
+        return value
 
 
 class Node(Frozen):
@@ -775,6 +838,11 @@ class DistillNode(Node):
     config: DistillConfig
 
 
+class PickNode(Node):
+    kind: Literal["pick"]
+    config: PickConfig
+
+
 class RegisteredNode(Node):
     """A node of a kind this schema does not ship: one a plugin or a test registered
     (stages/registry.py). schemas/ imports nothing of FAR, so its config stays a mapping here;
@@ -820,6 +888,7 @@ StageNode = Annotated[
     | Annotated[PreferencesNode, Tag("preferences")]
     | Annotated[DPONode, Tag("dpo")]
     | Annotated[DistillNode, Tag("distill")]
+    | Annotated[PickNode, Tag("pick")]
     | Annotated[RegisteredNode, Tag(REGISTERED)],
     Discriminator(_node_tag),
 ]

@@ -18,14 +18,12 @@ continued GRPO node trains on it in a later session. No training happens here.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
 
 from schemas.artifacts import Artifact, DatasetArtifact, EvalReport
 from schemas.recipe import HardSubsetConfig
-from stages.core import storage
 from stages.core.datasets import (
     evaluated_split,
     jsonl_bytes,
@@ -42,6 +40,7 @@ from stages.core.runner import (
     take,
     with_uris,
 )
+from stages.core.samples import ModeView, mode_view, read_samples
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
@@ -110,19 +109,66 @@ def hard_ids(scores: dict[str, float], config: HardSubsetConfig) -> list[str]:
     return chosen
 
 
+def mode_ids(view: ModeView, config: HardSubsetConfig) -> list[str]:
+    """The wrong-mode prompts (greedy wrong, some sample right), plus `right_share` of the kept
+    set from the greedy-right prompts the samples solve least often; topped up to
+    `min_prompts` from the rest, least-solved greedy-right first, with a warning."""
+    wrong = view.wrong_mode()
+    right = sorted(
+        (p for p in view.greedy if view.greedy_right(p)), key=lambda p: (view.solve_rate(p), p)
+    )
+    share = config.right_share
+    chosen = wrong + right[: round(len(wrong) * share / (1 - share))]
+    if not wrong:
+        raise InputError(
+            f"hard_subset (select: mode): none of the {len(view.greedy)} prompts has a wrong "
+            f"greedy answer that a sample of {config.model!r} solves, so there is no mode to "
+            f"move; evaluate with more samples, or use select: rate"
+        )
+    if len(chosen) < config.min_prompts:
+        if len(view.greedy) < config.min_prompts:
+            raise InputError(
+                f"hard_subset min_prompts is {config.min_prompts} but the evaluation "
+                f"scored only {len(view.greedy)} prompts"
+            )
+        rest = [p for p in right + sorted(view.greedy) if p not in chosen]
+        topped = list(dict.fromkeys(rest))[: config.min_prompts - len(chosen)]
+        log.warning(
+            "hard_subset: %d wrong-mode prompts; topped up with %d others to min_prompts %d",
+            len(wrong),
+            len(topped),
+            config.min_prompts,
+        )
+        chosen += topped
+    return chosen
+
+
+def chosen_ids(
+    samples: list[dict[str, object]], config: HardSubsetConfig
+) -> tuple[list[str], dict[str, float], dict[str, bool]]:
+    """The kept prompt ids, every evaluated prompt's score (its solve rate) and, selecting by
+    the mode, whether its greedy answer is right."""
+    if config.select == "mode":
+        view = mode_view(samples, config.model, "hard_subset (select: mode)")
+        scores = {p: view.solve_rate(p) for p in view.greedy}
+        return mode_ids(view, config), scores, {p: view.greedy_right(p) for p in view.greedy}
+    scores = prompt_scores(samples, config.model, config.by)
+    return hard_ids(scores, config), scores, {}
+
+
 def _select(
     directory: str, evaluation: EvalReport, dataset: DatasetArtifact, config: HardSubsetConfig
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
-    text = storage.read_text(evaluation.samples_uri)
-    samples = [json.loads(line) for line in text.splitlines() if line.strip()]
-    scores = prompt_scores(samples, config.model, config.by)
-    chosen = set(hard_ids(scores, config))
+    ids, scores, greedy_right = chosen_ids(read_samples(evaluation), config)
+    chosen = set(ids)
     rows = load_prompts(dataset, TRAINING_SPLIT)
     held_out = load_prompts(dataset, "eval")
     kept = [r for r in rows if r["id"] in chosen]
     check_held_out(kept, held_out)
     selection = [
-        {"id": r["id"], "score": scores.get(r["id"]), "kept": r["id"] in chosen} for r in rows
+        {"id": r["id"], "score": scores.get(r["id"]), "kept": r["id"] in chosen}
+        | ({"greedy_correct": greedy_right[r["id"]]} if r["id"] in greedy_right else {})
+        for r in rows
     ]
     artifact = write_derived_dataset(
         directory,
@@ -141,6 +187,11 @@ def _select(
         banded,
     )
     metrics = {
+        **(
+            {"prompts_wrong_mode": float(len(ids) - sum(greedy_right.get(i, False) for i in ids))}
+            if greedy_right
+            else {}
+        ),
         "prompts_evaluated": float(len(scores)),
         "prompts_kept": float(len(kept)),
         "prompts_below_threshold": float(failed),

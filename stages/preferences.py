@@ -8,8 +8,10 @@ from sampled completions with rewards: a GRPO stage's samples.jsonl (groups: one
 step) or an evaluation's samples.jsonl (groups: one prompt, across the evaluated models or
 within `config.model`; the reward is correctness plus format, and the prompt text comes from
 the split of `dataset` the evaluation scored). In each group the best-rewarded completion is
-chosen against the worst when they differ by more than `config.min_margin`. Prompts are Gemma
-chat turns.
+chosen against the worst when they differ by more than `config.min_margin`. With `pairing:
+mode` (an evaluation with a greedy row beside the sampled one), a prompt's pair is instead a
+right sample against the model's own wrong greedy answer: the pairs push the mode itself
+(Iterative RPO's rejected side), not merely a bad sample. Prompts are Gemma chat turns.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from stages.core.runner import (
     take_optional,
     with_uris,
 )
+from stages.core.samples import mode_view, read_samples
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
@@ -116,13 +119,41 @@ def _jsonl(uri: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def mode_pairs(
+    samples: list[dict[str, Any]], prompts: dict[Any, str], model: str
+) -> list[dict[str, Any]]:
+    """For each prompt whose greedy answer is wrong and a sample right: the first right sample
+    in strict format (else the first right one) against the greedy completion."""
+    view = mode_view(samples, model, "preferences (pairing: mode)")
+    pairs = []
+    for prompt in view.wrong_mode():
+        right = [r for r in view.sampled[prompt] if float(r["correct"]) == 1.0]
+        chosen = next((r for r in right if float(r["format"]) == 1.0), right[0])
+        rejected = view.greedy[prompt]
+        if chosen["completion"] == rejected["completion"]:
+            continue
+        pairs.append(
+            {
+                "prompt": prompts[prompt],
+                "chosen": chosen["completion"],
+                "rejected": rejected["completion"],
+                "chosen_reward": float(chosen["correct"]) + float(chosen["format"]),
+                "rejected_reward": float(rejected["correct"]) + float(rejected["format"]),
+                "group": prompt,
+            }
+        )
+    return pairs
+
+
 def pairs_from_evaluation(
     report: EvalReport, dataset: DatasetArtifact, config: PreferencesConfig
 ) -> list[dict[str, Any]]:
     scored = load_prompts(dataset, evaluated_split(report.uri))
     prompts = {r["id"]: r["prompt"] for r in scored}
+    if config.pairing == "mode":
+        return mode_pairs(read_samples(report), prompts, str(config.model))
     groups: dict[Any, list[tuple[float, str]]] = defaultdict(list)
-    for row in _jsonl(report.samples_uri):
+    for row in read_samples(report):
         if config.model is None or row["model"] == config.model:
             reward = float(row["correct"]) + float(row["format"])
             groups[row["id"]].append((reward, row["completion"]))
@@ -188,6 +219,11 @@ def _sources(
         inputs = {"samples": samples.fingerprint, "dataset": dataset.fingerprint}
         return pairs, samples.samples_uri, inputs, {"samples": samples.uri, "dataset": dataset.uri}
     if isinstance(samples, CheckpointArtifact):
+        if config.pairing == "mode":
+            raise InputError(
+                "preferences pairing: mode reads an evaluation's greedy and sampled rows; "
+                f"the samples input {samples.uri} is a GRPO checkpoint (give an evaluate node)"
+            )
         found = find_record(samples.uri, levels=3)
         if found is None or found[1].stage != "grpo":
             raise InputError(f"preferences: {samples.uri} is not a committed GRPO checkpoint")

@@ -39,6 +39,7 @@ from schemas.recipe import (
     EvalConfig,
     GRPOConfig,
     HardSubsetConfig,
+    PickConfig,
     PreferencesConfig,
     SelfTeachConfig,
     SFTConfig,
@@ -123,7 +124,7 @@ DATASET_FOR = {
     "grpo": Port(("dataset",), frozenset({"grpo_train"})),
     "eval": Port(("dataset",), frozenset({"eval"})),
 }
-ALL_SPLITS = frozenset({"sft_train", "grpo_train", "eval"})
+ALL_SPLITS = frozenset({"sft_train", "grpo_train", "eval", "validation"})
 
 # The built-in stage kinds, one registration each, in the order the stage table lists them.
 BUILTIN: tuple[StageSpec, ...] = (
@@ -132,8 +133,9 @@ BUILTIN: tuple[StageSpec, ...] = (
         DataPrepConfig,
         "stages.data_prep.build:run",
         "dataset",
-        splits=ALL_SPLITS,
+        splits=ALL_SPLITS,  # validation only when the config sets it (pipeline/dag.py)
         section="data",
+        hash_exempt_defaults=("validation",),
         summary="Draws, tokenizes and splits the examples.",
     ),
     StageSpec(
@@ -178,7 +180,7 @@ BUILTIN: tuple[StageSpec, ...] = (
             "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
         },
         splits=frozenset({"grpo_train", "eval"}),
-        hash_exempt_defaults=("above", "by"),
+        hash_exempt_defaults=("above", "by", "select", "right_share"),
         summary="The training prompts an evaluation says are still hard.",
     ),
     StageSpec(
@@ -201,6 +203,7 @@ BUILTIN: tuple[StageSpec, ...] = (
             ),
             "dataset": Port(("dataset",), frozenset({"eval"}), required=False),
         },
+        hash_exempt_defaults=("pairing",),
         summary="Preference pairs from a file or from sampled completions.",
     ),
     StageSpec(
@@ -218,6 +221,15 @@ BUILTIN: tuple[StageSpec, ...] = (
         "checkpoint",
         {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
         summary="Logit distillation of a teacher into a student.",
+    ),
+    StageSpec(
+        "pick",
+        PickConfig,
+        "stages.pick:run",
+        "checkpoint",
+        {"evaluation": Port(("eval_report",), producers=("evaluate",))},
+        any_other_input=Port(("checkpoint",)),
+        summary="The policy with the best greedy accuracy on the validation split.",
     ),
 )
 

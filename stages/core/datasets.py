@@ -27,6 +27,7 @@ SPLIT_FILES = {
     "sft_train": "sft_train.npz",
     "grpo_train": "grpo_prompts.jsonl",
     "eval": "eval_prompts.jsonl",
+    "validation": "validation_prompts.jsonl",
 }
 
 
@@ -44,6 +45,11 @@ def load_sft_arrays(artifact: DatasetArtifact) -> dict[str, np.ndarray]:
 
 def load_prompts(artifact: DatasetArtifact, split: str) -> list[dict[str, Any]]:
     """Rows of a prompt split: id, source, domain, prompt (chat-formatted), answer, tests."""
+    if split not in artifact.split_sizes:
+        raise InputError(
+            f"dataset {artifact.uri} has no {split!r} split (it has {sorted(artifact.split_sizes)})"
+            f"; {'set data.validation in the recipe' if split == 'validation' else 'expected it'}"
+        )
     text = storage.read_text(storage.join(artifact.uri, SPLIT_FILES[split]))
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

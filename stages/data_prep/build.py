@@ -52,7 +52,22 @@ INSTRUCTION = (
     "Think step by step inside <reasoning> </reasoning>, "
     "then give only the final answer inside <answer> </answer>."
 )
-SPLITS = (("eval", "eval"), ("grpo_train", "grpo"), ("sft_train", "sft"))  # (split, config)
+# (split, config field, seed number), in draw order. The seed number is the split's own and
+# not its place: the optional validation split, drawn second, leaves the others' draws as
+# they were without it.
+SPLITS = (
+    ("eval", "eval", 0),
+    ("validation", "validation", 3),
+    ("grpo_train", "grpo", 1),
+    ("sft_train", "sft", 2),
+)
+PROMPT_SPLITS = ("grpo_train", "eval", "validation")  # the splits written as prompt rows
+
+
+def split_specs(config: DataPrepConfig) -> list[tuple[str, SplitSpec, int]]:
+    """(split, its spec, its seed number) for each split the config draws, in draw order."""
+    specs = [(split, getattr(config, attr), number) for split, attr, number in SPLITS]
+    return [(split, spec, number) for split, spec, number in specs if spec is not None]
 
 
 def chat_prompt(question: str) -> str:
@@ -224,14 +239,14 @@ def build_splits(
 ) -> dict[str, list[Example]]:
     """Load every distinct source once, then draw eval, grpo and sft in that order."""
     dedupe, pools = Deduper(), {}
-    for _, attr in SPLITS:
-        for source in getattr(config, attr).sources:
+    drawn = split_specs(config)
+    for _, spec, _ in drawn:
+        for source in spec.sources:
             if _source_key(source) not in pools:
                 pools[_source_key(source)] = load_source(source, config.seed, quarantine, dedupe)
     taken: set[str] = set()
     splits: dict[str, list[Example]] = {}
-    for number, (split, attr) in enumerate(SPLITS):
-        spec: SplitSpec = getattr(config, attr)
+    for split, spec, number in drawn:
         candidates = []
         for source in spec.sources:
             for example in pools[_source_key(source)]:
@@ -281,7 +296,7 @@ def data_card(
     return DataCard(
         counts_by_source={s: dict(Counter(e.source for e in ex)) for s, ex in splits.items()},
         counts_by_domain={s: dict(c) for s, c in domains.items()},
-        target_mix={s: dict(getattr(config, a).mix or {}) for s, a in SPLITS},
+        target_mix={s: dict(spec.mix or {}) for s, spec, _ in split_specs(config)},
         achieved_mix={
             s: {d: n / sum(c.values()) for d, n in c.items()} for s, c in domains.items()
         },
@@ -318,8 +333,11 @@ def _write_dataset(
     arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {
         SPLIT_FILES["sft_train"]: sft_npz_bytes(arrays),
-        SPLIT_FILES["grpo_train"]: _jsonl([prompt_row(e) for e in splits["grpo_train"]]),
-        SPLIT_FILES["eval"]: _jsonl([prompt_row(e) for e in splits["eval"]]),
+        **{
+            SPLIT_FILES[split]: _jsonl([prompt_row(e) for e in splits[split]])
+            for split in PROMPT_SPLITS
+            if split in splits
+        },
         "quarantine.jsonl": _jsonl(quarantine.rows),
     }
     digest = hashlib.sha256()
@@ -356,8 +374,8 @@ def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     }
     hashed = {"data": hashed_config("data_prep", config), "model": tokenizer}
     sources = {}
-    for _, attr in SPLITS:
-        for spec in getattr(config, attr).sources:
+    for _, split_spec, _ in split_specs(config):
+        for spec in split_spec.sources:
             sources[f"{SOURCE_PREFIX}{spec.kind}:{spec.name}"] = source_fingerprint(spec)
     return StageIdentity("data_prep", STAGE_VERSION, hashed, dict(sorted(sources.items())))
 

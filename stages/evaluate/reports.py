@@ -12,13 +12,11 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global backend state
 
-from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
+from schemas.artifacts import GREEDY_SUFFIX, CheckpointArtifact, EvalReport, ModelScores
 from schemas.record import Evaluation
 from stages.core import storage
 from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
 from stages.evaluate import headroom, stats
-
-GREEDY_SUFFIX = "@greedy"  # the row of a sampled model decoded greedily (EvalConfig.greedy)
 
 VS_PREVIOUS = "vs_previous"  # metric prefix of the paired comparison with the model before
 

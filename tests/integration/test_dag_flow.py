@@ -4,9 +4,10 @@ One run (the session's `dag_run` fixture, on the real Prefect server) feeds ever
 the nodes ran in DAG order with their own directories, hard_subset kept the training prompts
 the GRPO policy failed (none of them in the eval split the last evaluation scores), self_teach
 rows name their checkpoint, sample and rewards and a following sft continued from sft on them,
-DPO and ORPO trained from preference pairs built from the evaluation, the last evaluation
-compared six models, and status, lineage, audit and a re-run (everything skipped) follow the
-DAG. Then each new stage (and distill) is stopped mid-way in a second root and resumed, ending
+DPO and ORPO trained from preference pairs built from the evaluation, pick chose between sft
+and grpo on the validation split, the last evaluation compared seven models (the chosen one
+among them), and status, lineage, audit and a re-run (everything skipped) follow the DAG.
+Then each new stage (and distill) is stopped mid-way in a second root and resumed, ending
 where the flow's run did.
 """
 
@@ -31,7 +32,7 @@ from stages import distill, dpo, hard_subset, preferences, self_teach, sft
 from stages.core import storage
 from stages.core.datasets import load_prompts
 from stages.core.errors import InputError
-from stages.core.runner import RunContext, SessionExpired
+from stages.core.runner import RunContext, SessionExpired, record_directory
 from stages.core.sessions import StopFlag
 from stages.modeling import models
 from tests.conftest import on_api
@@ -227,8 +228,42 @@ def test_the_last_evaluation_compares_checkpoints_from_every_branch(
     _, summary = dag_run
     report = records(summary)["evaluate_all"].output
     names = [s.name for s in report.scores]  # type: ignore[union-attr]
-    assert names == ["base", "base-3shot", "dpo", "grpo", "grpo_hard", "orpo", "sft_self"]
+    assert names == [
+        "base",
+        "base-3shot",
+        "chosen",
+        "dpo",
+        "grpo",
+        "grpo_hard",
+        "orpo",
+        "sft_self",
+    ]
     assert [s.name for s in records(summary)["evaluate_train"].output.scores] == ["grpo"]  # type: ignore[union-attr]
+
+
+def test_pick_outputs_the_policy_with_the_better_validation_accuracy(
+    dag_run: tuple[Recipe, RunSummary],
+) -> None:
+    """pick read evaluate_val's greedy rows of the validation split (no eval-split prompt),
+    output the better of sft and grpo (sft on a tie) unchanged, and evaluate_all scored that
+    very checkpoint as `chosen` after the choice."""
+    _, summary = dag_run
+    found = records(summary)
+    val_rows = rows(found["evaluate_val"].output.samples_uri)  # type: ignore[union-attr]
+    held_out = {r["id"] for r in rows(found["evaluate_all"].output.samples_uri)}  # type: ignore[union-attr]
+    assert {r["id"] for r in val_rows}.isdisjoint(held_out)
+    accuracy = {
+        m: float(np.mean([r["correct"] for r in val_rows if r["model"] == m]))
+        for m in ("sft", "grpo")
+    }
+    expected = "grpo" if accuracy["grpo"] > accuracy["sft"] else "sft"
+    assert found["pick"].output == found[expected].output
+    (pick_record,) = [s.record_uri for s in summary.stages if s.stage == "pick"]
+    choice = storage.read_json(storage.join(record_directory(pick_record), "choice.json"))
+    assert choice["chosen"] == expected and choice["incumbent"] == "sft"
+    assert {c["name"]: c["accuracy"] for c in choice["candidates"]} == accuracy
+    scored = {s.name: s for s in found["evaluate_all"].output.scores}  # type: ignore[union-attr]
+    assert scored["chosen"].checkpoint_uri == found[expected].output.uri  # type: ignore[union-attr]
 
 
 def test_status_lineage_and_audit_follow_the_dag(

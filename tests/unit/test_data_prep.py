@@ -12,6 +12,7 @@ import pytest
 from flows.ui_artifacts import card_markdown
 from schemas.recipe import DataPrepConfig, SplitSpec
 from stages.core import datasets, storage
+from stages.core.errors import InputError
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
 from stages.data_prep.sources import DIRECT_REASONING, Example
@@ -60,6 +61,36 @@ def test_splits_are_disjoint_sized_and_deterministic(tmp_path: Path) -> None:
     assert {k: [e.id for e in v] for k, v in again.items()} == {
         k: [e.id for e in v] for k, v in splits.items()
     }
+
+
+def test_a_validation_split_is_apart_from_every_other(tmp_path: Path) -> None:
+    """data.validation draws its own prompts after eval; the eval split is the same with or
+    without it, and without it every split is drawn as before the field existed."""
+    path = _write_jsonl(tmp_path / "g.jsonl", _gsm8k_rows(60))
+    plain = _file_config(path, (5, 5, 20))
+    source = {"kind": "file", "name": str(path), "adapter": "gsm8k"}
+    with_val = plain.model_copy(
+        update={"validation": SplitSpec.model_validate({"size": 6, "sources": [source]})}
+    )
+    splits = data_prep.build_splits(with_val, TOK, data_prep.Quarantine())
+    ids = {name: {e.id for e in ex} for name, ex in splits.items()}
+    assert {k: len(v) for k, v in ids.items()} == {
+        "eval": 5,
+        "validation": 6,
+        "grpo_train": 5,
+        "sft_train": 20,
+    }
+    for other in ("eval", "grpo_train", "sft_train"):
+        assert not ids["validation"] & ids[other], other
+    without = data_prep.build_splits(plain, TOK, data_prep.Quarantine())
+    assert [e.id for e in without["eval"]] == [e.id for e in splits["eval"]]
+    assert "validation" not in without
+    model = recipe_with(str(tmp_path)).model
+    ds = data_prep.prepare(with_val, model, RunContext(str(tmp_path), "a")).output
+    assert len(datasets.load_prompts(ds, "validation")) == 6
+    plain_ds = data_prep.prepare(plain, model, RunContext(str(tmp_path), "b")).output
+    with pytest.raises(InputError, match=r"no .validation. split.*set data\.validation"):
+        datasets.load_prompts(plain_ds, "validation")
 
 
 def test_loss_mask_covers_exactly_the_response() -> None:

@@ -171,7 +171,12 @@ def test_a_new_field_set_off_its_default_moves_the_stage_hash(
 
 def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
     assert registry.spec("evaluate").hash_exempt_defaults == ("split", "greedy", "rewards")
-    assert registry.spec("hard_subset").hash_exempt_defaults == ("above", "by")
+    assert registry.spec("hard_subset").hash_exempt_defaults == (
+        "above",
+        "by",
+        "select",
+        "right_share",
+    )
     plain = registry.hashed_config("evaluate", EvalConfig())
     assert not {"split", "greedy", "rewards"} & set(plain)
     greedy = EvalConfig(samples=4, temperature=0.8, greedy=True, split="grpo_train")

@@ -1,0 +1,192 @@
+"""Pick stage: the policy a run outputs is the one that did best on the validation split.
+
+Entry point: `pick(evaluation, candidates, config, ctx) -> StageOutcome[CheckpointArtifact]`.
+
+Align and Reinforce can make a policy worse (GRPO did on one data seed of the headroom
+recipe: held-out greedy 0.336 -> 0.227), and nothing but a choice made on other prompts keeps
+such a policy from being a run's output. An evaluate node scores every candidate greedily on
+the `validation` split (data.validation: prompts apart from both the training splits and the
+held-out eval split); this stage reads that report and outputs the chosen candidate's
+checkpoint unchanged. The first candidate is the incumbent, the policy the others started
+from: another is chosen only when its validation accuracy beats the incumbent's by more than
+`min_gain`, so a tie keeps the incumbent. choice.json lists every candidate's accuracy,
+its wins and losses against the incumbent on the same prompts, and which was chosen and why;
+an evaluation of the held-out split downstream scores the choice after it was made.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from schemas.artifacts import GREEDY_SUFFIX, Artifact, CheckpointArtifact, EvalReport
+from schemas.recipe import PickConfig
+from stages.core import storage
+from stages.core.errors import InputError, MissingInput
+from stages.core.runner import (
+    RunContext,
+    StageIdentity,
+    StageOutcome,
+    find_record,
+    run_stage,
+    take,
+    with_uris,
+)
+from stages.core.samples import read_samples
+from stages.registry import hashed_config
+
+log = logging.getLogger(__name__)
+STAGE_VERSION = 1
+CHOICE_FILE = "choice.json"
+SPLIT = "validation"
+
+
+def greedy_labels(evaluation: EvalReport, candidates: list[str]) -> dict[str, str]:
+    """Each candidate's greedy row label in the evaluation, which must have scored the
+    validation split: `<name>` for a greedy evaluation, `<name>@greedy` beside samples."""
+    found = find_record(evaluation.uri, levels=2)
+    if found is None:
+        raise MissingInput(f"evaluation {evaluation.uri} is not committed (no stage record)")
+    config = found[1].config.get("eval", {})
+    split = config.get("split", "eval")
+    if split != SPLIT:
+        raise InputError(
+            f"pick: evaluation {evaluation.uri} scored the {split!r} split; the choice must be "
+            f"made on {SPLIT!r} (evaluate config split: {SPLIT}), so the held-out eval split "
+            f"scores the chosen policy only after the choice"
+        )
+    greedy = float(config.get("temperature", 0.0)) == 0.0
+    labels = {name: name if greedy else name + GREEDY_SUFFIX for name in candidates}
+    scored = {s.name for s in evaluation.scores}
+    missing = sorted(label for label in labels.values() if label not in scored)
+    if missing:
+        raise InputError(
+            f"pick: evaluation {evaluation.uri} has no greedy row {missing} (it has "
+            f"{sorted(scored)}); evaluate every candidate greedily (temperature 0, or "
+            f"greedy: true beside samples)"
+        )
+    return labels
+
+
+def check_same_checkpoints(
+    evaluation: EvalReport, labels: dict[str, str], candidates: dict[str, CheckpointArtifact]
+) -> None:
+    """The evaluation scored exactly the checkpoints given as candidates."""
+    by_label = {s.name: s.checkpoint_uri for s in evaluation.scores}
+    for name, label in labels.items():
+        if by_label[label] != candidates[name].uri:
+            raise InputError(
+                f"pick: candidate {name!r} is {candidates[name].uri}, but the evaluation scored "
+                f"{by_label[label]} as {label!r}; give the evaluate node the same checkpoints"
+            )
+
+
+def outcomes(samples: list[dict[str, Any]], label: str) -> dict[str, float]:
+    """Prompt id -> correct (0/1) of one greedy row."""
+    return {str(r["id"]): float(r["correct"]) for r in samples if r["model"] == label}
+
+
+def choose(accuracy: dict[str, float], config: PickConfig) -> str:
+    """The incumbent, unless a candidate beats it by more than min_gain: then the most
+    accurate (the earlier listed on a tie)."""
+    incumbent = config.candidates[0]
+    best = max(config.candidates, key=lambda name: (accuracy[name], -config.candidates.index(name)))
+    return best if accuracy[best] > accuracy[incumbent] + config.min_gain else incumbent
+
+
+def _pick(
+    directory: str,
+    evaluation: EvalReport,
+    candidates: dict[str, CheckpointArtifact],
+    config: PickConfig,
+) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    labels = greedy_labels(evaluation, config.candidates)
+    check_same_checkpoints(evaluation, labels, candidates)
+    samples = read_samples(evaluation)
+    correct = {name: outcomes(samples, label) for name, label in labels.items()}
+    accuracy = {name: sum(c.values()) / len(c) for name, c in correct.items()}
+    chosen = choose(accuracy, config)
+    incumbent = config.candidates[0]
+    rows = [_row(name, candidates[name], correct[name], correct[incumbent]) for name in labels]
+    choice = {"chosen": chosen, "incumbent": incumbent, "min_gain": config.min_gain}
+    storage.write_text(
+        storage.join(directory, CHOICE_FILE),
+        json.dumps({**choice, "split": SPLIT, "candidates": rows}, indent=2, sort_keys=True),
+    )
+    _say(chosen, incumbent, accuracy)
+    metrics = {f"validation_accuracy/{name}": value for name, value in accuracy.items()}
+    metrics["chosen_index"] = float(config.candidates.index(chosen))
+    return candidates[chosen], metrics, {}
+
+
+def _row(
+    name: str, artifact: CheckpointArtifact, correct: dict[str, float], incumbent: dict[str, float]
+) -> dict[str, Any]:
+    """One candidate in choice.json: its accuracy and its wins / losses against the
+    incumbent on the same prompts (McNemar's discordant pairs)."""
+    return {
+        "name": name,
+        "checkpoint": artifact.uri,
+        "step": artifact.step,
+        "prompts": len(correct),
+        "accuracy": sum(correct.values()) / len(correct),
+        "wins_vs_incumbent": sum(1 for p, c in correct.items() if c > incumbent.get(p, 0.0)),
+        "losses_vs_incumbent": sum(1 for p, c in correct.items() if c < incumbent.get(p, 0.0)),
+    }
+
+
+def _say(chosen: str, incumbent: str, accuracy: dict[str, float]) -> None:
+    """INFO for the choice; WARNING for each candidate that did worse than the incumbent."""
+    for name, value in accuracy.items():
+        if value < accuracy[incumbent]:
+            log.warning(
+                "pick: %s is worse than %s on the validation split (greedy %.3f < %.3f); it is "
+                "not the output",
+                name,
+                incumbent,
+                value,
+                accuracy[incumbent],
+            )
+    log.info(
+        "pick: the output is %s (validation greedy accuracy %s)",
+        chosen,
+        ", ".join(f"{n} {a:.3f}" for n, a in accuracy.items()),
+    )
+
+
+def identity(
+    config: PickConfig, evaluation_fingerprint: str, candidate_fingerprints: dict[str, str]
+) -> StageIdentity:
+    hashed = {"pick": hashed_config("pick", config)}
+    inputs = {"evaluation": evaluation_fingerprint, **dict(sorted(candidate_fingerprints.items()))}
+    return StageIdentity("pick", STAGE_VERSION, hashed, inputs)
+
+
+def pick(
+    evaluation: EvalReport,
+    candidates: dict[str, CheckpointArtifact],
+    config: PickConfig,
+    ctx: RunContext,
+) -> StageOutcome[CheckpointArtifact]:
+    """The candidate with the best greedy validation accuracy (the incumbent on a tie)."""
+    fingerprints = {name: a.fingerprint for name, a in candidates.items()}
+    return run_stage(
+        ctx,
+        with_uris(
+            identity(config, evaluation.fingerprint, fingerprints),
+            evaluation=evaluation.uri,
+            **{name: a.uri for name, a in candidates.items()},
+        ),
+        lambda directory: _pick(directory, evaluation, candidates, config),
+    )
+
+
+def run(
+    inputs: Mapping[str, Artifact], config: PickConfig, ctx: RunContext
+) -> StageOutcome[CheckpointArtifact]:
+    """The registered entry point (stages/registry.py): the `evaluation` of the validation
+    split and each candidate checkpoint under the input name `config.candidates` lists."""
+    candidates = {name: take(inputs, name, CheckpointArtifact) for name in config.candidates}
+    return pick(take(inputs, "evaluation", EvalReport), candidates, config, ctx)

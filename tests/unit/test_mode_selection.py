@@ -1,0 +1,159 @@
+"""Issue 35's selection by the mode, preference pairs against the mode, and the pick between
+policies, on evaluation rows shaped as samples.jsonl writes them (model label, prompt id,
+completion, format, correct; a greedy row `<model>@greedy` beside the sampled ones)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.dag import build_dag
+from pipeline.recipes import RecipeError, load_recipe
+from schemas.recipe import HardSubsetConfig, PickConfig, PreferencesConfig
+from stages import hard_subset, pick, preferences
+from stages.core.errors import InputError
+
+# prompt id -> (greedy right?, correct of each of 4 samples)
+OUTCOMES: dict[str, tuple[bool, list[int]]] = {
+    "p0": (False, [0, 1, 0, 0]),  # wrong mode, sometimes solved: kept
+    "p1": (False, [0, 0, 0, 0]),  # wrong and never solved: no right answer to move toward
+    "p2": (False, [1, 1, 1, 0]),  # wrong mode, mostly solved: kept
+    "p3": (True, [1, 1, 1, 1]),  # right and always: the last greedy-right prompt to keep
+    "p4": (True, [0, 1, 0, 0]),  # right but rarely sampled: the first greedy-right to keep
+    "p5": (True, [1, 0, 1, 1]),
+}
+
+
+def samples(model: str = "sft") -> list[dict[str, Any]]:
+    rows = []
+    for prompt, (greedy_right, sampled) in OUTCOMES.items():
+        rows.append(row(f"{model}@greedy", prompt, int(greedy_right), f"greedy {prompt}"))
+        for i, correct in enumerate(sampled):
+            rows.append(row(model, prompt, correct, f"sample {i} {prompt}", fmt=i % 2))
+    return rows
+
+
+def row(model: str, prompt: str, correct: int, completion: str, fmt: int = 1) -> dict[str, Any]:
+    return {
+        "model": model,
+        "id": prompt,
+        "domain": "math",
+        "answer": "4",
+        "completion": completion,
+        "format": float(fmt),
+        "exact": float(correct),
+        "correct": float(correct),
+    }
+
+
+def test_the_mode_band_keeps_exactly_the_wrong_modes_that_samples_sometimes_solve() -> None:
+    config = HardSubsetConfig(model="sft", select="mode")
+    ids, scores, greedy_right = hard_subset.chosen_ids(samples(), config)
+    assert ids == ["p0", "p2"]
+    assert scores["p2"] == 0.75 and scores["p1"] == 0.0
+    assert greedy_right == {p: right for p, (right, _) in OUTCOMES.items()}
+
+
+def test_a_share_of_greedy_right_prompts_stays_least_sampled_first() -> None:
+    config = HardSubsetConfig(model="sft", select="mode", right_share=0.5)
+    ids, _, _ = hard_subset.chosen_ids(samples(), config)
+    assert ids == ["p0", "p2", "p4", "p5"]  # 2 wrong-mode + 2 right, p4 (0.25) and p5 (0.75)
+
+
+def test_the_mode_band_tops_up_to_min_prompts() -> None:
+    config = HardSubsetConfig(model="sft", select="mode", min_prompts=3)
+    ids, _, _ = hard_subset.chosen_ids(samples(), config)
+    assert ids == ["p0", "p2", "p4"]
+
+
+def test_the_mode_needs_a_greedy_row_and_a_mode_to_move() -> None:
+    sampled_only = [r for r in samples() if not r["model"].endswith("@greedy")]
+    with pytest.raises(InputError, match="greedy: true"):
+        hard_subset.chosen_ids(sampled_only, HardSubsetConfig(model="sft", select="mode"))
+    all_right = [r | {"correct": 1.0} if r["model"].endswith("@greedy") else r for r in samples()]
+    with pytest.raises(InputError, match="no mode to move"):
+        hard_subset.chosen_ids(all_right, HardSubsetConfig(model="sft", select="mode"))
+    with pytest.raises(ValidationError, match="right_share"):
+        HardSubsetConfig(model="sft", right_share=0.2)
+
+
+def test_mode_pairs_reject_the_greedy_answer_for_a_right_sample_in_format() -> None:
+    prompts = {p: f"question {p}" for p in OUTCOMES}
+    pairs = preferences.mode_pairs(samples(), prompts, "sft")
+    assert [p["group"] for p in pairs] == ["p0", "p2"]
+    assert all(p["rejected"] == f"greedy {p['group']}" for p in pairs)
+    # p0: the only right sample (1, format 0); p2: the first right one in format (sample 1)
+    assert [p["chosen"] for p in pairs] == ["sample 1 p0", "sample 1 p2"]
+    assert pairs[0]["prompt"] == "question p0"
+
+
+def test_mode_pairing_names_its_model_and_reads_no_file() -> None:
+    with pytest.raises(ValidationError, match="needs `model`"):
+        PreferencesConfig(pairing="mode")
+    with pytest.raises(ValidationError, match="no `file`"):
+        PreferencesConfig(pairing="mode", model="sft", file="pairs.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "min_gain", "chosen"),
+    [
+        ({"sft": 0.5, "grpo": 0.4}, 0.0, "sft"),  # worse: never the output
+        ({"sft": 0.5, "grpo": 0.5}, 0.0, "sft"),  # a tie keeps the incumbent
+        ({"sft": 0.5, "grpo": 0.6}, 0.0, "grpo"),
+        ({"sft": 0.5, "grpo": 0.6}, 0.1, "sft"),  # not by more than min_gain
+        ({"sft": 0.5, "grpo": 0.6, "dpo": 0.6}, 0.0, "grpo"),  # a tie: the earlier listed
+        ({"sft": 0.5, "grpo": 0.6, "dpo": 0.7}, 0.0, "dpo"),
+    ],
+)
+def test_pick_keeps_the_incumbent_unless_beaten(
+    accuracy: dict[str, float], min_gain: float, chosen: str
+) -> None:
+    config = PickConfig(candidates=list(accuracy), min_gain=min_gain)
+    assert pick.choose(accuracy, config) == chosen
+
+
+DAG = """
+name: t
+storage_root: /tmp/unused
+model: {family: gemma3, source: random, tokenizer: bytes, dtype: float32,
+        architecture: {num_layers: 1, num_embed: 272, embed_dim: 32, hidden_dim: 64,
+                       num_heads: 2, head_dim: 16, num_kv_heads: 1}}
+data:
+  eval: {size: 4, sources: [&a {kind: reasoning_gym, name: basic_arithmetic, size: 64}]}
+  VALIDATION
+  grpo: {size: 4, sources: [*a]}
+  sft: {size: 8, sources: [*a]}
+sft: {max_steps: 2, batch_size: 2}
+grpo: {max_steps: 1, batch_size: 2, num_generations: 2, rewards: {answer_match: 1.0}}
+pipeline:
+  - {id: data_prep, kind: data_prep}
+  - {id: sft, kind: sft, inputs: {dataset: data_prep}}
+  - {id: grpo, kind: grpo, inputs: {dataset: data_prep, policy: sft}}
+  - {id: val, kind: evaluate, inputs: {dataset: data_prep, sft: sft, grpo: grpo},
+     config: {models: [sft, grpo], split: SPLIT}}
+  - {id: pick, kind: pick, inputs: {evaluation: val, sft: sft, grpo: INPUT},
+     config: {candidates: [sft, grpo]}}
+"""
+
+
+def dag(tmp_path: Any, validation: bool = True, split: str = "validation", grpo: str = "grpo"):
+    text = (
+        DAG.replace("VALIDATION", "validation: {size: 4, sources: [*a]}" if validation else "")
+        .replace("SPLIT", split)
+        .replace("INPUT", grpo)
+    )
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return build_dag(load_recipe(str(path), {}, ()))
+
+
+def test_the_pick_dag_is_checked_before_compute(tmp_path: Any) -> None:
+    assert [n.id for n in dag(tmp_path).nodes][-1] == "pick"
+    with pytest.raises(RecipeError, match=r"split validation, got a data_prep .*data\.validation"):
+        dag(tmp_path, validation=False)
+    with pytest.raises(RecipeError, match="pick chooses on the validation split"):
+        dag(tmp_path, split="grpo_train")
+    with pytest.raises(RecipeError, match="must evaluate the same node"):
+        dag(tmp_path, grpo="sft")
