@@ -25,7 +25,7 @@ from pipeline.recipes import RecipeError, parse_recipe
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages import registry
-from stages.core import storage
+from stages.core import ledger, storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
 from stages.core.sessions import LeaseLost
@@ -284,6 +284,7 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    _add_root_options(status)
     resume = commands.add_parser(
         "resume",
         help="continue RUN with the recipe it was started with",
@@ -315,11 +316,22 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
-    audit.add_argument(
+    _add_root_options(audit)
+
+
+def _add_root_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--expect-root",
         metavar="DIGEST",
         help="the ledger root `far run` printed (or its Prefect artifact shows): the ledger\n"
-        "must contain it, so a chain recomputed after a rewrite is detected",
+        "must end at it, so a chain recomputed after a rewrite, and every entry appended\n"
+        "after the root, is reported (status shows such records as unverified)",
+    )
+    parser.add_argument(
+        "--accept-later",
+        action="store_true",
+        help="accept ledger entries after --expect-root (later sessions of this run),\n"
+        "listing each of them",
     )
 
 
@@ -540,9 +552,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
+    expect_root = _expected_root(args)
     try:
         run_manifest = manifest.read_manifest(run_uri)
-        states = manifest.run_status(run_uri)
+        doubts = lineage.record_doubts(run_uri, args.audit_key, expect_root, args.accept_later)
+        states = manifest.run_status(run_uri, doubts)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -558,7 +572,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         sessions = f"{s.sessions} session(s)" if s.sessions else ""
         where = s.output_uri or s.directory or ""
         print(f"  {s.stage:<10} {s.state:<12} {progress:<14} {sessions:<13} {where}")
+        if s.doubt:
+            print(f"  {'':<10} not used as the current stage: {s.doubt}")
+    print(lineage.coverage(args.audit_key, expect_root))
     return 0
+
+
+def _expected_root(args: argparse.Namespace) -> str | None:
+    """--expect-root, checked to be a root (a bad one is exit 2, one line, not tampering)."""
+    if args.expect_root is None:
+        if args.accept_later:
+            raise ledger.BadRoot("--accept-later: accepts entries after --expect-root; give both")
+        return None
+    return ledger.check_root(args.expect_root)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -580,18 +606,22 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
+    expect_root = _expected_root(args)
     try:
-        problems = lineage.audit(run_uri, args.audit_key, args.expect_root)
+        problems = lineage.audit(run_uri, args.audit_key, expect_root, args.accept_later)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    records = lineage.run_records(run_uri)
+    records = lineage.run_records(run_uri, problems=[])
     files = sum(len(r.files) for _, r in records)
     for problem in problems:
         print(problem)
+    if args.accept_later:
+        for line in lineage.later_entries(run_uri, expect_root):
+            print(line)
     verdict = f"{len(problems)} problem(s)" if problems else "everything matches"
     print(f"audit of {run_uri}: {len(records)} records, {files} files: {verdict}")
-    print(lineage.coverage(args.audit_key, args.expect_root))
+    print(lineage.coverage(args.audit_key, expect_root))
     return EXIT_PROBLEMS if problems else 0
 
 
