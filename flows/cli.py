@@ -85,7 +85,8 @@ present), model and tokenizer, and storage root are checked: `far validate` runs
 checks and prints the plan without running anything. An invalid input found at any point,
 bad data included, ends the run with one line naming the field or file.
 Every commit is chained into the run's ledger (RUN/ledger.jsonl); the run ends by printing
-the ledger root: keep it, and `far audit RUN --expect-root ROOT` detects a rewrite of storage.
+the ledger root: keep it, and `far audit RUN --expect-root ROOT` detects a rewrite of storage
+and names every entry appended after that root.
 With FAR_AUDIT_KEY set, every ledger entry is also signed (HMAC-SHA256).
 {EXIT_CODES}"""
 EXIT_PREFECT = 1
@@ -280,7 +281,9 @@ def _add_run_commands(commands: Any) -> None:
         "status",
         help="show each stage's state and progress",
         description="Each stage of RUN: complete, partial (latest checkpoint step of max_steps,\n"
-        "sessions so far), not started, or superseded by an allowed change.",
+        "sessions so far), not started, or superseded by an allowed change. A record the\n"
+        "ledger does not vouch for (with --expect-root: one after the root) is unverified,\n"
+        "never the current stage.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
@@ -312,7 +315,9 @@ def _add_run_commands(commands: Any) -> None:
         "its upstream record and every record and run.json against the run's ledger.\n"
         "Exit 1 and list what is missing or altered. With FAR_AUDIT_KEY set, every ledger\n"
         "entry must carry its signature. Without --expect-root or a key, a writer who can\n"
-        "rewrite all of storage (and recompute seals and ledger) cannot be detected.",
+        "rewrite all of storage (and recompute seals and ledger) cannot be detected.\n"
+        "With --expect-root, the root must be the ledger's last entry: each entry after it\n"
+        "is a problem (--accept-later accepts later sessions' entries and lists them).",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")

@@ -8,10 +8,14 @@ pins everything committed so far.
 
 The root is worth something only outside run storage: `far run` prints it and publishes it as
 a Prefect artifact (and in the OpenLineage events), so `far audit --expect-root` compares the
-chain with a root the writer could not change. Where a signing key is configured
-(FAR_AUDIT_KEY, read by the CLI), each entry also carries HMAC-SHA256(key, root): a writer
-without the key cannot re-sign a rewritten chain. A writer who can rewrite all of storage
-and holds the key (or whose root nobody kept) cannot be detected; `far audit` says so.
+chain with a root the writer could not change. That root must be the chain's last: an entry
+appended after it (a forged record sealed and appended) is no more trusted than storage, so
+the audit names each one unless told to accept later sessions (`--accept-later`), and
+`far status` does not take such a record as a node's current stage (`trusted_prefix`).
+Where a signing key is configured (FAR_AUDIT_KEY, read by the CLI), each entry also carries
+HMAC-SHA256(key, root): a writer without the key cannot re-sign a rewritten chain. A writer
+who can rewrite all of storage and holds the key (or whose root nobody kept) cannot be
+detected; `far audit` says so.
 """
 
 from __future__ import annotations
