@@ -225,8 +225,16 @@ def check_files(run_uri: str, entries: list[LedgerEntry], present: set[str]) -> 
         if not storage.exists(uri):
             what = "stage record" if e.kind == "record" else "run manifest"
             problems.append(f"{uri}: {what} in the ledger (entry {e.seq}) is missing (removed)")
-        elif storage.sha256_bytes(storage.read_bytes(uri)) != e.sha256:
+        elif _sha256_or_none(uri) != e.sha256:
             problems.append(f"{uri}: differs from its ledger entry {e.seq} (rewritten)")
     for path in sorted(present - set(latest)):
         problems.append(f"{storage.join(run_uri, path)}: stage record not in the ledger (planted)")
     return problems
+
+
+def _sha256_or_none(uri: str) -> str | None:
+    """A file's sha256; None when it is no file (an entry naming a directory)."""
+    try:
+        return storage.sha256_bytes(storage.read_bytes(uri))
+    except (IsADirectoryError, PermissionError):
+        return None

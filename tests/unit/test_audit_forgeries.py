@@ -171,6 +171,14 @@ def test_the_ledger_refuses_a_path_leaving_the_run_and_the_audit_sees_added_top_
     }
     with open(ledger.ledger_uri(run_uri), "a") as f:
         f.write(json.dumps(forged) + "\n")
+    sft_dir = Path(run["sft"].record_uri).parent.name
+    directory = {
+        **forged,
+        "path": sft_dir,
+        "root": ledger.chain_root(forged["prev"], "manifest", sft_dir, sha),
+    }
+    with open(ledger.ledger_uri(run_uri), "a") as f:
+        f.write(json.dumps(directory) + "\n")
     (Path(run_uri) / "notes.txt").write_text("added")
     problems = lineage.audit(run_uri)
     assert (
@@ -179,6 +187,7 @@ def test_the_ledger_refuses_a_path_leaving_the_run_and_the_audit_sees_added_top_
     )
     assert problems[1].startswith(f"{ledger.ledger_uri(run_uri)}: line 5 is not a ledger entry")
     assert "must be relative to the run" in problems[1]
+    assert f"{run_uri}/{sft_dir}: differs from its ledger entry 4 (rewritten)" in problems
     with pytest.raises(ValueError, match="must be relative to the run"):
         LedgerEntry.model_validate({**forged, "path": "sft-0123456789ab/../../x"})
 
