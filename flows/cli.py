@@ -25,7 +25,7 @@ from pipeline.recipes import RecipeError, parse_recipe
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages import registry
-from stages.core import storage
+from stages.core import ledger, storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
 from stages.core.sessions import LeaseLost
@@ -85,7 +85,8 @@ present), model and tokenizer, and storage root are checked: `far validate` runs
 checks and prints the plan without running anything. An invalid input found at any point,
 bad data included, ends the run with one line naming the field or file.
 Every commit is chained into the run's ledger (RUN/ledger.jsonl); the run ends by printing
-the ledger root: keep it, and `far audit RUN --expect-root ROOT` detects a rewrite of storage.
+the ledger root: keep it, and `far audit RUN --expect-root ROOT` detects a rewrite of storage
+and names every entry appended after that root.
 With FAR_AUDIT_KEY set, every ledger entry is also signed (HMAC-SHA256).
 {EXIT_CODES}"""
 EXIT_PREFECT = 1
@@ -280,10 +281,13 @@ def _add_run_commands(commands: Any) -> None:
         "status",
         help="show each stage's state and progress",
         description="Each stage of RUN: complete, partial (latest checkpoint step of max_steps,\n"
-        "sessions so far), not started, or superseded by an allowed change.",
+        "sessions so far), not started, or superseded by an allowed change. A record the\n"
+        "ledger does not vouch for (with --expect-root: one after the root) is unverified,\n"
+        "never the current stage.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    _add_root_options(status)
     resume = commands.add_parser(
         "resume",
         help="continue RUN with the recipe it was started with",
@@ -311,15 +315,28 @@ def _add_run_commands(commands: Any) -> None:
         "its upstream record and every record and run.json against the run's ledger.\n"
         "Exit 1 and list what is missing or altered. With FAR_AUDIT_KEY set, every ledger\n"
         "entry must carry its signature. Without --expect-root or a key, a writer who can\n"
-        "rewrite all of storage (and recompute seals and ledger) cannot be detected.",
+        "rewrite all of storage (and recompute seals and ledger) cannot be detected.\n"
+        "With --expect-root, the root must be the ledger's last entry: each entry after it\n"
+        "is a problem (--accept-later accepts later sessions' entries and lists them).",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
-    audit.add_argument(
+    _add_root_options(audit)
+
+
+def _add_root_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--expect-root",
         metavar="DIGEST",
         help="the ledger root `far run` printed (or its Prefect artifact shows): the ledger\n"
-        "must contain it, so a chain recomputed after a rewrite is detected",
+        "must end at it, so a chain recomputed after a rewrite, and every entry appended\n"
+        "after the root, is reported (status shows such records as unverified)",
+    )
+    parser.add_argument(
+        "--accept-later",
+        action="store_true",
+        help="accept ledger entries after --expect-root (later sessions of this run),\n"
+        "listing each of them",
     )
 
 
@@ -540,9 +557,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
+    expect_root = _expected_root(args)
     try:
         run_manifest = manifest.read_manifest(run_uri)
-        states = manifest.run_status(run_uri)
+        doubts = lineage.record_doubts(run_uri, args.audit_key, expect_root, args.accept_later)
+        states = manifest.run_status(run_uri, doubts)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -558,7 +577,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         sessions = f"{s.sessions} session(s)" if s.sessions else ""
         where = s.output_uri or s.directory or ""
         print(f"  {s.stage:<10} {s.state:<12} {progress:<14} {sessions:<13} {where}")
+        if s.doubt:
+            print(f"  {'':<10} not used as the current stage: {s.doubt}")
+    print(lineage.coverage(args.audit_key, expect_root))
     return 0
+
+
+def _expected_root(args: argparse.Namespace) -> str | None:
+    """--expect-root, checked to be a root (a bad one is exit 2, one line, not tampering)."""
+    if args.expect_root is None:
+        if args.accept_later:
+            raise ledger.BadRoot("--accept-later: accepts entries after --expect-root; give both")
+        return None
+    return ledger.check_root(args.expect_root)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -580,18 +611,22 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
+    expect_root = _expected_root(args)
     try:
-        problems = lineage.audit(run_uri, args.audit_key, args.expect_root)
+        problems = lineage.audit(run_uri, args.audit_key, expect_root, args.accept_later)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    records = lineage.run_records(run_uri)
+    records = lineage.run_records(run_uri, problems=[])
     files = sum(len(r.files) for _, r in records)
     for problem in problems:
         print(problem)
+    if args.accept_later:
+        for line in lineage.later_entries(run_uri, expect_root):
+            print(line)
     verdict = f"{len(problems)} problem(s)" if problems else "everything matches"
     print(f"audit of {run_uri}: {len(records)} records, {files} files: {verdict}")
-    print(lineage.coverage(args.audit_key, args.expect_root))
+    print(lineage.coverage(args.audit_key, expect_root))
     return EXIT_PROBLEMS if problems else 0
 
 

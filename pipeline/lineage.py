@@ -15,9 +15,11 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from pipeline.manifest import pipeline_order, read_manifest
-from schemas.record import RunManifest, StageRecord
+from pipeline.lease import LEASE_NAME
+from pipeline.manifest import MANIFEST_NAME, manifest_uri, pipeline_order, read_manifest
+from schemas.record import LedgerEntry, RunManifest, StageRecord
 from stages.core import ledger, runner, storage
+from stages.core.errors import MissingInput
 from stages.core.runner import RECORD_NAME, read_record
 
 OPENLINEAGE_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
@@ -71,13 +73,14 @@ def render(
     """
     seen = set() if seen is None else seen
     r = node.record
+    output_uri = runner.located_output(node.record_uri, r).uri
     if node.record_uri in seen:
-        return f"{indent}{node.name}: {_label(r)} -> {r.output.uri} (described above)"
+        return f"{indent}{node.name}: {_label(r)} -> {output_uri} (described above)"
     seen.add(node.record_uri)
     sessions = ", ".join(s.outcome for s in r.sessions) or "complete"
     skipped = _skipped_in(manifest, node_id(r))
     lines = [
-        f"{indent}{node.name}: {_label(r)} -> {r.output.uri}",
+        f"{indent}{node.name}: {_label(r)} -> {output_uri}",
         f"{indent}  record {node.record_uri} (hash {r.stage_hash[:12]})",
         f"{indent}  sessions: {sessions}; {r.seconds:.1f} s; flow runs "
         + ", ".join(sorted({s.flow_run_id or "?" for s in r.sessions} or {r.flow_run_id or "?"})),
@@ -131,14 +134,24 @@ def node_id(record: StageRecord) -> str:
     return record.node or record.stage
 
 
-def run_records(run_uri: str) -> list[tuple[str, StageRecord]]:
+def run_records(run_uri: str, problems: list[str] | None = None) -> list[tuple[str, StageRecord]]:
     """Every committed stage record of a run, in the DAG's order (nodes no longer in the
-    recipe's DAG last), then by start time."""
-    order = pipeline_order(read_manifest(run_uri))
+    recipe's DAG last), then by start time.
+
+    With `problems` (the audit's), a torn run.json or an unreadable stage.json is noted
+    there as a problem line and passed over (records then in name order); without, it raises.
+    """
+    order = _dag_order(run_uri, problems)
     found = []
     for name in storage.list_dirs(run_uri):
         record_uri = storage.join(run_uri, name, RECORD_NAME)
-        record = read_record(record_uri)
+        try:
+            record = read_record(record_uri)
+        except ValueError as e:
+            if problems is None:
+                raise
+            problems.append(f"{record_uri}: unreadable (a torn write or an edit): {_line(e)}")
+            continue
         if record is not None:
             found.append((record_uri, record))
     rank = {node: i for i, node in enumerate(order)}
@@ -147,24 +160,76 @@ def run_records(run_uri: str) -> list[tuple[str, StageRecord]]:
     )
 
 
-def audit(run_uri: str, key: SecretStr | None = None, expect_root: str | None = None) -> list[str]:
+def _dag_order(run_uri: str, problems: list[str] | None) -> tuple[str, ...]:
+    if problems is None:
+        return pipeline_order(read_manifest(run_uri))
+    try:
+        return pipeline_order(read_manifest(run_uri))
+    except MissingInput:
+        raise
+    except ValueError as e:  # not JSON, or not a manifest of this schema
+        problems.append(
+            f"{manifest_uri(run_uri)}: unreadable (a torn write or an edit): {_line(e)}"
+        )
+        return ()
+
+
+def _line(error: Exception) -> str:
+    """An error's message on one line, cut short (a problem line is one line)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def audit(
+    run_uri: str,
+    key: SecretStr | None = None,
+    expect_root: str | None = None,
+    accept_later: bool = False,
+) -> list[str]:
     """Problems found re-checking a run against its records; empty when everything matches.
 
     Checks every record's seal (an edited or unsealed stage.json), every file it lists
     (content digests), files added after the commit, each input against the upstream record as
     it was read, the evaluation files beside checkpoints against the evaluations that wrote
-    them, and the run's ledger: every record and run.json as chained, none removed or planted,
-    the chain unbroken, signed with `key` and containing `expect_root` when given.
+    them, files added at the run's top level, and the run's ledger: every record and run.json
+    as chained, none removed or planted, the chain unbroken, signed with `key`, and, given
+    `expect_root`, ending at that root (each entry after it is a problem, unless
+    `accept_later`: `later_entries` lists them). A torn file is a problem line, not an error.
     """
-    read_manifest(run_uri)
-    problems = []
-    records = run_records(run_uri)
+    if not storage.exists(manifest_uri(run_uri)):
+        read_manifest(run_uri)  # MissingInput: no run there
+    problems: list[str] = []
+    records = run_records(run_uri, problems)
     for record_uri, record in records:
         problems += _audit_seal(record_uri, record)
         problems += runner.verify_files(record_uri, record)
         problems += _audit_inputs(record_uri, record)
     problems += _audit_evaluations(run_uri, records)
-    return problems + _audit_ledger(run_uri, records, key, expect_root)
+    problems += _audit_top_level(run_uri)
+    return problems + _audit_ledger(run_uri, records, key, expect_root, accept_later)
+
+
+RUN_FILES = (MANIFEST_NAME, ledger.LEDGER_NAME, LEASE_NAME, f"{LEASE_NAME}.lock")
+"""The files a run keeps at its top level; everything else there is added by someone else."""
+
+
+def _audit_top_level(run_uri: str) -> list[str]:
+    top = sorted(rel for rel in storage.list_files(run_uri) if "/" not in rel)
+    return [
+        f"{storage.join(run_uri, rel)}: file at the run's top level that no run writes (added)"
+        for rel in top
+        if rel not in RUN_FILES
+    ]
+
+
+def later_entries(run_uri: str, expect_root: str | None) -> list[str]:
+    """One line per ledger entry after `expect_root`: what `--accept-later` accepted."""
+    if expect_root is None:
+        return []
+    later = ledger.after_root(ledger.scan(run_uri)[0], expect_root) or []
+    return [
+        f"accepted after the expected root: ledger entry {e.seq} ({e.kind} {e.path})" for e in later
+    ]
 
 
 def _audit_ledger(
@@ -172,17 +237,69 @@ def _audit_ledger(
     records: list[tuple[str, StageRecord]],
     key: SecretStr | None,
     expect_root: str | None,
+    accept_later: bool,
 ) -> list[str]:
-    entries = ledger.read(run_uri)
-    if not entries:
+    entries, unreadable = ledger.scan(run_uri)
+    if not entries and not unreadable:
         return [
             f"{ledger.ledger_uri(run_uri)}: no ledger (removed, or the run predates ledgers): "
             f"a removed stage or an edited run.json cannot be detected"
         ]
     present = {ledger.relative(run_uri, uri) for uri, _ in records}
-    return ledger.verify(run_uri, entries, key, expect_root) + ledger.check_files(
-        run_uri, entries, present
+    return (
+        unreadable
+        + ledger.verify(run_uri, entries, key, expect_root, accept_later)
+        + ledger.check_files(run_uri, entries, present)
     )
+
+
+def record_doubts(
+    run_uri: str,
+    key: SecretStr | None = None,
+    expect_root: str | None = None,
+    accept_later: bool = False,
+) -> dict[str, str]:
+    """Each stage record of the run that the audit has not seen sealed by the run's own
+    writer, with why: unreadable, unsealed or edited, not in the ledger, differing from its
+    entry, or chained where the ledger cannot vouch for it (`ledger.trusted_prefix`). A run
+    without a ledger (from before ledgers) is judged by its seals alone."""
+    entries, _ = ledger.scan(run_uri)
+    trusted, why_not = ledger.trusted_prefix(entries, key, expect_root, accept_later)
+    position = {e.path: i for i, e in enumerate(entries)}
+    doubts = {}
+    for name in storage.list_dirs(run_uri):
+        record_uri = storage.join(run_uri, name, RECORD_NAME)
+        if not storage.exists(record_uri):
+            continue
+        doubt = _record_doubt(record_uri, entries, position, trusted, why_not)
+        if doubt:
+            doubts[record_uri] = doubt
+    return doubts
+
+
+def _record_doubt(
+    record_uri: str,
+    entries: list[LedgerEntry],
+    position: dict[str, int],
+    trusted: int,
+    why_not: str,
+) -> str | None:
+    data = storage.read_bytes(record_uri)
+    try:
+        record = read_record(record_uri)
+    except ValueError:
+        return "record unreadable (a torn write or an edit)"
+    if record is None or _audit_seal(record_uri, record):
+        return "record unsealed or edited after its commit"
+    if not entries:
+        return why_not or None
+    path = record_uri.rsplit("/", 2)[-2] + "/" + RECORD_NAME
+    if path not in position:
+        return "record not in the ledger (planted)"
+    at = position[path]
+    if entries[at].sha256 != storage.sha256_bytes(data):
+        return f"record differs from its ledger entry {entries[at].seq} (rewritten)"
+    return why_not if at >= trusted else None
 
 
 def coverage(key: SecretStr | None, expect_root: str | None) -> str:
@@ -217,7 +334,11 @@ def _audit_inputs(record_uri: str, record: StageRecord) -> list[str]:
         if ref.record_uri is None:
             continue
         upstream_uri = runner.resolve(record_uri, record, ref.record_uri)
-        upstream = read_record(upstream_uri)  # in this run as it is now, or another run's
+        try:
+            upstream = read_record(upstream_uri)  # in this run as it is now, or another run's
+        except ValueError:
+            problems.append(f"{record_uri}: input {name} record {upstream_uri} is unreadable")
+            continue
         if upstream is None:
             problems.append(f"{record_uri}: input {name} record {upstream_uri} is missing")
             continue
@@ -242,7 +363,7 @@ def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> 
     for record_uri, record in records:
         if runner.EVALUATIONS_INDEX in record.files:  # whichever stage wrote evaluations
             index = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_INDEX)
-            for uri, sha256 in storage.read_json(index).items():
+            for uri, sha256 in _evaluation_index(index).items():
                 # {run}/{checkpoint stage dir}/evaluations/{file}: found in this run as it is now
                 where = "/".join(uri.rsplit("/", 3)[-3:])
                 listed[storage.join(runner.record_run(record_uri), where)] = sha256
@@ -259,6 +380,18 @@ def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> 
                 problems.append(f"{uri}: evaluation file edited after it was written")
     problems += [f"{uri}: evaluation file missing" for uri in sorted(set(listed) - present)]
     return problems
+
+
+def _evaluation_index(uri: str) -> dict[str, str]:
+    """An evaluation's {evaluation file: sha256}; empty when torn or missing (its record's
+    file digests already report that)."""
+    try:
+        index = storage.read_json(uri)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(index, dict):
+        return {}
+    return {str(k): str(v) for k, v in index.items()}
 
 
 def openlineage_events(run_uri: str) -> list[dict[str, Any]]:

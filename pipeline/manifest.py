@@ -9,7 +9,7 @@ it works from any machine, with or without the Prefect server that ran them.
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +21,14 @@ from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput
-from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
+from stages.core.runner import (
+    IDENTITY_NAME,
+    RECORD_NAME,
+    SESSIONS_DIR,
+    RunContext,
+    located_output,
+    read_record,
+)
 
 MANIFEST_NAME = "run.json"
 
@@ -127,13 +134,14 @@ class StageState:
     """Where one stage of a run stands."""
 
     stage: str
-    state: str  # complete | partial | not started | superseded
+    state: str  # complete | partial | not started | superseded | unverified
     directory: str | None = None
     step: int | None = None  # latest committed checkpoint step (training stages)
     max_steps: int | None = None
     sessions: int = 0  # sessions that worked on it (stopped, failed, or the completing one)
     seconds: float | None = None
     output_uri: str | None = None
+    doubt: str = ""  # unverified: why its record is not taken as the run's own commit
 
 
 def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
@@ -141,11 +149,14 @@ def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
     return build_dag(Recipe.model_validate(manifest.recipe)).ids
 
 
-def run_status(run_uri: str) -> list[StageState]:
+def run_status(run_uri: str, doubts: Mapping[str, str] | None = None) -> list[StageState]:
     """Every node's current directory and state, plus superseded (drifted) directories.
 
     Node directories are {node id}-{hash}; `stage` in each StageState is the node id.
+    `doubts` ({record URI: why}, from lineage.record_doubts) are records the audit has not
+    seen sealed by the run's own writer: shown as unverified, never as a node's current stage.
     """
+    doubts = doubts or {}
     order = pipeline_order(read_manifest(run_uri))  # a clear error when run_uri is not a run
     started: dict[str, list[tuple[str, str]]] = {node: [] for node in order}
     for name in storage.list_dirs(run_uri):
@@ -157,6 +168,12 @@ def run_status(run_uri: str) -> list[StageState]:
     states = []
     for stage in order:
         directories = [d for _, d in sorted(started[stage])]
+        doubted = [d for d in directories if storage.join(d, RECORD_NAME) in doubts]
+        states += [
+            StageState(stage, "unverified", d, doubt=doubts[storage.join(d, RECORD_NAME)])
+            for d in doubted
+        ]
+        directories = [d for d in directories if d not in doubted]
         if not directories:
             states.append(StageState(stage, "not started"))
             continue
@@ -168,7 +185,8 @@ def run_status(run_uri: str) -> list[StageState]:
 def _directory_state(stage: str, directory: str) -> StageState:
     identity = storage.read_json(storage.join(directory, IDENTITY_NAME))
     max_steps = _max_steps(identity["config"])
-    record = read_record(storage.join(directory, RECORD_NAME))
+    record_uri = storage.join(directory, RECORD_NAME)
+    record = read_record(record_uri)
     if record is not None:
         step = getattr(record.output, "step", None)
         return StageState(
@@ -179,7 +197,7 @@ def _directory_state(stage: str, directory: str) -> StageState:
             max_steps,
             len(record.sessions),
             record.seconds,
-            record.output.uri,
+            located_output(record_uri, record).uri,
         )
     sessions = len(storage.list_files(storage.join(directory, SESSIONS_DIR)))
     return StageState(

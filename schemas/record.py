@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.artifacts import StageOutput
 from schemas.base import Frozen
@@ -188,3 +188,16 @@ class LedgerEntry(Frozen):
     prev: str | None
     root: str
     mac: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_run(cls, path: str) -> str:
+        """The ledger covers the run only: a path that could name a file outside it (absolute,
+        a URI, or with `..`, `.` or empty segments) is no ledger entry."""
+        parts = path.split("/")
+        if path.startswith("/") or "://" in path or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(
+                f"path must be relative to the run, inside it (e.g. sft-0123456789ab/stage.json), "
+                f"got {path!r}"
+            )
+        return path

@@ -30,6 +30,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
+from schemas.artifacts import EvalReport, StageOutput
 from schemas.recipe import MeshSpec, ModelSpec
 from schemas.record import (
     ArtifactRef,
@@ -262,6 +263,62 @@ def in_run(run_uri: str, uri: str) -> str:
     return full[len(base) :] if full.startswith(base) else uri
 
 
+def located_output(record_uri: str, record: StageRecord) -> StageOutput:
+    """The record's output with its paths in the run as it is now, so a copied or moved run
+    reads its own files, never the original's (which may be gone, or differ).
+
+    Records hold the absolute URIs their stage wrote; each path under the run the record was
+    written in is mapped to where the run is now (a path into another run, such as a score's
+    checkpoint given by URI, is kept). An output that is not inside the record's own stage
+    directory is refused: a record pointing outside its run is never followed.
+    """
+    written_in = _written_in(record_uri, record)
+    now = record_run(record_uri)
+
+    def here(path: str) -> str:
+        if not _is_absolute(path):
+            return storage.join(now, path)
+        path = storage.normalize(path)
+        if path == written_in or path.startswith(written_in + "/"):
+            return storage.join(now, path[len(written_in) + 1 :])
+        return path
+
+    output = record.output
+    update: dict[str, Any] = {"uri": here(output.uri)}
+    if isinstance(output, EvalReport):
+        update["samples_uri"] = here(output.samples_uri)
+        update["scores"] = [
+            s
+            if s.checkpoint_uri is None
+            else s.model_copy(update={"checkpoint_uri": here(s.checkpoint_uri)})
+            for s in output.scores
+        ]
+    located = output.model_copy(update=update)
+    directory = record_directory(record_uri)
+    for path in (update["uri"], update.get("samples_uri", directory)):
+        if path != directory and not path.startswith(directory + "/"):
+            raise TamperedStage(
+                f"{record_uri}: its output {path} is outside its stage directory {directory}; "
+                f"a record pointing outside its run is not followed (restore the record, or "
+                f"delete {directory} to compute the stage again)"
+            )
+    return located
+
+
+def _written_in(record_uri: str, record: StageRecord) -> str:
+    """The run's URI when the record was written: its absolute `directory`'s parent (records
+    from before relative paths), else the prefix of its output's URI before its own stage
+    directory's name."""
+    if _is_absolute(record.directory):
+        return storage.normalize(record.directory).rsplit("/", 1)[0]
+    name = "/" + record_directory(record_uri).rsplit("/", 1)[-1] + "/"
+    uri = storage.normalize(record.output.uri) if _is_absolute(record.output.uri) else ""
+    at = (uri + "/").find(name)
+    if at < 0:
+        return record_run(record_uri)  # a relative output, or one outside: checked by the caller
+    return uri[:at]
+
+
 def _is_absolute(path: str) -> bool:
     return path.startswith("/") or "://" in path
 
@@ -273,10 +330,8 @@ def find_checkpoint_record(uri: str) -> tuple[str, StageRecord]:
     if found is not None:
         record_uri, record = found
         directory = record_uri.rsplit("/", 1)[0]
-        if record.output.kind == "checkpoint" and uri in (
-            storage.normalize(record.output.uri),
-            directory,
-        ):
+        output = located_output(record_uri, record)  # the record holds the URI it was written at
+        if output.kind == "checkpoint" and uri in (output.uri, directory):
             return found
     raise MissingInput(
         f"no committed FAR checkpoint at {uri}: expected a stage record ({RECORD_NAME}) of an "
@@ -347,7 +402,8 @@ def run_stage(
     if record is not None:
         verify_before_reuse(record_uri, record)
         log.info("stage %s: skipped, already complete (record %s)", stage, record_uri)
-        return StageOutcome(record.output, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
+        located = located_output(record_uri, record)
+        return StageOutcome(located, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
     left = ctx.seconds_left()
     if left is not None and left <= 0:
         raise SessionExpired(f"session deadline passed before stage {stage} could start")

@@ -36,6 +36,7 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_checkpoint_record,
+    located_output,
     run_stage,
     take,
     with_uris,
@@ -408,8 +409,7 @@ def resolve_checkpoints(
                 f"eval.models lists {name!r} but no checkpoint was given for it; "
                 f"given: {sorted(given)}"
             )
-        _, record = find_checkpoint_record(name)
-        found[name] = record.output  # type: ignore[assignment]
+        found[name] = located_output(*find_checkpoint_record(name))  # type: ignore[assignment]
     return found
 
 

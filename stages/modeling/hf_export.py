@@ -29,7 +29,7 @@ from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.errors import InputError
-from stages.core.runner import find_checkpoint_record
+from stages.core.runner import find_checkpoint_record, located_output
 from stages.core.storage import check_export_target
 from stages.modeling import hf_config as hf
 from stages.modeling import models, tunix_compat, weight_sources
@@ -38,14 +38,15 @@ log = logging.getLogger(__name__)
 
 
 def find_checkpoint(uri: str) -> CheckpointArtifact:
-    """The CheckpointArtifact whose URI is `uri`, from the stage record above it."""
-    _, record = find_checkpoint_record(uri)
-    if not isinstance(record.output, CheckpointArtifact):
+    """The CheckpointArtifact whose URI is `uri`, from the stage record above it, located where
+    the run is now (a copied run exports its own weights)."""
+    output = located_output(*find_checkpoint_record(uri))
+    if not isinstance(output, CheckpointArtifact):
         raise InputError(
-            f"checkpoint {uri}: its record holds a {record.output.kind}, not a checkpoint; "
+            f"checkpoint {uri}: its record holds a {output.kind}, not a checkpoint; "
             f"give an sft, grpo, dpo or distill output URI"
         )
-    return record.output
+    return output
 
 
 # Tunix's Gemma 1/2 attention applies RoPE with its default base wavelength, not a config field

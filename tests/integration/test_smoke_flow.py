@@ -127,9 +127,9 @@ def test_training_progress_is_shown_in_the_prefect_ui(smoke_twice: SmokeRuns) ->
 def test_the_ledger_root_is_published_outside_storage_and_pins_the_run(
     smoke_twice: SmokeRuns,
 ) -> None:
-    """Each session ends with the run's ledger root in its summary and a Prefect artifact; a
-    root kept from the first session still pins the run after the second (which skipped every
-    stage, after verifying each)."""
+    """Each session ends with the run's ledger root in its summary and a Prefect artifact; the
+    second session's root pins the run; the first's names every entry the second appended
+    (it skipped every stage, after verifying each: run.json only), accepted with accept_later."""
     from pipeline import lineage
 
     first, second = smoke_twice.first, smoke_twice.second
@@ -138,4 +138,9 @@ def test_the_ledger_root_is_published_outside_storage_and_pins_the_run(
     response = httpx.post(f"{smoke_twice.api_url}/artifacts/filter", json=body, timeout=30)
     response.raise_for_status()
     assert any(second.ledger_root in str(a["description"]) for a in response.json())
-    assert lineage.audit(first.run_uri, expect_root=first.ledger_root) == []
+    assert lineage.audit(first.run_uri, expect_root=second.ledger_root) == []
+    later = lineage.audit(first.run_uri, expect_root=first.ledger_root)
+    assert later and all("(run.json): appended after the expected root" in p for p in later)
+    assert lineage.audit(first.run_uri, expect_root=first.ledger_root, accept_later=True) == []
+    accepted = lineage.later_entries(first.run_uri, first.ledger_root)
+    assert len(accepted) == len(later) and all(a.endswith("(manifest run.json)") for a in accepted)
