@@ -23,14 +23,20 @@ class DuplicateKey(yaml.YAMLError):
     """A YAML mapping that names one key twice."""
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last
-    value silently, so `lr: 1e-4` written twice in a section would hide the first)."""
+    value silently, so `lr: 1e-4` written twice in a section would hide the first). Merge keys
+    (`<<: *defaults`) still merge: the keys written in the mapping itself are checked before
+    the merge, and override the merged ones as YAML says."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+            merge = key_node.tag == _MERGE_TAG  # `<<`: no value of its own to construct
+            key = "<<" if merge else self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise DuplicateKey(

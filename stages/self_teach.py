@@ -48,7 +48,8 @@ from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
-STAGE_VERSION = 1
+# 2: its format_strict check wants each tag once, nothing after the answer but end of turn
+STAGE_VERSION = 2
 CHUNKS_DIR = "chunks"
 ROWS_FILE = "teach.jsonl"
 END_OF_TURN = "<end_of_turn>"

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import fsspec
@@ -72,6 +73,43 @@ def read_bytes(uri: str) -> bytes:
         raise FileNotFoundError(f"no such file: {uri}") from e
     except IsADirectoryError as e:
         raise IsADirectoryError(f"{uri} is a directory, not a file") from e
+
+
+def read_lines(uri: str, limit: int, chunk: int = 1 << 16) -> Iterator[bytes | None]:
+    """The file's lines (without their newline), read `chunk` bytes at a time and gunzipped
+    on the way when the name ends in .gz. A line longer than `limit` bytes comes as None: its
+    bytes are dropped as they arrive, so it is never held whole."""
+    fs, path = _split(uri)
+    compression = "gzip" if uri.lower().endswith(".gz") else None
+    try:
+        f = fs.open(path, "rb", compression=compression)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"no such file: {uri}") from e
+    with f:
+        yield from capped_lines(iter(lambda: f.read(chunk), b""), limit)
+
+
+def capped_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | None]:
+    """Lines split from `chunks`; None for one over `limit` bytes (see read_lines)."""
+    pending, over = bytearray(), False
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            part = chunk[start:end]
+            over = over or len(pending) + len(part) > limit
+            yield None if over else bytes(pending + part)
+            pending.clear()
+            over, start = False, end + 1
+        rest = chunk[start:]
+        over = over or len(pending) + len(rest) > limit
+        if over:
+            pending.clear()
+        else:
+            pending += rest
+    if over:
+        yield None
+    elif pending:
+        yield bytes(pending)
 
 
 def write_bytes(uri: str, data: bytes) -> None:

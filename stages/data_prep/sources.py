@@ -222,6 +222,13 @@ def source_label(spec: SourceSpec) -> str:
 # solution keeps its first line's indentation (revision 1 lost it, so every reference solution
 # failed its own tests).
 ADAPTER_REVISIONS: dict[str, int] = {"humaneval": 2}
+# A JSON-lines row longer than this is quarantined as oversize before it is parsed (a 30 MB
+# row cost 1.4 GB to parse only to be quarantined by its token count). Revision 2 of the
+# JSON-lines reader: such rows, and rows nested too deeply to parse, are quarantined by it
+# (revision 1 parsed the first and crashed on the second), so a .jsonl source's fingerprint
+# names it, and data_prep over a JSON-lines file is not taken for one made by revision 1.
+MAX_ROW_BYTES = 1 << 20
+JSONL_READER_REVISION = 2
 
 
 def source_fingerprint(spec: SourceSpec) -> str:
@@ -229,9 +236,12 @@ def source_fingerprint(spec: SourceSpec) -> str:
 
     Files: their content hash (the object store's MD5 when it keeps one). Packaged data: the
     package version. Hub datasets: their resolved commit sha (see hf_fingerprint). A row
-    adapter past its first revision (ADAPTER_REVISIONS) is named after it.
+    adapter past its first revision (ADAPTER_REVISIONS) is named after it, and so is the
+    JSON-lines reader's revision for a .jsonl file.
     """
     content = _content_fingerprint(spec)
+    if spec.kind == "file" and spec.name.lower().endswith((".jsonl", ".jsonl.gz")):
+        content = f"{content} (jsonl reader r{JSONL_READER_REVISION})"
     revision = ADAPTER_REVISIONS.get(spec.row_adapter, 1)
     return content if revision == 1 else f"{content} ({spec.row_adapter} adapter r{revision})"
 
@@ -351,19 +361,20 @@ def _file_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]
     A file that cannot be decoded as its name says is an InputError naming the file; a row
     that cannot be used is a BadRow (quarantined with its line or index).
     """
+    name = spec.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz")):  # streamed: a huge row is never read whole
+        yield from _jsonl_rows(spec.name)
+        return
     try:
         data = storage.read_bytes(spec.name)
     except FileNotFoundError as e:
         raise MissingInput(f"data source file not found: {spec.name}") from e
-    name = spec.name.lower()
     if name.endswith(".gz"):
         data, name = _gunzip(spec.name, data), name[:-3]
     if not data.strip():
         raise InputError(f"data source {spec.name} is empty; expected rows of {_layout(name)}")
     if name.endswith(".parquet"):
         yield from _parquet_rows(spec.name, data)
-    elif name.endswith(".jsonl"):
-        yield from _jsonl_rows(data)
     elif name.endswith(".json"):
         yield from _json_rows(spec.name, data)
     else:
@@ -405,6 +416,11 @@ def _json_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
         rows = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise InputError(f"data source {uri} is not valid UTF-8 (byte {e.start})") from e
+    except RecursionError as e:  # one document: no row of it can be told from the rest
+        raise InputError(
+            f"data source {uri} is nested too deeply to parse; expected a JSON list of objects "
+            f"(use .jsonl to have such a row quarantined alone)"
+        ) from e
     except json.JSONDecodeError as e:
         raise InputError(
             f"data source {uri} is not valid JSON at line {e.lineno} column {e.colno}: {e.msg}; "
@@ -418,16 +434,37 @@ def _json_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
         yield row if isinstance(row, dict) else BadRow(f"row {index} is not a JSON object")
 
 
-def _jsonl_rows(data: bytes) -> Iterator[dict[str, Any] | BadRow]:
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            yield BadRow(f"line {number} is not valid UTF-8")
-            continue
-        except json.JSONDecodeError as e:
-            yield BadRow(f"line {number} is not valid JSON: {e.msg}")
-            continue
-        yield row if isinstance(row, dict) else BadRow(f"line {number} is not a JSON object")
+def _jsonl_rows(uri: str) -> Iterator[dict[str, Any] | BadRow]:
+    """One row per line, read line by line: a line over MAX_ROW_BYTES is quarantined unparsed,
+    one nested deeper than the parser goes is quarantined with that reason."""
+    seen = False
+    try:
+        for number, raw in enumerate(storage.read_lines(uri, MAX_ROW_BYTES), start=1):
+            if raw is None:
+                seen = True
+                yield BadRow(f"oversize: line {number} is over {MAX_ROW_BYTES} bytes; not parsed")
+            elif raw.strip():
+                seen = True
+                yield _jsonl_row(number, raw)
+    except FileNotFoundError as e:
+        raise MissingInput(f"data source file not found: {uri}") from e
+    except (OSError, EOFError, zlib.error) as e:  # not gzip, or cut short (a .gz name)
+        if not uri.lower().endswith(".gz"):
+            raise
+        raise InputError(
+            f"data source {uri} is not a complete gzip file ({e}); expected gzip-compressed rows"
+        ) from e
+    if not seen:
+        raise InputError(f"data source {uri} is empty; expected rows of {_layout('.jsonl')}")
+
+
+def _jsonl_row(number: int, raw: bytes) -> dict[str, Any] | BadRow:
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return BadRow(f"line {number} is not valid UTF-8")
+    except json.JSONDecodeError as e:
+        return BadRow(f"line {number} is not valid JSON: {e.msg}")
+    except RecursionError:
+        return BadRow(f"line {number} is nested too deeply to parse")
+    return row if isinstance(row, dict) else BadRow(f"line {number} is not a JSON object")

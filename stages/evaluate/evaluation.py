@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 #    their per-prompt solve rates (pass@1, paired sign-flip test)
 # 6: a sampled row's Wilson intervals count prompts, not completions (a prompt's samples are
 #    correlated: version 5's intervals were too narrow)
-STAGE_VERSION = 6
+# 7: format_strict wants each tag once and nothing after the answer but the end-of-turn
+#    marker (version 6 credited a second <answer> after the first, or a stray </reasoning>)
+STAGE_VERSION = 7
 
 
 def generate(

@@ -66,7 +66,9 @@ log = logging.getLogger(__name__)
 # 4: the KL reference is the starting policy (a frozen restore of it), not the LoRA-free base
 # 5: log-probs through the fused projection (stages/modeling/projection): equal to float
 #    rounding (the order of sums), faster on CPU
-STAGE_VERSION = 5
+# 6: format_strict (reward and format-rate metric) wants each tag once and nothing after the
+#    answer but the end-of-turn marker (version 5 paid for trailing junk after </answer>)
+STAGE_VERSION = 6
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "tensorboard"
 SAMPLES_FILE = "samples.jsonl"

@@ -31,6 +31,7 @@ from stages.rewards.code_tests import (
 from stages.rewards.math_grading import MathRuns, symbolic_verdicts
 from stages.rewards.sandbox import Isolation, Limits, SandboxResult, missing_isolation, run_many
 
+# With each tag counted once (format_strict), the lazy groups cannot run past a second tag
 _STRICT_FORMAT = re.compile(
     r"^\s*<reasoning>(?P<reasoning>.+?)</reasoning>\s*<answer>(?P<answer>.+?)</answer>\s*"
     r"(?:<end_of_turn>\s*)?$",
@@ -39,6 +40,7 @@ _STRICT_FORMAT = re.compile(
 _NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+_END_OF_TURN = "<end_of_turn>"
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,12 @@ def _pairwise(fn: Callable[[str, Reference], float]) -> Callable[..., list[float
 
 
 def format_strict(completion: str, ref: Reference) -> float:
-    """1.0 when the completion is exactly <reasoning>...</reasoning><answer>...</answer>."""
-    return 1.0 if _STRICT_FORMAT.match(completion) else 0.0
+    """1.0 when the completion is exactly <reasoning>...</reasoning><answer>...</answer>: each
+    tag once, nothing after the answer but the end-of-turn marker (and whitespace)."""
+    match = _STRICT_FORMAT.match(completion)
+    if match is None or any(completion.count(tag) != 1 for tag in _TAGS):
+        return 0.0
+    return 0.0 if _END_OF_TURN in match["reasoning"] + match["answer"] else 1.0
 
 
 def format_approx(completion: str, ref: Reference) -> float:

@@ -4,8 +4,15 @@ operating system, not Python, keeps it from the machine, the run and its own ver
 Two isolation levels; a recipe names the one it accepts (`sandbox.isolation`):
 
 - `bwrap` (the default): bubblewrap puts the interpreter in new PID, network, mount, IPC and UTS
-  namespaces, as PID 1 (so nothing outlives it, and its parent reaps it: its CPU time reaches
-  wait4). As root the sandboxed interpreter is then switched (setpriv) to a host uid of its
+  namespaces, under a trusted init of FAR's own as PID 1 (`_INIT`). That init keeps the
+  caller's uid and bubblewrap's parent-death signal (`--die-with-parent`): however the grader
+  dies (SIGKILL included), bubblewrap dies, then the init, and the kernel kills everything in
+  the namespace with it. (The sandboxed interpreter cannot be PID 1 itself: under a uid of its
+  own it cannot be sent that signal by bubblewrap, which has no capabilities, so the kernel
+  drops it and the interpreter lives on.) The init waits for the interpreter and exits with
+  its status, so the interpreter's CPU time reaches the caller's wait4 (bubblewrap's own init
+  would not pass it on). As root the sandboxed interpreter is then switched (setpriv) to a
+  host uid of its
   own (RLIMIT_NPROC counts tasks per uid: the cap is then per sandbox) and gid 65534 with no
   capabilities, no supplementary groups and no_new_privs; as an ordinary user bubblewrap also
   makes a new user namespace mapping that user to 65534 (where the count is per namespace).
@@ -27,8 +34,12 @@ sockets, kernel keyrings, BPF and perf, the calls that pin memory outside RLIMIT
 shared memory and message queues, memfd, POSIX queues, mlock, io_uring); `kill`, and signals
 other than to itself. Resource limits: CPU seconds, address space, file size (which also caps
 its stderr), open files, tasks (bwrap), no core dumps; a wall-clock timeout, a backstop for a
-blocked process, kills it (with bwrap the PID namespace dies with it). Every sandbox has the
-same hash seed and no address randomization, so the same source computes the same values.
+blocked process, kills it from outside (with bwrap the PID namespace dies with it). `run_many`
+runs one computing sandbox per CPU: a sandbox blocked for IDLE_SECONDS (no task runnable, no
+CPU used) gives its place to the next while it waits for that timeout, so sandboxes that sleep
+(ignoring every alarm) cost their wall-clock limit once, side by side, not one after another.
+Every sandbox has the same hash seed and no address randomization, so the same source
+computes the same values.
 
 The parent reads at most `file_bytes` of stdout, and notes the sandbox's CPU time (read from
 /proc, outside the sandbox's reach) when each line arrives: callers judge time limits on those
@@ -52,6 +63,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -137,7 +149,7 @@ DENIED_SYSCALLS = (
     "accept",
     "accept4",
     "tkill",
-    "kill",  # as PID 1 of its namespace, its own PID is also its parent's view of "init"
+    "kill",  # signals only to itself (tgkill, below), never to PID 1 (`_INIT`)
     "keyctl",
     "add_key",
     "request_key",
@@ -303,7 +315,7 @@ def bwrap_command(limits: Limits, python: list[str]) -> list[str]:
     """The bubblewrap command line that runs `python` (argv) in the `bwrap` sandbox."""
     seccomp = _seccomp_dir()
     common = [
-        "--die-with-parent",
+        "--die-with-parent",  # PID 1 (`_INIT`, same uid) gets SIGKILL when bubblewrap dies
         "--new-session",
         "--clearenv",
         "--setenv",
@@ -354,9 +366,34 @@ def bwrap_command(limits: Limits, python: list[str]) -> list[str]:
             "--no-new-privs",
         ]
         caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        return ["bwrap", *namespaces, *caps, *common, "--", *drop, *python]
+        return ["bwrap", *namespaces, *caps, *common, "--", *_init(), *drop, *python]
     ids = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
-    return ["bwrap", "--unshare-all", "--as-pid-1", *ids, *common, "--", *_FIXED_LAYOUT, *python]
+    sandboxed = [*_FIXED_LAYOUT, *python]
+    return ["bwrap", "--unshare-all", "--as-pid-1", *ids, *common, "--", *_init(), *sandboxed]
+
+
+# PID 1 of the bwrap sandbox: trusted, with the caller's uid (so bubblewrap's parent-death
+# SIGKILL reaches it; its death ends the namespace). It starts the command after it, waits for
+# it and exits with its status (128 + signal when killed, as bubblewrap reports), holding none
+# of its pipes.
+_INIT = r"""
+import os, sys
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+_, status = os.waitpid(pid, 0)
+os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+"""
+
+
+def _init() -> list[str]:
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _INIT]
 
 
 def sandbox_uid() -> int:
@@ -383,7 +420,10 @@ def run_python(
 ) -> SandboxResult:
     """Run `source` in the sandbox; never raises for anything the source does, nor when the
     host cannot start it (then `started` is False)."""
-    limits = limits or Limits()
+    return _run(source, limits or Limits(), isolation, _Slot(None))
+
+
+def _run(source: str, limits: Limits, isolation: Isolation, slot: _Slot) -> SandboxResult:
     workdir = tempfile.mkdtemp(prefix="far-sandbox-")  # outputs (and the `process` cwd)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
     env["PYTHONHASHSEED"] = HASH_SEED
@@ -402,7 +442,7 @@ def run_python(
             except OSError as e:  # EAGAIN, ENOMEM, a missing executable: this run only
                 return SandboxResult(None, "", f"not started: {e}", False, started=False)
             out = _Output(limits.file_bytes)
-            timed_out = _exchange(proc, source.encode("utf-8", "replace"), out, limits)
+            timed_out = _exchange(proc, source.encode("utf-8", "replace"), out, limits, slot)
             cpu = _reap(proc)
             err.seek(0)
             stderr = err.read(limits.file_bytes).decode("utf-8", "replace")
@@ -435,9 +475,11 @@ class _Output:
         self.data += chunk
 
 
-def _exchange(proc: subprocess.Popen[bytes], source: bytes, out: _Output, limits: Limits) -> bool:
+def _exchange(
+    proc: subprocess.Popen[bytes], source: bytes, out: _Output, limits: Limits, slot: _Slot
+) -> bool:
     """Feed the source and read stdout until it closes, overflows or the wall-clock limit
-    passes (then the whole process group is killed). True when timed out."""
+    passes (then the whole process tree is killed). True when timed out."""
     assert proc.stdin is not None and proc.stdout is not None
     deadline = time.monotonic() + limits.wall_seconds
     stdin, stdout = proc.stdin.fileno(), proc.stdout.fileno()
@@ -452,7 +494,8 @@ def _exchange(proc: subprocess.Popen[bytes], source: bytes, out: _Output, limits
                 if left <= 0:
                     _kill(proc)
                     return True
-                for key, _ in selector.select(left):
+                slot.watch(proc.pid)
+                for key, _ in selector.select(min(left, _IDLE_POLL)):
                     if key.fd == stdin:
                         pending = _feed(stdin, pending)
                         if not pending:
@@ -463,7 +506,7 @@ def _exchange(proc: subprocess.Popen[bytes], source: bytes, out: _Output, limits
                         if len(chunk) < _SMALL_READ:  # a drip: let it gather, so that the
                             time.sleep(_READ_PAUSE)  # parent's reads stay few
                     else:
-                        return _wait_exit(proc, deadline)
+                        return _wait_exit(proc, deadline, slot)
             _kill(proc)  # a flood: what it wrote within the limit is all it gets
             return False
     finally:
@@ -486,9 +529,10 @@ def _close(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
-def _wait_exit(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+def _wait_exit(proc: subprocess.Popen[bytes], deadline: float, slot: _Slot) -> bool:
     """Wait (without reaping) for the sandbox to exit; kill it at the deadline."""
     while True:
+        slot.watch(proc.pid)
         try:
             done = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
@@ -502,8 +546,8 @@ def _wait_exit(proc: subprocess.Popen[bytes], deadline: float) -> bool:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the sandboxed process (PID 1 of its namespace: the namespace dies with it) and
-    bwrap's process group."""
+    """SIGKILL the process tree, sandboxed process first (with bwrap, the namespace dies with
+    its init), and bwrap's process group."""
     for pid in reversed(_tree(proc.pid)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -562,17 +606,89 @@ def run_many(
     isolation: Isolation = "bwrap",
     workers: int | None = None,
 ) -> list[SandboxResult]:
-    """Run each source in its own sandbox, `workers` at a time (default: one per CPU)."""
+    """Run each source in its own sandbox, `workers` computing at a time (default: one per
+    CPU); a blocked one gives its place to the next (`_Slot`), up to WAITING_PER_WORKER times
+    `workers` sandboxes alive at once."""
     if not sources:
         return []
+    limits = limits or Limits()
     count = max(1, min(len(sources), workers or os.cpu_count() or 1))
+    slots = threading.BoundedSemaphore(count)
+    threads = min(len(sources), count * WAITING_PER_WORKER)
+
+    def one(source: str) -> SandboxResult:
+        with _Slot(slots) as slot:
+            return _run(source, limits, isolation, slot)
+
     try:
-        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="far-sandbox") as pool:
-            return list(pool.map(lambda s: run_python(s, limits, isolation), sources))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="far-sandbox") as pool:
+            return list(pool.map(one, sources))
     except RuntimeError as e:  # "can't start new thread": the host is out of tasks or memory
         if "thread" not in str(e):
             raise
         return [run_python(s, limits, isolation) for s in sources]  # here, one at a time
+
+
+# A sandbox that has used no CPU, with no task runnable, for this long is blocked (sleeping,
+# waiting on nothing): it gives its place in the pool to the next one, and the wall-clock
+# limit still ends it. Sandboxes alive at once: at most this many per worker.
+IDLE_SECONDS, _IDLE_POLL, WAITING_PER_WORKER = 1.0, 0.25, 4
+
+
+class _Slot:
+    """A place among `run_many`'s computing sandboxes, held from start until the sandbox
+    exits or is found blocked (`watch`), whichever comes first; `_Slot(None)`: no pool."""
+
+    def __init__(self, slots: threading.BoundedSemaphore | None) -> None:
+        self._slots = slots
+        self._held = False
+        self._cpu: float | None = None
+        self._since = self._checked = time.monotonic()
+
+    def __enter__(self) -> _Slot:
+        if self._slots is not None:
+            self._slots.acquire()
+            self._held = True
+            self._since = time.monotonic()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._give_back()
+
+    def watch(self, pid: int) -> None:
+        """Give the place back once `pid`'s tree has been blocked for IDLE_SECONDS."""
+        now = time.monotonic()
+        if not self._held or now - self._checked < _IDLE_POLL:  # a few /proc reads a second
+            return
+        self._checked, cpu = now, _tree_cpu(pid)
+        if cpu != self._cpu or _any_runnable(pid):
+            self._cpu, self._since = cpu, now
+        elif now - self._since >= IDLE_SECONDS:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        if self._held and self._slots is not None:
+            self._held = False
+            self._slots.release()
+
+
+def _any_runnable(pid: int) -> bool:
+    """True when a task (thread) of `pid` or a descendant is running, runnable or waiting
+    uninterruptibly in the kernel (disk, page faults): it is not blocked of its own accord."""
+    for current in _tree(pid):
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in ("R", "D"):
+                return True
+    return False
 
 
 def missing_isolation(isolation: Isolation) -> str | None:

@@ -104,3 +104,65 @@ def test_quarantine_is_written_when_a_split_ends_up_empty(tmp_path: Path) -> Non
     assert [r["reason"].split(":")[0] for r in rows if r["source"] == "file/long.jsonl"] == [
         "oversize"
     ]
+
+
+def test_a_row_nested_too_deeply_is_quarantined_alone(tmp_path: Path) -> None:
+    """On main json.loads raised RecursionError out of data_prep: one row ended the run."""
+    deep = '{"question": "q", "answer": "#### 1", "x": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + deep + "\n")
+    spec = SourceSpec(kind="file", name=str(path), adapter="gsm8k")
+    quarantine = data_prep.Quarantine()
+    examples = data_prep.load_source(spec, 0, quarantine, data_prep.Deduper())
+    assert [e.answer for e in examples] == ["5"]
+    assert quarantine.rows == [
+        {"source": "file/deep.jsonl", "reason": "line 2 is nested too deeply to parse", "index": 1}
+    ]
+    as_list = tmp_path / "deep.json"
+    as_list.write_text("[" + deep + "]")
+    with pytest.raises(InputError, match=r"deep\.json is nested too deeply to parse"):
+        list(read_rows(SourceSpec(kind="file", name=str(as_list), adapter="gsm8k"), 0))
+
+
+OVERSIZE = """
+import json, resource, sys
+from schemas.recipe import SourceSpec
+from stages.data_prep import build as data_prep
+spec = SourceSpec(kind="file", name=sys.argv[1], adapter="gsm8k")
+quarantine = data_prep.Quarantine()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+examples = data_prep.load_source(spec, 0, quarantine, data_prep.Deduper())
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps([len(examples), quarantine.rows, grew << 10]))
+"""
+
+
+@pytest.mark.parametrize("name", ["huge.jsonl", "huge.jsonl.gz"])
+def test_an_oversize_row_is_quarantined_before_it_is_parsed(tmp_path: Path, name: str) -> None:
+    """A 30 MB row of small objects: on main the reader held the file (twice) and parsed the
+    row (about 1.4 GB of peak memory) before quarantining it by its token count. Measured in
+    a process of its own: its peak memory grows by less than the row."""
+    import subprocess
+    import sys
+
+    huge = '{"question": "Big?", "answer": "#### 1", "pad": [' + "{}," * 10_000_000 + "{}]}"
+    content = (json.dumps(ROW) + "\n" + huge + "\n").encode()
+    (tmp_path / name).write_bytes(_gz(content) if name.endswith(".gz") else content)
+    run = subprocess.run(
+        [sys.executable, "-c", OVERSIZE, str(tmp_path / name)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    used, rows, grew = json.loads(run.stdout.splitlines()[-1])
+    reason = "oversize: line 2 is over 1048576 bytes; not parsed"
+    assert (used, rows) == (1, [{"source": f"file/{name}", "reason": reason, "index": 1}])
+    assert grew < 20 << 20, f"peak memory grew by {grew >> 20} MiB reading a 30 MB row"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+def test_capped_lines_cut_at_the_limit_whatever_the_chunks(chunk: int) -> None:
+    from stages.core.storage import capped_lines
+
+    data = b"abc\n" + b"x" * 10 + b"\n\n12345\nlast"
+    chunks = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    assert list(capped_lines(chunks, 5)) == [b"abc", None, b"", b"12345", b"last"]
+    assert list(capped_lines([b"123456"], 5)) == [None]

@@ -441,7 +441,8 @@ def _host_tasks() -> int:
     total = 0
     for pid in _sandboxed_processes():
         with contextlib.suppress(OSError, StopIteration):
-            if _parent(_parent(int(pid))) == os.getpid():  # sandbox <- bwrap <- this process
+            # sandbox <- bubblewrap's init <- bubblewrap <- this process
+            if _parent(_parent(_parent(int(pid)))) == os.getpid():
                 total += len(os.listdir(f"/proc/{pid}/task"))
     return total
 

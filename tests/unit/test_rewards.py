@@ -23,12 +23,32 @@ FORMAT_CASES = [
     ("<reasoning>x</reasoning><answer>7</answer> and more", 0.0),  # text after
     ("<answer>7</answer><reasoning>x</reasoning>", 0.0),  # wrong order
     ("", 0.0),
+    ("<reasoning>x</reasoning>\n<answer>7</answer>\n<end_of_turn>\n", 1.0),
+    ("<reasoning>a < b, so 7</reasoning><answer>7</answer>", 1.0),  # a lone '<' is text
+]
+# Each scored 1.0 on main (issue 37): the lazy match ran on to the last closing tag
+NOT_STRICT = [
+    "<reasoning>x</reasoning><answer>7</answer> junk <answer>8</answer>",  # a second answer
+    "<reasoning>x</reasoning><answer>7</answer>\nQ: next?\n<answer>8</answer><end_of_turn>",
+    "<reasoning>x</reasoning></reasoning><answer>7</answer>",  # a stray extra </reasoning>
+    "<reasoning>x</reasoning>\n</reasoning>\n<answer>7</answer>",
+    "<reasoning>x</reasoning><answer>7</answer></answer>",
+    "<reasoning>x</reasoning><answer>7</answer><end_of_turn>\n<answer>8</answer>",
+    "<reasoning>a <answer>6</answer></reasoning><answer>7</answer>",  # tags inside reasoning
+    "<reasoning><reasoning>x</reasoning><answer>7</answer>",
+    "<reasoning>x</reasoning><answer>7</answer><end_of_turn><end_of_turn>",
+    "<reasoning>x<end_of_turn></reasoning><answer>7</answer>",  # the turn ended mid-way
 ]
 
 
 @pytest.mark.parametrize(("completion", "expected"), FORMAT_CASES)
 def test_format_strict(completion: str, expected: float) -> None:
     assert rewards.format_strict(completion, R7) == expected
+
+
+@pytest.mark.parametrize("completion", NOT_STRICT)
+def test_format_strict_wants_each_tag_once_and_nothing_after_the_answer(completion: str) -> None:
+    assert rewards.format_strict(completion, R7) == 0.0
 
 
 @pytest.mark.parametrize(

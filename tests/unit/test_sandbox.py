@@ -4,10 +4,16 @@ Attacks on the verdicts of the rewards live in tests/unit/test_redteam.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,7 +54,7 @@ def test_bwrap_runs_as_nobody_in_its_own_namespaces(tmp_path: Path) -> None:
         "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),"
         " 'caps': status['CapEff'].strip(), 'nnp': status['NoNewPrivs'].strip(),"
         " 'seccomp': status['Seccomp'].strip(), 'root': sorted(os.listdir('/')),"
-        " 'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),"
+        " 'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()), 'me': os.getpid(),"
         " 'cwd': os.getcwd(), 'env': sorted(os.environ),"
         f" 'host': os.path.exists({str(tmp_path)!r})}}))"
     )
@@ -66,7 +72,8 @@ def test_bwrap_runs_as_nobody_in_its_own_namespaces(tmp_path: Path) -> None:
         "work",
         "home",
     }
-    assert "etc" not in seen["root"] and seen["pids"] == ["1"]  # itself only, as PID 1
+    # itself and bubblewrap's init (PID 1, which dies with the grader: see the SIGKILL test)
+    assert "etc" not in seen["root"] and seen["pids"] == ["1", "2"] and seen["me"] == 2
     assert seen["cwd"] == "/sandbox" and not seen["host"]
     assert set(seen["env"]) <= {"LANG", "HOME", "PATH", "PWD", "LC_CTYPE", "PYTHONHASHSEED"}
 
@@ -167,3 +174,121 @@ def test_lineage_shows_the_isolation_level(flag: float, shown: str) -> None:
     )
     text = render(LineageNode("grpo", "runs/r/grpo-abc/record.json", record))
     assert f"sandbox isolation: {shown}" in text
+
+
+# A completion that blocks: no CPU, every timer signal ignored, asleep far past any limit
+BLOCKED = (
+    "import signal, time\n"
+    "for s in (signal.SIGALRM, signal.SIGPROF, signal.SIGVTALRM, signal.SIGXCPU):\n"
+    "    signal.signal(s, signal.SIG_IGN)\n"
+    "time.sleep(600)\n"
+    "def add(a, b):\n    return a + b"
+)
+ADD_TEST = ("assert add(1, 2) == 3",)
+GRADER = f"""
+from stages import rewards
+from stages.rewards import Reference, SandboxStats
+print("grading", flush=True)
+rewards.code_pass_rate([{BLOCKED!r}], [Reference("", {ADD_TEST!r})], SandboxStats("bwrap", 1))
+"""
+
+
+def _sandboxed_under(ancestor: int) -> list[int]:
+    """Live sandboxed interpreters (running the prelude, which loads seccomp, as their `-c`
+    program; bubblewrap and the sandbox's init only pass it on) that descend from `ancestor`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            program = argv[argv.index(b"-c") + 1]
+            if b"_load_seccomp" in program and ancestor in _ancestors(int(pid)):
+                found.append(int(pid))
+    return found
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        pid = int(next(line.split()[1] for line in status if line.startswith("PPid:")))
+        chain.append(pid)
+    return chain
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _survivors(pids: list[int], grace_seconds: float = 10.0) -> list[int]:
+    """`pids` still alive after a grace period (a killed namespace takes a moment to go)."""
+    deadline = time.monotonic() + grace_seconds
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+@needs_bwrap
+def test_a_sigkilled_grader_takes_its_sandbox_with_it() -> None:
+    """On main (issue 37) the sandboxed interpreter was PID 1 of its namespace under a uid of
+    its own: bubblewrap's --die-with-parent killed bubblewrap, whose parent-death signal to the
+    interpreter the kernel dropped (bubblewrap has no capabilities and another uid), so the
+    blocked completion lived on under init. A real grader, SIGKILLed mid-grade."""
+    grader = subprocess.Popen(
+        [sys.executable, "-c", GRADER], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    seen: list[int] = []
+    try:
+        assert grader.stdout is not None and grader.stdout.readline() == b"grading\n"
+        deadline = time.monotonic() + 30
+        while not (seen := _sandboxed_under(grader.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen, "the grader started no sandbox"
+        time.sleep(0.5)  # asleep in the completion
+        grader.send_signal(signal.SIGKILL)
+        grader.wait()
+        survivors = _survivors(seen)
+        assert survivors == [], f"sandboxed processes outlived their grader: {survivors}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            grader.kill()
+        grader.wait()
+        for pid in seen:  # what this test started, should it have survived
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@needs_bwrap
+def test_blocked_completions_score_zero_side_by_side_and_leave_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On main each worker of the pool waited out a sleeping completion's whole wall-clock
+    limit before starting the next sandbox: 4 of them turned 0.3 s of grading into 30 s. Now a
+    blocked sandbox gives its place to the next: with one worker, the sleepers are alive side
+    by side (counted from the host), each is killed at its limit (scored 0) and nothing is left
+    behind; the honest completion behind them still scores 1."""
+    monkeypatch.setattr(rewards, "CODE_LIMITS", replace(rewards.CODE_LIMITS, wall_seconds=4.0))
+    honest = "def add(a, b):\n    return a + b"
+    most, seen, stop = [0], set[int](), threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            alive = _sandboxed_under(os.getpid())
+            most[0], _ = max(most[0], len(alive)), seen.update(alive)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=count)
+    watcher.start()
+    try:
+        stats = rewards.SandboxStats("bwrap", workers=1)
+        refs = [rewards.Reference("", ADD_TEST)] * 3
+        scores = rewards.code_pass_rate([BLOCKED, BLOCKED, honest], refs, stats)
+    finally:
+        stop.set()
+        watcher.join()
+    assert scores == [0.0, 0.0, 1.0] and (stats.runs, stats.failures) == (3, 2)
+    assert most[0] >= 2, "one sleeping sandbox at a time: the pool waited on each"
+    assert len(seen) == 3 and _survivors(sorted(seen)) == []

@@ -8,7 +8,9 @@ Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERS
 (sampled rows compared with sampled rows, by pass@1, intervals over prompts; issue 25);
 sft and dag.sft_self by sft's STAGE_VERSION 1 -> 3 (the loss at its loss positions, then
 through the fused projection; issue 26); grpo by grpo's STAGE_VERSION 4 -> 5 (log-probs through
-the fused projection; issue 26).
+the fused projection; issue 26); grpo, evaluate, dag.evaluate_train and dag.self_teach by
+grpo 5 -> 6, evaluate 6 -> 7 and self_teach 1 -> 2 (format_strict wants each tag once and
+nothing after the answer but the end-of-turn marker; issue 37).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ A, B, C = "a" * 64, "b" * 64, "c" * 64
 PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
     "sft": "8564c99b166313142789fd809f7f6517c3d68a3f1c7fc709be785c8521364d71",
-    "grpo": "4ade2a832fda3bfcc7a62edb20af979d638d1234b73f177f05db1f7f87aa731d",
-    "evaluate": "383fe1185995225d9daf929a72636f9180dd618914de7aee55365c9095d2235e",
-    "dag.evaluate_train": "7aafd0bcf9f6b85a2bd6d0a0f7d63483e9f8e7a271044768d0ab75743b6c5a4f",
+    "grpo": "62a1bb15829e2f39af518766c2d9be457267b8cea6d9e783df167f80c66a7f96",
+    "evaluate": "f55de8ac0826be6fb2b5cc78a620f470435c5ae2c646cfed17de83dd7be1c98b",
+    "dag.evaluate_train": "5eaf65b9cb0b91f3b5b2339a9d2b51470ff1fa0ee49ce239a7e96acbec91c3bb",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
-    "dag.self_teach": "49e3fd1f544251062be612487a2cd77334db32effa22e79950824c61590305d2",
+    "dag.self_teach": "53353562115d04e8c43d40cbee9748c1db5d95f92dab105f2e74e0bfb2f612d4",
     "dag.sft_self": "3b994e5073483090633d1bc76ac74eb817c62a73073f95eee6efbb5d6aa58c10",
     "dag.dpo": "c467f747e5a20ac52655ecd03b949d33840c521ef92296bb2ea3134bf4b14c95",
     "dag.orpo": "3a55cedf4646105a716a2143fb29346457483d2f9d6e1e7cfb3b0c4a0f8160ad",

@@ -152,6 +152,33 @@ def test_duplicate_keys_are_named_with_their_lines(
     assert code == cli.EXIT_INVALID and "duplicate key 'format_strict' at line 1" in err
 
 
+SMOKE_SFT_DATA = "  sft: {size: 128, sources: [*arithmetic]}\n"
+
+
+def test_merge_keys_merge_and_duplicates_beside_them_are_still_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On main the duplicate-key loader refused every `<<: *anchor` (no constructor for the
+    merge tag), an idiom that loaded before it."""
+    text = (REPO / "recipes" / "smoke.yaml").read_text()
+    assert SMOKE_SFT_DATA in text
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        text.replace(
+            SMOKE_SFT_DATA, "  sft: {size: 128, sources: [{<<: *arithmetic, size: 900}]}\n"
+        )
+    )
+    (source,) = load_recipe(str(merged)).data.sft.sources
+    assert (source.kind, source.name, source.size) == ("reasoning_gym", "basic_arithmetic", 900)
+    assert source.args == {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    twice = tmp_path / "twice.yaml"
+    line = "  sft: {size: 128, sources: [{<<: *arithmetic, size: 900, size: 901}]}\n"
+    twice.write_text(text.replace(SMOKE_SFT_DATA, line))
+    code, _, err = _far(capsys, "validate", str(twice))
+    assert code == cli.EXIT_INVALID and "duplicate key 'size' at line" in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(
     ("weights", "message"),
     [
