@@ -28,7 +28,7 @@ from stages import registry
 from stages.core import storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
-from stages.core.sessions import LeaseLost
+from stages.core.sessions import LeaseLost, SaveFailed
 from stages.modeling import tunix_version
 from stages.rewards import IsolationUnavailable
 
@@ -38,6 +38,7 @@ EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
 EXIT_LEASE_LOST = 5  # this session lost the run's lease to another one and stopped at once
 EXIT_ABORTED = 130  # a second Ctrl-C (or one outside a run's stages): no save
+FULL_DISK_TEXTS = ("No space left on device", "Disk quota exceeded")
 AUDIT_KEY_ENV = "FAR_AUDIT_KEY"  # signs (far run) and verifies (far audit) the run's ledger
 log = logging.getLogger("far")
 
@@ -338,14 +339,15 @@ def configure_prefect(environ: dict[str, str]) -> None:
 
 
 class HideInputErrorTracebacks(logging.Filter):
-    """Drops Prefect's console lines about a run that failed on an input error (the error is
-    printed once, as one line, by `far`); the Prefect API and UI still get them."""
+    """Drops the console lines (Prefect's, and the tracebacks of Orbax's failed background
+    saves) about a run that ended on an error `far` prints once as one line: an input error, a
+    lease held or lost, a write storage refused; the Prefect API and UI still get them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
-            return not is_input_error(record.exc_info[1])
+            return not is_one_line_error(record.exc_info[1])
         message = record.getMessage()  # "Finished in state Failed('... InputError: ...')"
-        return not ("Failed(" in message and any(name in message for name in INPUT_ERROR_NAMES))
+        return not ("Failed(" in message and any(name in message for name in ONE_LINE_ERRORS))
 
 
 INPUT_ERROR_NAMES = (
@@ -356,6 +358,15 @@ INPUT_ERROR_NAMES = (
     "DriftError",
     "TamperedStage",
 )
+# errors `far` reports as one line with their own exit code; a full disk's text included
+ONE_LINE_ERRORS = (*INPUT_ERROR_NAMES, "LeaseHeld", "LeaseLost", "SaveFailed", *FULL_DISK_TEXTS)
+
+
+def is_one_line_error(error: BaseException) -> bool:
+    """An error `far` prints as one line (input, lease, a refused write): no traceback."""
+    if is_input_error(error) or storage.write_failure(error) is not None:
+        return True
+    return isinstance(error, LeaseHeld | LeaseLost | SaveFailed)
 
 
 def quiet_prefect_console() -> None:
@@ -494,10 +505,21 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     except LeaseLost as e:
         print(f"far: {e}; this session stopped at once (exit {EXIT_LEASE_LOST})", file=sys.stderr)
         return EXIT_LEASE_LOST
+    except SaveFailed as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
         return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
-    except RuntimeError as e:
-        if EPHEMERAL_TIMEOUT_TEXT not in str(e):
+    except Exception as e:
+        cause = storage.write_failure(e)  # a write outside a stage: run.json, the ledger
+        if cause is not None:
+            print(
+                f"far: could not save ({cause}); everything committed before is kept: "
+                f"make room, then run the same command again to continue",
+                file=sys.stderr,
+            )
+            return EXIT_INCOMPLETE
+        if not isinstance(e, RuntimeError) or EPHEMERAL_TIMEOUT_TEXT not in str(e):
             raise
         return report_prefect_start_failure(e)
     print_summary(summary)

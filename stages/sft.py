@@ -166,6 +166,7 @@ def _train(
             config.save_margin_seconds,
             clock,
             items_per_step=config.gradient_accumulation_steps,  # stop between windows only
+            health=lambda: tunix_compat.raise_save_errors(trainer),
         ),
         ctx.progress,
         "sft",

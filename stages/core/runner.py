@@ -43,7 +43,7 @@ from schemas.record import (
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput, TamperedStage
 from stages.core.progress import ProgressCallback
-from stages.core.sessions import LeaseLost, StopFlag
+from stages.core.sessions import LeaseLost, SaveFailed, StopFlag
 from stages.core.shared import SharedBuilds
 
 log = logging.getLogger(__name__)
@@ -368,6 +368,9 @@ def run_stage(
             _log_session(ctx, directory, started, t0, outcome, f"{type(e).__name__}: {e}")
         except Exception as note_error:  # the original error matters more than the note
             log.warning("stage %s: could not note the %s session: %s", stage, outcome, note_error)
+        failed = save_failure(stage, directory, e)
+        if failed is not None and failed is not e:
+            raise failed from e
         raise
     if not ctx.primary:
         return _await_commit(ctx, record_uri, output)
@@ -398,6 +401,18 @@ def run_stage(
     commit_record(ctx, record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+def save_failure(stage: str, directory: str, error: BaseException) -> SaveFailed | None:
+    """The SaveFailed that ends a stage whose write storage refused (a full disk), naming the
+    stage, its directory, the file and the cause; None for any other error."""
+    cause = storage.write_failure(error)
+    if cause is None:
+        return error if isinstance(error, SaveFailed) else None
+    return SaveFailed(
+        f"stage {stage} could not save in {directory}: {cause}; everything committed before "
+        f"is kept: make room, then run the same command again to continue"
+    )
 
 
 def _await_commit(ctx: RunContext, record_uri: str, output: T) -> StageOutcome[T]:
