@@ -22,7 +22,7 @@ from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_preview
 from pipeline.recipes import RecipeError, parse_recipe
-from pipeline.validate import validate_run
+from pipeline.validate import check_session_budget, validate_run
 from schemas.record import RunSummary
 from stages import registry
 from stages.core import storage
@@ -37,6 +37,7 @@ EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
 EXIT_LEASE_LOST = 5  # this session lost the run's lease to another one and stopped at once
+EXIT_NO_PROGRESS = 6  # stopped at the deadline before any stage committed or took a step
 EXIT_ABORTED = 130  # a second Ctrl-C (or one outside a run's stages): no save
 FULL_DISK_TEXTS = ("No space left on device", "Disk quota exceeded")
 AUDIT_KEY_ENV = "FAR_AUDIT_KEY"  # signs (far run) and verifies (far audit) the run's ledger
@@ -51,6 +52,8 @@ same command again to continue);
 4 another session holds the run's lease (it names the holder; see --lease-wait);
 5 this session lost the run's lease to another session and stopped at once (it wrote nothing
 after losing it);
+6 stopped at the session deadline without progress: no stage committed and no training step
+was taken, so the same budget would stop at the same point (give it a longer --session-budget);
 130 a second Ctrl-C (aborted without saving).
 """
 
@@ -410,6 +413,8 @@ def report_prefect_start_failure(error: RuntimeError) -> int:
 
 def print_summary(summary: RunSummary) -> None:
     state = "complete" if summary.complete else f"INCOMPLETE ({summary.stopped_reason})"
+    if summary.no_progress:
+        state = f"INCOMPLETE, NO PROGRESS ({summary.stopped_reason})"
     print(f"\nFAR run '{summary.run}' at {summary.run_uri}: {state}")
     for s in summary.stages:
         took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
@@ -429,7 +434,12 @@ def print_summary(summary: RunSummary) -> None:
             f"  ledger root {summary.ledger_root}\n"
             f"  (keep it: far audit {summary.run_uri} --expect-root {summary.ledger_root})"
         )
-    if not summary.complete:
+    if summary.no_progress:
+        print(
+            "This session took no step and committed no stage: the same budget would stop at "
+            f"the same point. Give it a longer --session-budget (exit {EXIT_NO_PROGRESS})."
+        )
+    elif not summary.complete:
         print("Run the same command again to continue from here.")
 
 
@@ -450,6 +460,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    check_session_budget(plan.recipe)
     validate_run(plan.recipe, plan.root, cache_dir)
     nodes, refused = preview(plan.recipe, plan.root, args.allow_change)
     run_uri = storage.join(plan.root, plan.recipe.name)
@@ -469,6 +480,7 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     to `main`, which prints them as one line with exit 2.
     """
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    check_session_budget(plan.recipe)
     validate_run(plan.recipe, plan.root, cache_dir)
     try:  # before the flow module: Prefect must see the server's URL when it starts
         startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))
@@ -523,7 +535,14 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
             raise
         return report_prefect_start_failure(e)
     print_summary(summary)
-    return 0 if summary.complete else EXIT_INCOMPLETE
+    return exit_code(summary)
+
+
+def exit_code(summary: RunSummary) -> int:
+    """0 complete; 6 stopped without progress; 3 stopped, to be continued."""
+    if summary.complete:
+        return 0
+    return EXIT_NO_PROGRESS if summary.no_progress else EXIT_INCOMPLETE
 
 
 def report_without_prefect(run_uri: str, error: Exception) -> int:

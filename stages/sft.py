@@ -183,7 +183,14 @@ def _train(
     release_scalar_listeners(trainer.metrics_logger)
     finished = time.time()
     publish_session(
-        "SFT", trainer.train_steps, config.max_steps, local_ckpt, ckpt_uri, local_logs, log_uri
+        "SFT",
+        trainer.train_steps,
+        config.max_steps,
+        local_ckpt,
+        ckpt_uri,
+        local_logs,
+        log_uri,
+        start_step=start_step,
     )
     artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, config.lora)
     metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)

@@ -75,6 +75,11 @@ class SessionExpired(RuntimeError):
     """The run's deadline has passed: stop cleanly; the same command continues next session."""
 
 
+class NoProgress(SessionExpired):
+    """The session ended before the stage took a single step: running it again with the same
+    budget would stop at the same point (`far` exits with its own code for a scheduler)."""
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Where a run lives and when its session ends. Built once by the caller, passed down."""
@@ -350,7 +355,7 @@ def run_stage(
         return StageOutcome(record.output, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
     left = ctx.seconds_left()
     if left is not None and left <= 0:
-        raise SessionExpired(f"session deadline passed before stage {stage} could start")
+        raise NoProgress(f"session deadline passed before stage {stage} could start")
     if ctx.stop is not None and ctx.stop.is_set():
         ctx.stop.raise_if_aborted()
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
