@@ -22,13 +22,13 @@ from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_preview
 from pipeline.recipes import RecipeError, parse_recipe
-from pipeline.validate import validate_run
+from pipeline.validate import check_session_budget, validate_run
 from schemas.record import RunSummary
 from stages import registry
 from stages.core import ledger, storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
-from stages.core.sessions import LeaseLost
+from stages.core.sessions import LeaseLost, SaveFailed
 from stages.modeling import tunix_version
 from stages.rewards import IsolationUnavailable
 
@@ -37,7 +37,9 @@ EXIT_INVALID = 2
 EXIT_INCOMPLETE = 3
 EXIT_LEASE_HELD = 4  # another session holds the run's lease (one writer per run)
 EXIT_LEASE_LOST = 5  # this session lost the run's lease to another one and stopped at once
+EXIT_NO_PROGRESS = 6  # stopped at the deadline before any stage committed or took a step
 EXIT_ABORTED = 130  # a second Ctrl-C (or one outside a run's stages): no save
+FULL_DISK_TEXTS = ("No space left on device", "Disk quota exceeded")
 AUDIT_KEY_ENV = "FAR_AUDIT_KEY"  # signs (far run) and verifies (far audit) the run's ledger
 log = logging.getLogger("far")
 
@@ -50,6 +52,8 @@ same command again to continue);
 4 another session holds the run's lease (it names the holder; see --lease-wait);
 5 this session lost the run's lease to another session and stopped at once (it wrote nothing
 after losing it);
+6 stopped at the session deadline without progress: no stage committed and no training step
+was taken, so the same budget would stop at the same point (give it a longer --session-budget);
 130 a second Ctrl-C (aborted without saving).
 """
 
@@ -355,14 +359,15 @@ def configure_prefect(environ: dict[str, str]) -> None:
 
 
 class HideInputErrorTracebacks(logging.Filter):
-    """Drops Prefect's console lines about a run that failed on an input error (the error is
-    printed once, as one line, by `far`); the Prefect API and UI still get them."""
+    """Drops the console lines (Prefect's, and the tracebacks of Orbax's failed background
+    saves) about a run that ended on an error `far` prints once as one line: an input error, a
+    lease held or lost, a write storage refused; the Prefect API and UI still get them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
-            return not is_input_error(record.exc_info[1])
+            return not is_one_line_error(record.exc_info[1])
         message = record.getMessage()  # "Finished in state Failed('... InputError: ...')"
-        return not ("Failed(" in message and any(name in message for name in INPUT_ERROR_NAMES))
+        return not ("Failed(" in message and any(name in message for name in ONE_LINE_ERRORS))
 
 
 INPUT_ERROR_NAMES = (
@@ -373,6 +378,15 @@ INPUT_ERROR_NAMES = (
     "DriftError",
     "TamperedStage",
 )
+# errors `far` reports as one line with their own exit code; a full disk's text included
+ONE_LINE_ERRORS = (*INPUT_ERROR_NAMES, "LeaseHeld", "LeaseLost", "SaveFailed", *FULL_DISK_TEXTS)
+
+
+def is_one_line_error(error: BaseException) -> bool:
+    """An error `far` prints as one line (input, lease, a refused write): no traceback."""
+    if is_input_error(error) or storage.write_failure(error) is not None:
+        return True
+    return isinstance(error, LeaseHeld | LeaseLost | SaveFailed)
 
 
 def quiet_prefect_console() -> None:
@@ -416,6 +430,8 @@ def report_prefect_start_failure(error: RuntimeError) -> int:
 
 def print_summary(summary: RunSummary) -> None:
     state = "complete" if summary.complete else f"INCOMPLETE ({summary.stopped_reason})"
+    if summary.no_progress:
+        state = f"INCOMPLETE, NO PROGRESS ({summary.stopped_reason})"
     print(f"\nFAR run '{summary.run}' at {summary.run_uri}: {state}")
     for s in summary.stages:
         took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
@@ -435,7 +451,12 @@ def print_summary(summary: RunSummary) -> None:
             f"  ledger root {summary.ledger_root}\n"
             f"  (keep it: far audit {summary.run_uri} --expect-root {summary.ledger_root})"
         )
-    if not summary.complete:
+    if summary.no_progress:
+        print(
+            "This session took no step and committed no stage: the same budget would stop at "
+            f"the same point. Give it a longer --session-budget (exit {EXIT_NO_PROGRESS})."
+        )
+    elif not summary.complete:
         print("Run the same command again to continue from here.")
 
 
@@ -456,6 +477,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    check_session_budget(plan.recipe)
     validate_run(plan.recipe, plan.root, cache_dir)
     nodes, refused = preview(plan.recipe, plan.root, args.allow_change)
     run_uri = storage.join(plan.root, plan.recipe.name)
@@ -475,6 +497,7 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     to `main`, which prints them as one line with exit 2.
     """
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
+    check_session_budget(plan.recipe)
     validate_run(plan.recipe, plan.root, cache_dir)
     try:  # before the flow module: Prefect must see the server's URL when it starts
         startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))
@@ -511,14 +534,32 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     except LeaseLost as e:
         print(f"far: {e}; this session stopped at once (exit {EXIT_LEASE_LOST})", file=sys.stderr)
         return EXIT_LEASE_LOST
+    except SaveFailed as e:
+        print(f"far: {e}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     except httpx.TransportError as e:  # the Prefect API went away; the stages did not
         return report_without_prefect(storage.join(plan.root, plan.recipe.name), e)
-    except RuntimeError as e:
-        if EPHEMERAL_TIMEOUT_TEXT not in str(e):
+    except Exception as e:
+        cause = storage.write_failure(e)  # a write outside a stage: run.json, the ledger
+        if cause is not None:
+            print(
+                f"far: could not save ({cause}); everything committed before is kept: "
+                f"make room, then run the same command again to continue",
+                file=sys.stderr,
+            )
+            return EXIT_INCOMPLETE
+        if not isinstance(e, RuntimeError) or EPHEMERAL_TIMEOUT_TEXT not in str(e):
             raise
         return report_prefect_start_failure(e)
     print_summary(summary)
-    return 0 if summary.complete else EXIT_INCOMPLETE
+    return exit_code(summary)
+
+
+def exit_code(summary: RunSummary) -> int:
+    """0 complete; 6 stopped without progress; 3 stopped, to be continued."""
+    if summary.complete:
+        return 0
+    return EXIT_NO_PROGRESS if summary.no_progress else EXIT_INCOMPLETE
 
 
 def report_without_prefect(run_uri: str, error: Exception) -> int:

@@ -38,7 +38,13 @@ from schemas.recipe import Recipe, StageNode
 from schemas.record import RunSummary, StageSummary
 from stages import registry
 from stages.core import ledger, storage
-from stages.core.runner import RunContext, SessionExpired, StageOutcome, is_primary_process
+from stages.core.runner import (
+    NoProgress,
+    RunContext,
+    SessionExpired,
+    StageOutcome,
+    is_primary_process,
+)
 from stages.core.sessions import LeaseLost, StopFlag, stop_on_sigterm
 from stages.core.shared import SharedBuilds
 from stages.modeling import compile_cache as compile_cache_lib
@@ -273,14 +279,27 @@ def _run_stages(
             outputs[node.id], line = states[node.id].result()
             done.append(line)
     except SessionExpired as e:
+        if _made_no_progress(ctx, done, e):
+            get_run_logger().warning("stopping without progress: %s", e)
+            summary = _summary(recipe, ctx, done, started, stopped_reason=str(e))
+            return summary.model_copy(update={"no_progress": True})
         get_run_logger().warning("stopping: %s; run the same command again to continue", e)
         return _summary(recipe, ctx, done, started, stopped_reason=str(e))
     return _summary(recipe, ctx, done, started)
 
 
+def _made_no_progress(ctx: RunContext, done: list[StageSummary], stop: SessionExpired) -> bool:
+    """No stage ran to its commit, and the stopping one took no step, at the deadline (a
+    signal's stop is a preemption, not a budget too small)."""
+    signalled = ctx.stop is not None and ctx.stop.is_set()
+    return isinstance(stop, NoProgress) and not signalled and all(s.skipped for s in done)
+
+
 def _close_session(ctx: RunContext, summary: RunSummary) -> None:
     stages = {s.stage: "skipped" if s.skipped else "ran" for s in summary.stages}
     outcome = "complete" if summary.complete else f"stopped: {summary.stopped_reason}"
+    if summary.no_progress:
+        outcome = f"stopped without progress: {summary.stopped_reason}"
     ctx.check_fence()
     manifest.close_session(ctx.run_uri, ctx.flow_run_id, stages, outcome, ctx.audit_key)
 

@@ -11,6 +11,7 @@ spent their compute. Each check raises stages.core.errors.InputError.
 
 from __future__ import annotations
 
+import math
 import uuid
 
 from pipeline.dag import build_dag, node_config
@@ -29,6 +30,7 @@ from schemas.recipe import (
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
+from stages.core.sessions import STARTUP_AND_STEP_SECONDS
 
 
 def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
@@ -37,6 +39,29 @@ def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
     check_storage_writable(root)
     check_mesh(recipe.mesh)
     check_model(recipe.model, cache_dir)
+
+
+def check_session_budget(recipe: Recipe) -> None:
+    """A session budget must cover start-up, one step and the largest save margin of the DAG's
+    training nodes; a smaller one stops every session at step 0, for ever (`far run` and
+    `far validate`; a deployment's budget is its schedule's business)."""
+    budget = recipe.session_budget
+    margins = [
+        (node.id, float(margin))
+        for node in build_dag(recipe).nodes
+        if (margin := getattr(node_config(recipe, node), "save_margin_seconds", None)) is not None
+    ]
+    if budget is None or not margins:
+        return
+    node, margin = max(margins, key=lambda pair: pair[1])
+    smallest = math.ceil(margin + STARTUP_AND_STEP_SECONDS)
+    if budget.total_seconds() < smallest:
+        raise InputError(
+            f"session_budget: {budget.total_seconds():g} s cannot make progress: node {node!r} "
+            f"keeps {margin:g} s free for its save (save_margin_seconds) and start-up plus one "
+            f"step need about {STARTUP_AND_STEP_SECONDS:g} s more; the smallest budget that "
+            f"works is {smallest}s (--session-budget {smallest}s, or a smaller save margin)"
+        )
 
 
 def check_nodes(recipe: Recipe) -> None:

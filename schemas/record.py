@@ -129,6 +129,9 @@ class RunSummary(Frozen):
     seconds: float  # wall time inside the flow; minus the stages' seconds = orchestration
     stopped_reason: str | None = None
     ledger_root: str | None = None  # the run's ledger root at the end (stages/core/ledger.py)
+    no_progress: bool = False
+    """True when the session stopped before any stage committed or took a training step (not
+    by a signal): the same budget would stop at the same point; `far` exits 6."""
 
 
 class Invocation(Frozen):

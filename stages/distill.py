@@ -156,6 +156,7 @@ def _distill(
         ckpt_uri,
         local_logs,
         log_uri,
+        start_step=start_step,
     )
     artifact = committed_checkpoint(
         ckpt_uri, config.max_steps, student_spec, teacher.tokenizer, config.lora

@@ -160,6 +160,7 @@ def _optimize(
         ckpt_uri,
         local_logs,
         log_uri,
+        start_step=start_step,
     )
     artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, policy.lora)
     return artifact, _metrics(trainer, len(pairs), start_step), _history(trainer)

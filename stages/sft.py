@@ -166,6 +166,7 @@ def _train(
             config.save_margin_seconds,
             clock,
             items_per_step=config.gradient_accumulation_steps,  # stop between windows only
+            health=lambda: tunix_compat.raise_save_errors(trainer),
         ),
         ctx.progress,
         "sft",
@@ -182,7 +183,14 @@ def _train(
     release_scalar_listeners(trainer.metrics_logger)
     finished = time.time()
     publish_session(
-        "SFT", trainer.train_steps, config.max_steps, local_ckpt, ckpt_uri, local_logs, log_uri
+        "SFT",
+        trainer.train_steps,
+        config.max_steps,
+        local_ckpt,
+        ckpt_uri,
+        local_logs,
+        log_uri,
+        start_step=start_step,
     )
     artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, config.lora)
     metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import LoraSpec, ModelSpec
 from stages.core import storage
-from stages.core.runner import SessionExpired
+from stages.core.runner import NoProgress, SessionExpired
 
 
 def publish_session(
@@ -22,10 +22,17 @@ def publish_session(
     ckpt_uri: str,
     local_logs: str,
     log_uri: str,
+    start_step: int | None = None,
 ) -> None:
-    """Publish checkpoints and logs (also when stopping); raise SessionExpired when short."""
+    """Publish checkpoints and logs (also when stopping); raise SessionExpired when short,
+    NoProgress when this session (which began at `start_step`) took no step at all."""
     storage.publish_tree(local_ckpt, ckpt_uri)
     storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
+    if steps_done < max_steps and steps_done == start_step:
+        raise NoProgress(
+            f"{what} stopped at step {steps_done} of {max_steps} without taking a step in "
+            f"this session: its time left did not cover one step plus the save margin"
+        )
     if steps_done < max_steps:
         raise SessionExpired(
             f"{what} stopped at step {steps_done} of {max_steps} "

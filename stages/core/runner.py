@@ -44,7 +44,7 @@ from schemas.record import (
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput, TamperedStage
 from stages.core.progress import ProgressCallback
-from stages.core.sessions import LeaseLost, StopFlag
+from stages.core.sessions import LeaseLost, SaveFailed, StopFlag
 from stages.core.shared import SharedBuilds
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,11 @@ _RECORDED_PACKAGES = (
 
 class SessionExpired(RuntimeError):
     """The run's deadline has passed: stop cleanly; the same command continues next session."""
+
+
+class NoProgress(SessionExpired):
+    """The session ended before the stage took a single step: running it again with the same
+    budget would stop at the same point (`far` exits with its own code for a scheduler)."""
 
 
 @dataclass(frozen=True)
@@ -406,7 +411,7 @@ def run_stage(
         return StageOutcome(located, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
     left = ctx.seconds_left()
     if left is not None and left <= 0:
-        raise SessionExpired(f"session deadline passed before stage {stage} could start")
+        raise NoProgress(f"session deadline passed before stage {stage} could start")
     if ctx.stop is not None and ctx.stop.is_set():
         ctx.stop.raise_if_aborted()
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
@@ -424,6 +429,9 @@ def run_stage(
             _log_session(ctx, directory, started, t0, outcome, f"{type(e).__name__}: {e}")
         except Exception as note_error:  # the original error matters more than the note
             log.warning("stage %s: could not note the %s session: %s", stage, outcome, note_error)
+        failed = save_failure(stage, directory, e)
+        if failed is not None and failed is not e:
+            raise failed from e
         raise
     if not ctx.primary:
         return _await_commit(ctx, record_uri, output)
@@ -454,6 +462,18 @@ def run_stage(
     commit_record(ctx, record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+def save_failure(stage: str, directory: str, error: BaseException) -> SaveFailed | None:
+    """The SaveFailed that ends a stage whose write storage refused (a full disk), naming the
+    stage, its directory, the file and the cause; None for any other error."""
+    cause = storage.write_failure(error)
+    if cause is None:
+        return error if isinstance(error, SaveFailed) else None
+    return SaveFailed(
+        f"stage {stage} could not save in {directory}: {cause}; everything committed before "
+        f"is kept: make room, then run the same command again to continue"
+    )
 
 
 def _await_commit(ctx: RunContext, record_uri: str, output: T) -> StageOutcome[T]:

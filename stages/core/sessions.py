@@ -5,6 +5,11 @@ batches once a stop is requested (SIGTERM, via `StopFlag`) or the time left befo
 deadline would not cover one more step plus a save margin. The trainer then ends its loop
 as if the data ran out and saves its last checkpoint; the stage sees it stopped short and
 raises SessionExpired. Running the same command again resumes from that checkpoint.
+
+A write that storage refuses (a full disk) in a library's background writer thread (Orbax's
+async save, TensorBoard's event writer) is not left to hang the run: the thread's death aborts
+the session (`SaveFailed`) and interrupts the main thread wherever it waits, so the session ends
+within seconds, resumable from the last committed checkpoint.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
+
+from stages.core import storage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -30,6 +37,12 @@ T = TypeVar("T")
 class LeaseLost(RuntimeError):
     """This session no longer holds the run's lease (another session took it over): it must
     stop at once and write nothing more (`far` exits with its own code)."""
+
+
+class SaveFailed(RuntimeError):
+    """Storage refused a write this session needed (a full disk, a quota): the session ends at
+    once; everything committed before stays, so the same command continues once there is room
+    (`far` exits with the code of a stopped session)."""
 
 
 class StopFlag:
@@ -60,6 +73,11 @@ class StopFlag:
             raise self.error
 
 
+# What a session needs beyond a training stage's save margin to take one step: start-up (the
+# Prefect server, the base model, data) and the first step's compilation. A budget below the
+# largest save margin plus this stops every session at step 0 (issue 37): refused before compute.
+STARTUP_AND_STEP_SECONDS = 60.0
+
 ABORT_EXIT_CODE = 130  # what a shell reports for a job ended by Ctrl-C
 
 
@@ -85,9 +103,11 @@ def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
     command. A second Ctrl-C leaves at once with exit code 130 (an abort, no save)."""
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        flag.raise_if_aborted()  # an abort (a failed background write): leave where we are
         flag.request(f"received signal {signal.Signals(signum).name}")
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
+        flag.raise_if_aborted()
         if flag.is_set():
             abort_now()
         # the flag first: Python runs a second Ctrl-C's handler inside this one when it comes
@@ -100,11 +120,37 @@ def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
 
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)
     previous_int = signal.signal(signal.SIGINT, on_sigint)
+    previous_hook = threading.excepthook
+    threading.excepthook = _abort_on_failed_write(flag, previous_hook)
     try:
         yield flag
     finally:
+        threading.excepthook = previous_hook
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def _abort_on_failed_write(
+    flag: StopFlag, previous: Callable[[threading.ExceptHookArgs], Any]
+) -> Callable[[threading.ExceptHookArgs], Any]:
+    """A thread hook: a background thread that died on a write storage refused (TensorBoard's
+    event writer on a full disk) aborts the session and wakes the main thread with SIGTERM,
+    whose handler raises the abort. (The main thread may be waiting on that dead thread for
+    ever: measured, a put on its full queue at 0% CPU.) Any other thread death is reported as
+    before."""
+    main = threading.main_thread().ident
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        cause = None if args.exc_value is None else storage.write_failure(args.exc_value)
+        if cause is None or flag.error is not None:
+            previous(args)
+            return
+        name = args.thread.name if args.thread is not None else "a thread"
+        flag.abort(SaveFailed(f"a background write ({name}) failed: {cause}"))
+        if main is not None:
+            signal.pthread_kill(main, signal.SIGTERM)
+
+    return hook
 
 
 @dataclass
@@ -126,8 +172,13 @@ def guarded(
     save_margin_s: float,
     clock: StepClock,
     items_per_step: int = 1,
+    health: Callable[[], None] | None = None,
 ) -> Iterator[T]:
     """`items` until a stop is requested or the deadline is too close for another step.
+
+    `health`, called before every window, raises when a background save failed (Orbax's
+    async checkpoint on a full disk), so the session ends there instead of training on
+    towards a save that can never succeed.
 
     With gradient accumulation (`items_per_step` micro-batches per optimizer update) it stops
     only between whole windows: a stop requested inside one takes effect once the window's
@@ -141,6 +192,8 @@ def guarded(
     for handed_out, item in enumerate(items):
         now = time.time()
         window_start = handed_out % items_per_step == 0
+        if window_start and health is not None:
+            health()
         if window_start and any_process(
             _should_stop(now, deadline, flag, save_margin_s, clock, items_per_step)
         ):

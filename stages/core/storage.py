@@ -7,9 +7,12 @@ checkpoints are staged in a local mirror directory and published with `publish_t
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -119,13 +122,56 @@ def write_bytes(uri: str, data: bytes) -> None:
     if protocol(uri) == "file":
         fs.makedirs(parent, exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            _write_synced(tmp, data)
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk: leave no temporary file behind, name the file
+            _remove_quietly(tmp)
+            if e.filename is None:
+                raise OSError(e.errno, e.strerror, path) from e
+            raise
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
     else:  # object stores and memory:// replace an object in one call
         fs.pipe_file(path, data)
+
+
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# A write refused for want of space: ENOSPC or EDQUOT from Python, or the same from
+# TensorStore (Orbax's writer), which reports it as RESOURCE_EXHAUSTED text naming the file.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+_FAILED_PATH = re.compile(r'(?:Failed writing|local file):? "([^"]+)"')
+
+
+def write_failure(error: BaseException) -> str | None:
+    """'PATH: cause' when `error`, or one it was raised from, is a write that storage refused
+    for want of space (a full disk or quota); None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FULL_ERRNOS:
+            return f"{current.filename or 'a file'}: {os.strerror(current.errno)}"
+        text = str(current)
+        cause = next((t for t in _FULL_TEXTS if t in text), None)
+        if cause is not None:
+            paths = _FAILED_PATH.findall(text)
+            return f"{paths[-1] if paths else 'a file'}: {cause}"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def delete(uri: str) -> None:
@@ -427,16 +473,13 @@ def _local_version(stat: os.stat_result) -> str:
 def _create_exclusive_local(path: str, data: bytes) -> bool:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     try:
+        _write_synced(tmp, data)
         os.link(tmp, path)
     except FileExistsError:
         return False
     finally:
-        os.unlink(tmp)
+        _remove_quietly(tmp)
     return True
 
 

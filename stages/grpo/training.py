@@ -352,6 +352,7 @@ def _reinforce(
         session.ckpt_uri,
         session.local_logs,
         session.log_uri,
+        start_step=start_step,
     )
     artifact, scalars, curves = _results(session, config, spec, sft, history, start_step)
     return artifact, {**scalars, **compilations}, curves

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 import jax
@@ -148,6 +149,32 @@ def release_scalar_listeners(metrics_logger: Any) -> int:
             continue
         released += 1
     return released
+
+
+TESTED_ORBAX_VERSIONS = ("0.12.8",)
+
+
+def raise_save_errors(trainer: Any) -> None:
+    """Raise the error of a failed asynchronous checkpoint save of a Tunix trainer, if any.
+
+    Tunix's CheckpointManager keeps Orbax's manager in the private `_checkpoint_manager`
+    (None without a checkpoint directory). Orbax's save finishes in its background
+    `_finalize_thread`, which keeps what it hit (a full disk) as its `exception` and raises it
+    only when joined, at the next save, many steps later; its public `check_for_errors`
+    misses it once that thread consumed the checkpointer's error. The thread is read only on
+    the tested Orbax versions. Test: tests/unit/test_full_disk.py.
+    """
+    manager = getattr(trainer.checkpoint_manager, "_checkpoint_manager", None)
+    if manager is None:
+        return
+    manager.check_for_errors()
+    if metadata.version("orbax-checkpoint") not in TESTED_ORBAX_VERSIONS:
+        return
+    error = manager._finalize_thread.map(
+        lambda thread: None if thread is None or thread.is_alive() else thread.exception
+    )
+    if error is not None:
+        raise error
 
 
 # --- rollout seeds ---------------------------------------------------------------------------

@@ -91,14 +91,16 @@ def test_far_run_exits_4_naming_the_holder_then_records_a_takeover(
 
     root = str(tmp_path)
     run_uri = storage.join(root, "smoke")
-    command = ["run", str(REPO / "recipes/smoke.yaml"), "--root", root, "--session-budget", "1s"]
+    # a short run (a budget too small to make progress is refused before the lease now)
+    short = ["sft.max_steps=2", "grpo.max_steps=2"]
+    command = ["run", str(REPO / "recipes/smoke.yaml"), "--root", root, *short]
     with holder(run_uri) as proc:
         assert cli.main([*command, "--lease-wait", "1"]) == cli.EXIT_LEASE_HELD
         assert f"pid {proc.pid}" in capsys.readouterr().err
         os.kill(proc.pid, signal.SIGKILL)
     time.sleep(HOLDER_TTL)
-    # takes over, records it, then stops at once: the 1 s session budget is already spent
-    assert cli.main(command) == cli.EXIT_INCOMPLETE
+    # takes over, records it, then runs the short recipe to its end
+    assert cli.main(command) == 0
     [invocation] = read_manifest(run_uri).invocations
     assert invocation.took_over is not None and invocation.took_over["pid"] == proc.pid
     assert not storage.exists(lease.lease_uri(run_uri))
