@@ -440,7 +440,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     validate_run(plan.recipe, plan.root, cache_dir)
-    nodes, refused = preview(plan.recipe, plan.root, args.allow_change)
+    nodes, refused = preview(plan.recipe, plan.root, args.allow_change, args.cache_dir)
     run_uri = storage.join(plan.root, plan.recipe.name)
     print(f"recipe {args.recipe}: valid; run '{plan.recipe.name}' at {run_uri}")
     print(f"  {'node':<14} {'kind':<12} {'stage hash':<13} {'action':<9} why")

@@ -67,8 +67,7 @@ def open_session(
     uri = manifest_uri(ctx.run_uri)
     if storage.exists(uri):
         manifest = read_manifest(ctx.run_uri)
-        old = with_current_defaults(manifest.recipe)
-        changes = drift.check("the recipe", drift.recipe_changes(old, new), ctx.allow_changes)
+        changes = recipe_drift(recipe, manifest, ctx.allow_changes)
     else:
         manifest = RunManifest(
             run=ctx.run, recipe=new, recipe_source=recipe_source, created_at=datetime.now(UTC)
@@ -92,6 +91,16 @@ def open_session(
     )
     write_manifest(ctx.run_uri, updated, ctx.audit_key)
     return changes
+
+
+def recipe_drift(
+    recipe: Recipe, manifest: RunManifest, allow_changes: Sequence[str]
+) -> list[drift.Change]:
+    """The recipe's changes from the one the run started with (its run.json), all allowed;
+    drift.DriftError for any other. What `open_session` and `far validate`'s plan both check."""
+    old = with_current_defaults(manifest.recipe)
+    changes = drift.recipe_changes(old, recipe.model_dump(mode="json"))
+    return drift.check("the recipe", changes, allow_changes)
 
 
 def write_manifest(run_uri: str, updated: RunManifest, key: SecretStr | None = None) -> None:
@@ -185,6 +194,11 @@ def _directory_state(stage: str, directory: str) -> StageState:
     return StageState(
         stage, "partial", directory, latest_checkpoint_step(directory), max_steps, sessions
     )
+
+
+def max_steps_of(directory: str) -> int | None:
+    """The max_steps a started training stage's directory was started with (its identity)."""
+    return _max_steps(storage.read_json(storage.join(directory, IDENTITY_NAME))["config"])
 
 
 def _max_steps(config: dict[str, Any]) -> int | None:
