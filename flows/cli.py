@@ -211,7 +211,8 @@ def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="MODULE",
         help="import MODULE first: a stage kind's module that registers the kind, so the\n"
-        "recipe can name it (docs/adding-a-stage.md); repeatable",
+        "recipe can name it (docs/adding-a-stage.md); repeatable. A run records the modules\n"
+        "of the kinds it used (run.json), which status, audit, lineage and resume import",
     )
 
 
@@ -284,6 +285,7 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    _add_plugin_option(status)
     resume = commands.add_parser(
         "resume",
         help="continue RUN with the recipe it was started with",
@@ -301,6 +303,7 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     lineage.add_argument("uri", help="an output URI as `far run` printed it, or a stage directory")
+    _add_plugin_option(lineage)
     lineage.add_argument(
         "--openlineage", metavar="FILE", help="also write the run's OpenLineage events (JSON lines)"
     )
@@ -315,6 +318,7 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
+    _add_plugin_option(audit)
     audit.add_argument(
         "--expect-root",
         metavar="DIGEST",
@@ -530,6 +534,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "name": run_manifest.run,
             "session_budget": args.session_budget,
         }
+        registry.import_plugins(run_manifest.plugins)  # the kinds its recipe names
         recipe = parse_recipe(run_manifest.recipe, f"{run_uri}/run.json", overrides)
         plan = plan_recipe(recipe)
     except (FileNotFoundError, RecipeError, IsolationUnavailable) as e:

@@ -19,6 +19,7 @@ from pydantic import SecretStr, ValidationError
 from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
+from stages import registry
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput
 from stages.core.runner import IDENTITY_NAME, RECORD_NAME, SESSIONS_DIR, RunContext, read_record
@@ -82,11 +83,13 @@ def open_session(
         took_over=took_over,
         overrides=list(overrides),
     )
+    kinds = [node.kind for node in build_dag(recipe).nodes]
     updated = manifest.model_copy(
         update={
             "recipe": new,
             "recipe_source": recipe_source,
             "invocations": [*manifest.invocations, invocation],
+            "plugins": sorted({*manifest.plugins, *registry.plugin_modules(kinds)}),
         }
     )
     write_manifest(ctx.run_uri, updated, ctx.audit_key)
@@ -146,7 +149,9 @@ class StageState:
 
 
 def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
-    """The node ids of the run's DAG (from the recipe in run.json), in topological order."""
+    """The node ids of the run's DAG (from the recipe in run.json), in topological order;
+    the plugin modules the run recorded are imported first, so their kinds are known."""
+    registry.import_plugins(manifest.plugins)
     return build_dag(Recipe.model_validate(manifest.recipe)).ids
 
 
