@@ -9,6 +9,7 @@ training): exit 2 and one line naming the node, field or file, or the plan and e
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -26,7 +27,7 @@ from pipeline.manifest import manifest_uri
 from pipeline.nodes import run_node
 from pipeline.recipes import RecipeError, load_recipe, parse_recipe
 from schemas.artifacts import CheckpointArtifact
-from schemas.recipe import Recipe
+from schemas.recipe import HardSubsetConfig, Recipe
 from schemas.record import RunManifest, RunSummary, StageSummary
 from stages import sft
 from stages.core import storage
@@ -447,3 +448,61 @@ def test_an_unregistered_kind_is_refused_naming_the_node_and_the_kinds(
     DAG check: exit 2, naming the node, the kind and the kinds that are registered."""
     recipe = _write(tmp_path, _dag_with("sft", kind="sft_lora"))
     _refused(capsys, recipe, r"sft: no stage kind 'sft_lora' is registered; kinds: \['data_prep'")
+
+
+HARD = next(n for n in DAG["pipeline"] if n["id"] == "hard")
+SAMPLED = {"models": ["grpo"], "split": "grpo_train", "temperature": 0.9, "samples": 2}
+
+
+@pytest.mark.parametrize(
+    ("hard", "evaluation", "pattern"),
+    [
+        ({"min_prompts": 50}, {}, r"config\.min_prompts: 50 is more than the 8 prompts"),
+        ({"model": "grp"}, {}, r"config\.model: 'grp' is not a model evaluate_train evaluates"),
+        ({"by": "reward/format_strict"}, {}, r"config\.by: evaluate_train does not score"),
+        ({"above": 0.0}, {}, r"config\.above: .* always empty"),
+        (
+            {"above": 0.0},
+            SAMPLED,
+            r"config\.above: evaluate_train samples 2 .* fewer than the group of 4",
+        ),
+    ],
+    ids=["min-prompts", "model-label", "unscored-reward", "greedy-band", "samples-below-group"],
+)
+def test_hard_subset_mistakes_are_refused_before_compute(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    hard: dict[str, Any],
+    evaluation: dict[str, Any],
+    pattern: str,
+) -> None:
+    """Each used to surface only after data_prep, SFT, GRPO and the evaluation ran."""
+    data = _dag_with("hard", config={**HARD["config"], **hard})
+    if evaluation:
+        train = next(n for n in data["pipeline"] if n["id"] == "evaluate_train")
+        nodes = [{**n, "config": evaluation} if n is train else n for n in data["pipeline"]]
+        data = {**data, "pipeline": nodes}
+    _refused(capsys, _write(tmp_path, data), rf"node 'hard' \(hard_subset\): {pattern}")
+
+
+def test_a_sampled_band_and_a_labelled_greedy_row_are_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _dag_with("hard", config={**HARD["config"], "above": 0.0})
+    sampled = {**SAMPLED, "samples": 4}
+    nodes = [
+        {**n, "config": sampled} if n["id"] == "evaluate_train" else n for n in data["pipeline"]
+    ]
+    code, _, err = _far(capsys, "validate", _write(tmp_path, {**data, "pipeline": nodes}))
+    assert code == 0, err
+
+
+def test_an_empty_band_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """No prompt in the band: the top-up to min_prompts is said as a WARNING (was INFO)."""
+    from stages import hard_subset
+
+    config = HardSubsetConfig(model="grpo", above=0.0, min_prompts=2)
+    with caplog.at_level(logging.INFO, logger="stages.hard_subset"):
+        hard_subset.log_selection(kept=2, rows=8, failed=4, banded=0, config=config)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "no prompt in the band" in warning.getMessage() and "no gradient" in warning.getMessage()
