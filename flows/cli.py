@@ -180,18 +180,9 @@ def _add_validate_command(commands: Any) -> None:
     )
     _add_recipe_arguments(validate)
     validate.add_argument(
-        "--allow-change",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="as for `far run`: a change from the run's recipe to accept",
+        "--session-budget", help="as for `far run`: checked like the recipe's session_budget"
     )
-    validate.add_argument(
-        "--cache-dir",
-        default=os.environ.get("FAR_CACHE_DIR"),
-        help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
-    )
-    validate.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    _add_session_options(validate)  # every `far run` option, so a run line checks as it is
 
 
 def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -438,7 +429,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate like `far run`, print the plan; exit 0, or 2 when anything would be refused."""
     try:
-        plan = plan_run(args.recipe, args.root, args.name, None, args.overrides)
+        plan = plan_run(args.recipe, args.root, args.name, args.session_budget, args.overrides)
     except IsolationUnavailable as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID

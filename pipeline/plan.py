@@ -97,11 +97,11 @@ def preview(
     try:
         manifest.recipe_drift(recipe, manifest.read_manifest(run_uri), allow_changes)
     except drift.DriftError as e:
-        plans = [
+        refused = [
             NodePlan(n.id, n.kind, "refused", None, _touched(e.changes, n, recipe))
             for n in dag.nodes
         ]
-        return plans, _says(e.refused)
+        return refused, _says(e.refused)
     ctx = RunContext(
         root=root,
         run=recipe.name,

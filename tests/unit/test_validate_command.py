@@ -506,3 +506,16 @@ def test_an_empty_band_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
         hard_subset.log_selection(kept=2, rows=8, failed=4, banded=0, config=config)
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "no prompt in the band" in warning.getMessage() and "no gradient" in warning.getMessage()
+
+
+def test_a_far_run_line_checks_by_swapping_the_verb(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every `far run` option is accepted by `far validate` (the budget is checked as well)."""
+    options = ["--session-budget", "9h", "--lease-wait", "5", "--distributed"]
+    options += ["--compile-cache", str(tmp_path / "cc"), "--allow-change", "sft", "sft.max_steps=3"]
+    code, out, err = _far(capsys, "validate", _write(tmp_path, smoke_data()), *options)
+    assert code == 0, err
+    assert "valid; run 'smoke'" in out
+    code, _, err = _far(capsys, "validate", _write(tmp_path, smoke_data()), "--session-budget", "x")
+    assert code == cli.EXIT_INVALID and "session_budget" in err
