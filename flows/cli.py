@@ -185,18 +185,9 @@ def _add_validate_command(commands: Any) -> None:
     )
     _add_recipe_arguments(validate)
     validate.add_argument(
-        "--allow-change",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="as for `far run`: a change from the run's recipe to accept",
+        "--session-budget", help="as for `far run`: checked like the recipe's session_budget"
     )
-    validate.add_argument(
-        "--cache-dir",
-        default=os.environ.get("FAR_CACHE_DIR"),
-        help="where converted model weights are cached (default: $FAR_CACHE_DIR or ~/.cache/far)",
-    )
-    validate.add_argument("-v", "--verbose", action="store_true", help="show library logs too")
+    _add_session_options(validate)  # every `far run` option, so a run line checks as it is
 
 
 def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -216,7 +207,8 @@ def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="MODULE",
         help="import MODULE first: a stage kind's module that registers the kind, so the\n"
-        "recipe can name it (docs/adding-a-stage.md); repeatable",
+        "recipe can name it (docs/adding-a-stage.md); repeatable. A run records the modules\n"
+        "of the kinds it used (run.json), which status, audit, lineage and resume import",
     )
 
 
@@ -292,6 +284,7 @@ def _add_run_commands(commands: Any) -> None:
     )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     _add_root_options(status)
+    _add_plugin_option(status)
     resume = commands.add_parser(
         "resume",
         help="continue RUN with the recipe it was started with",
@@ -309,6 +302,7 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     lineage.add_argument("uri", help="an output URI as `far run` printed it, or a stage directory")
+    _add_plugin_option(lineage)
     lineage.add_argument(
         "--openlineage", metavar="FILE", help="also write the run's OpenLineage events (JSON lines)"
     )
@@ -326,6 +320,7 @@ def _add_run_commands(commands: Any) -> None:
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     _add_root_options(audit)
+    _add_plugin_option(audit)
 
 
 def _add_root_options(parser: argparse.ArgumentParser) -> None:
@@ -472,14 +467,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate like `far run`, print the plan; exit 0, or 2 when anything would be refused."""
     try:
-        plan = plan_run(args.recipe, args.root, args.name, None, args.overrides)
+        plan = plan_run(args.recipe, args.root, args.name, args.session_budget, args.overrides)
     except IsolationUnavailable as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
     validate_run(plan.recipe, plan.root, cache_dir)
-    nodes, refused = preview(plan.recipe, plan.root, args.allow_change)
+    nodes, refused = preview(plan.recipe, plan.root, args.allow_change, args.cache_dir)
     run_uri = storage.join(plan.root, plan.recipe.name)
     print(f"recipe {args.recipe}: valid; run '{plan.recipe.name}' at {run_uri}")
     print(f"  {'node':<14} {'kind':<12} {'stage hash':<13} {'action':<9} why")
@@ -588,6 +583,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "name": run_manifest.run,
             "session_budget": args.session_budget,
         }
+        registry.import_plugins(run_manifest.plugins)  # the kinds its recipe names
         recipe = parse_recipe(run_manifest.recipe, f"{run_uri}/run.json", overrides)
         plan = plan_recipe(recipe)
     except (FileNotFoundError, RecipeError, IsolationUnavailable) as e:

@@ -19,6 +19,7 @@ from pydantic import SecretStr, ValidationError
 from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
+from stages import registry
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput
 from stages.core.runner import (
@@ -74,8 +75,7 @@ def open_session(
     uri = manifest_uri(ctx.run_uri)
     if storage.exists(uri):
         manifest = read_manifest(ctx.run_uri)
-        old = with_current_defaults(manifest.recipe)
-        changes = drift.check("the recipe", drift.recipe_changes(old, new), ctx.allow_changes)
+        changes = recipe_drift(recipe, manifest, ctx.allow_changes)
     else:
         manifest = RunManifest(
             run=ctx.run, recipe=new, recipe_source=recipe_source, created_at=datetime.now(UTC)
@@ -90,15 +90,27 @@ def open_session(
         took_over=took_over,
         overrides=list(overrides),
     )
+    kinds = [node.kind for node in build_dag(recipe).nodes]
     updated = manifest.model_copy(
         update={
             "recipe": new,
             "recipe_source": recipe_source,
             "invocations": [*manifest.invocations, invocation],
+            "plugins": sorted({*manifest.plugins, *registry.plugin_modules(kinds)}),
         }
     )
     write_manifest(ctx.run_uri, updated, ctx.audit_key)
     return changes
+
+
+def recipe_drift(
+    recipe: Recipe, manifest: RunManifest, allow_changes: Sequence[str]
+) -> list[drift.Change]:
+    """The recipe's changes from the one the run started with (its run.json), all allowed;
+    drift.DriftError for any other. What `open_session` and `far validate`'s plan both check."""
+    old = with_current_defaults(manifest.recipe)
+    changes = drift.recipe_changes(old, recipe.model_dump(mode="json"))
+    return drift.check("the recipe", changes, allow_changes)
 
 
 def write_manifest(run_uri: str, updated: RunManifest, key: SecretStr | None = None) -> None:
@@ -145,7 +157,9 @@ class StageState:
 
 
 def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
-    """The node ids of the run's DAG (from the recipe in run.json), in topological order."""
+    """The node ids of the run's DAG (from the recipe in run.json), in topological order;
+    the plugin modules the run recorded are imported first, so their kinds are known."""
+    registry.import_plugins(manifest.plugins)
     return build_dag(Recipe.model_validate(manifest.recipe)).ids
 
 
@@ -203,6 +217,11 @@ def _directory_state(stage: str, directory: str) -> StageState:
     return StageState(
         stage, "partial", directory, latest_checkpoint_step(directory), max_steps, sessions
     )
+
+
+def max_steps_of(directory: str) -> int | None:
+    """The max_steps a started training stage's directory was started with (its identity)."""
+    return _max_steps(storage.read_json(storage.join(directory, IDENTITY_NAME))["config"])
 
 
 def _max_steps(config: dict[str, Any]) -> int | None:

@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import manifest
-from pipeline.dag import build_dag
+from pipeline.dag import build_dag, node_config
+from pipeline.nodes import Artifact, run_node
 from pipeline.recipes import load_recipe
 from schemas.recipe import Recipe, StageNode
 from stages import registry, rewards
 from stages.core import drift, storage
-from stages.core.runner import IDENTITY_NAME
+from stages.core.errors import InputError
+from stages.core.runner import IDENTITY_NAME, Planned, RunContext
+from stages.core.shared import SharedBuilds
 
 
 @dataclass(frozen=True)
@@ -65,63 +68,132 @@ class NodePlan:
 
     node: str
     kind: str
-    action: str  # run | continue | skip | refused | - (not reached after a refused stage)
+    # run | continue | skip | refused | depends (on an upstream node that runs first: skip
+    # if that node's new output is the one this node's directory used, else run) | - (not
+    # reached after a refused stage)
+    action: str
     stage_hash: str | None  # the directory's hash (first 12 hex digits); None: not known yet
     detail: str
 
 
 def preview(
-    recipe: Recipe, root: str, allow_changes: Sequence[str] = ()
+    recipe: Recipe, root: str, allow_changes: Sequence[str] = (), cache_dir: str | None = None
 ) -> tuple[list[NodePlan], str | None]:
-    """Each node of the recipe's DAG in the order it runs, with what a run would do with it:
-    skip (complete on storage), continue (a partial directory), run, or refused by the drift
-    guard (the recipe differs from the run's run.json in a way not allowed). Reads records
-    only; computes nothing. A stage hash is known once its directory exists: a new stage's
-    hash depends on its inputs' fingerprints, which exist only once its upstream stages ran.
+    """Each node of the recipe's DAG in the order it runs, with what a run would do with it,
+    decided by the run's own code: the recipe's drift from run.json (manifest.recipe_drift,
+    as `open_session` checks it), then each node through its stage's entry point in plan mode
+    (RunContext.plan_only), where `run_stage` makes the run's decision (stages.core.runner.
+    decide: the record's seal and files verified, the drift guard against the node's previous
+    directory) and hands it back instead of working. A node is decided once every input is
+    known, i.e. its upstream nodes are skipped; one after a node that runs first shows
+    `run` (no directory yet) or `depends`. Computes nothing and writes nothing.
 
-    Returns the node plans and, when the drift guard would refuse the session, why.
+    Returns the node plans and, when the run would be refused, why (one line).
     """
     dag = build_dag(recipe)
     run_uri = storage.join(root, recipe.name)
     if not storage.exists(manifest.manifest_uri(run_uri)):
         return [NodePlan(n.id, n.kind, "run", None, "new run") for n in dag.nodes], None
-    old = manifest.with_current_defaults(manifest.read_manifest(run_uri).recipe)
-    changes = drift.recipe_changes(old, recipe.model_dump(mode="json"))
-    refused = [c for c in changes if not drift.is_allowed(c, allow_changes)]
+    try:
+        manifest.recipe_drift(recipe, manifest.read_manifest(run_uri), allow_changes)
+    except drift.DriftError as e:
+        refused = [
+            NodePlan(n.id, n.kind, "refused", None, _touched(e.changes, n, recipe))
+            for n in dag.nodes
+        ]
+        return refused, _says(e.refused)
+    ctx = RunContext(
+        root=root,
+        run=recipe.name,
+        cache_dir=cache_dir,
+        allow_changes=tuple(allow_changes),
+        sandbox_isolation=recipe.sandbox.isolation,
+        sandbox_workers=recipe.sandbox.workers,
+        shared=SharedBuilds(),
+        plan_only=True,
+    )
     states = {s.stage: s for s in manifest.run_status(run_uri) if s.state != "superseded"}
-    plans: dict[str, NodePlan] = {}
-    stopped_at: list[drift.Change] = []  # a stage refused when it starts: the flow ends there
+    outputs: dict[str, Artifact] = {}
+    plans: list[NodePlan] = []
+    refusal: str | None = None
     for node in dag.nodes:
-        state = states.get(node.id)
-        digest = state.directory.rsplit("-", 1)[-1] if state and state.directory else None
-        touching = [c for c in changes if _touches(c.path, node, recipe)]
-        code = _code_change(node.kind, state)
-        touching += [code] if code is not None else []
-        touched = "; ".join(str(c) for c in touching)
-        if refused:
-            why = touched or "the session as a whole is refused"
-            plans[node.id] = NodePlan(node.id, node.kind, "refused", digest, why)
-        elif stopped_at:
-            plans[node.id] = NodePlan(node.id, node.kind, "-", None, "not reached")
-        elif code is not None and not drift.is_allowed(code, allow_changes):
-            stopped_at.append(code)
-            plans[node.id] = NodePlan(node.id, node.kind, "refused", digest, touched)
-        elif touching and drift.continuable(touching) and state and state.step:
-            why = f"from step {state.step} in a new directory ({touched})"
-            plans[node.id] = NodePlan(node.id, node.kind, "continue", None, why)
-        elif touching:
-            plans[node.id] = NodePlan(node.id, node.kind, "run", None, touched)
-        elif any(plans[up].action != "skip" for up in dag.upstream(node.id)):
-            plans[node.id] = NodePlan(node.id, node.kind, "run", None, "an input changes")
-        elif state is None or state.state == "not started":
-            plans[node.id] = NodePlan(node.id, node.kind, "run", None, "not started")
-        elif state.state == "complete":
-            plans[node.id] = NodePlan(node.id, node.kind, "skip", digest, "complete")
+        if refusal is not None:
+            plans.append(NodePlan(node.id, node.kind, "-", None, "not reached"))
+            continue
+        waiting = [up for up in dag.upstream(node.id) if up not in outputs]
+        if waiting:
+            plan, refusal = _after(node, waiting, states.get(node.id), allow_changes)
         else:
-            step = f"step {state.step or 0}/{state.max_steps}" if state.max_steps else "partial"
-            plans[node.id] = NodePlan(node.id, node.kind, "continue", digest, f"from {step}")
-    refusal = refused or stopped_at
-    return [plans[n.id] for n in dag.nodes], _says(refusal) if refusal else None
+            plan, refusal = _decided(recipe, node, ctx, outputs)
+        plans.append(plan)
+    return plans, refusal
+
+
+def _decided(
+    recipe: Recipe, node: StageNode, ctx: RunContext, outputs: dict[str, Artifact]
+) -> tuple[NodePlan, str | None]:
+    """The run's decision for a node whose inputs are all known (their stages are skipped);
+    a skipped node's output joins `outputs` for the nodes it feeds."""
+    inputs = {name: outputs[source] for name, source in node.inputs.items()}
+    try:
+        outcome = run_node(recipe, node, node_config(recipe, node), inputs, ctx)
+    except Planned as planned:
+        decision = planned.decision
+        detail = decision.detail
+        if decision.action == "continue" and decision.previous is None:
+            detail = _resume_detail(decision.directory)
+        return NodePlan(
+            node.id, node.kind, decision.action, _hash(decision.directory), detail
+        ), None
+    except drift.DriftError as e:
+        shown = "; ".join(str(c) for c in e.changes)
+        return NodePlan(node.id, node.kind, "refused", None, shown), _says(e.refused)
+    except InputError as e:  # a tampered stage, a missing input: the run ends here too
+        line = " ".join(str(e).split())
+        return NodePlan(node.id, node.kind, "refused", None, line), line
+    outputs[node.id] = outcome.output
+    directory = outcome.record_uri.rsplit("/", 1)[0]
+    return NodePlan(node.id, node.kind, "skip", _hash(directory), "complete"), None
+
+
+def _after(
+    node: StageNode,
+    waiting: list[str],
+    state: manifest.StageState | None,
+    allow_changes: Sequence[str],
+) -> tuple[NodePlan, str | None]:
+    """A node after `waiting` nodes that run first: its inputs are not known yet. A new stage
+    code version is refused whatever they produce (its identity holds the version)."""
+    after = ", ".join(waiting)
+    code = _code_change(node.kind, state)
+    if code is not None and not drift.is_allowed(code, allow_changes):
+        why = f"{code} (refused when it starts, after {after} ran)"
+        return NodePlan(node.id, node.kind, "refused", None, why), _says([code])
+    if state is None or state.directory is None:
+        return NodePlan(node.id, node.kind, "run", None, f"after {after}"), None
+    used = state.directory.rsplit("/", 1)[-1]
+    why = f"on {after}: skip if its new output is the one {used} used, else run"
+    return NodePlan(node.id, node.kind, "depends", None, why), None
+
+
+def _resume_detail(directory: str) -> str:
+    """How a started, uncommitted directory continues: from its latest checkpoint step."""
+    step = manifest.latest_checkpoint_step(directory)
+    max_steps = manifest.max_steps_of(directory)
+    if max_steps is None:
+        return "started before, not committed: runs again in its directory"
+    if step is not None and step >= max_steps:
+        return f"at step {step}/{max_steps}: no step left, commits it again"
+    return f"from step {step or 0}/{max_steps}"
+
+
+def _hash(directory: str) -> str:
+    return directory.rsplit("-", 1)[-1]
+
+
+def _touched(changes: list[drift.Change], node: StageNode, recipe: Recipe) -> str:
+    touching = [str(c) for c in changes if _touches(c.path, node, recipe)]
+    return "; ".join(touching) or "the session as a whole is refused"
 
 
 def stage_version(kind: str) -> int | None:

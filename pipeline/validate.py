@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import uuid
 
-from pipeline.dag import build_dag, node_config
+from pipeline.dag import Dag, build_dag, node_config
 from schemas.recipe import (
     EVAL_MODELS,
     DataPrepConfig,
     EvalConfig,
     GRPOConfig,
+    HardSubsetConfig,
     MeshSpec,
     ModelSpec,
     PreferencesConfig,
@@ -31,6 +32,8 @@ from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
+
+GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (EvalConfig.greedy)
 
 
 def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
@@ -67,7 +70,8 @@ def check_session_budget(recipe: Recipe) -> None:
 def check_nodes(recipe: Recipe) -> None:
     """Each node of the recipe's DAG (the default one too) with the config it will run with."""
     explicit = recipe.pipeline is not None
-    for node in build_dag(recipe).nodes:
+    dag = build_dag(recipe)
+    for node in dag.nodes:
         config = node_config(recipe, node)
         where = f"pipeline node {node.id!r} ({node.kind}): config." if explicit else ""
         if isinstance(config, GRPOConfig):
@@ -80,6 +84,70 @@ def check_nodes(recipe: Recipe) -> None:
             check_data_files(config, f"{where}" if explicit else "data.")
         elif isinstance(config, EvalConfig):
             check_eval_checkpoints(config, f"{where}models" if explicit else "eval.models")
+        elif isinstance(config, HardSubsetConfig):
+            check_hard_subset(recipe, dag, node, config)
+
+
+def check_hard_subset(recipe: Recipe, dag: Dag, node: StageNode, config: HardSubsetConfig) -> None:
+    """What a hard_subset node selects can be checked against the evaluation it reads and the
+    dataset it keeps from before either runs: the model label, the outcome `by`, a band a
+    greedy evaluation can never fill, min_prompts against the split, and the samples a band
+    needs for the GRPO nodes trained on it."""
+    where = f"pipeline node {node.id!r} (hard_subset): config."
+    evaluation = dag.node(node.inputs["evaluation"])
+    scored = node_config(recipe, evaluation)
+    labels = evaluated_labels(scored)
+    if config.model not in labels:
+        raise InputError(
+            f"{where}model: {config.model!r} is not a model {evaluation.id} evaluates; its "
+            f"labels: {labels}"
+        )
+    reward = config.by.removeprefix("reward/")
+    if config.by.startswith("reward/") and reward not in scored.rewards:
+        raise InputError(
+            f"{where}by: {evaluation.id} does not score reward {reward!r} (its config.rewards: "
+            f"{scored.rewards}); add it there, or select by correct or format"
+        )
+    samples = 1 if config.model.endswith(GREEDY_SUFFIX) else scored.samples
+    if config.above is not None and samples == 1 and not config.by.startswith("reward/"):
+        raise InputError(
+            f"{where}above: {evaluation.id} decodes {config.model} once per prompt, so every "
+            f"solve rate is 0 or 1 and the band ({config.above}, {config.below}) is always "
+            f"empty; give {evaluation.id} samples >= 2 and a temperature, or drop above"
+        )
+    _check_hard_min_prompts(recipe, dag.node(node.inputs["dataset"]), config, where)
+    for reader in dag.nodes:
+        trains = node_config(recipe, reader) if reader.inputs.get("dataset") == node.id else None
+        group = trains.num_generations if isinstance(trains, GRPOConfig) else 0
+        if config.above is not None and 1 < samples < group:
+            raise InputError(
+                f"{where}above: {evaluation.id} samples {samples} completions per prompt, fewer "
+                f"than the group of {group} that {reader.id} samples, so the band misjudges "
+                f"which prompts give GRPO a gradient; set {evaluation.id}'s samples >= {group}"
+            )
+
+
+def evaluated_labels(config: EvalConfig) -> list[str]:
+    """The model labels an evaluation's samples carry (stages/evaluate/evaluation.py's
+    _variant_labels): each model, base's k-shot row, and with greedy a greedy row each."""
+    labels = list(config.models)
+    if "base" in labels and config.base_shots:
+        labels.append(f"base-{config.base_shots}shot")
+    if config.greedy:
+        labels += [label + GREEDY_SUFFIX for label in labels]
+    return labels
+
+
+def _check_hard_min_prompts(
+    recipe: Recipe, source: StageNode, config: HardSubsetConfig, where: str
+) -> None:
+    data = node_config(recipe, source)
+    if isinstance(data, DataPrepConfig) and config.min_prompts > data.grpo.size:
+        raise InputError(
+            f"{where}min_prompts: {config.min_prompts} is more than the {data.grpo.size} "
+            f"prompts of {source.id}'s grpo_train split (data grpo.size); lower min_prompts "
+            f"or raise the split's size"
+        )
 
 
 def check_rewards(config: GRPOConfig, field: str = "grpo.rewards") -> None:

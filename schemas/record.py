@@ -175,6 +175,9 @@ class RunManifest(Frozen):
     recipe_source: str
     created_at: datetime
     invocations: list[Invocation] = Field(default_factory=list)
+    plugins: list[str] = Field(default_factory=list)
+    """The modules that registered the stage kinds the recipe names beyond FAR's own (its
+    sessions' --plugin): `far status`, `audit`, `lineage` and `resume` import them first."""
 
 
 class LedgerEntry(Frozen):

@@ -178,14 +178,7 @@ def _select(
     )
     failed = sum(1 for s in scores.values() if s < config.below)
     banded = sum(1 for s in scores.values() if in_band(s, config))
-    log.info(
-        "hard_subset: %d of %d prompts kept (%d under %.2f, %d in the band)",
-        len(kept),
-        len(rows),
-        failed,
-        config.below,
-        banded,
-    )
+    log_selection(len(kept), len(rows), failed, banded, config)
     metrics = {
         **(
             {"prompts_wrong_mode": float(len(ids) - sum(greedy_right.get(i, False) for i in ids))}
@@ -199,6 +192,29 @@ def _select(
         "mean_score_kept": sum(scores[i] for i in chosen) / len(chosen),
     }
     return artifact, metrics, {}
+
+
+def log_selection(kept: int, rows: int, failed: int, banded: int, config: HardSubsetConfig) -> None:
+    """The selection in one line; a WARNING when no prompt is in the band: the kept ones
+    (topped up to min_prompts) are solved always or never, so GRPO gets no gradient from them."""
+    log.info(
+        "hard_subset: %d of %d prompts kept (%d under %.2f, %d in the band)",
+        kept,
+        rows,
+        failed,
+        config.below,
+        banded,
+    )
+    if banded == 0:
+        log.warning(
+            "hard_subset: no prompt in the band (solve rate %s); kept the %d nearest it to "
+            "reach min_prompts, whose GRPO groups have equal rewards and give no gradient: "
+            "widen the band (above/below), or evaluate with more samples or a weaker model",
+            f"above {config.above} and below {config.below}"
+            if config.above is not None
+            else f"below {config.below}",
+            kept,
+        )
 
 
 def identity(

@@ -25,7 +25,7 @@ declares what else sits under stages/.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -246,10 +246,17 @@ SHARED_LAYERS: tuple[str, ...] = ("stages.core", "stages.modeling", "stages.rewa
 REGISTRY: dict[str, StageSpec] = {}
 
 
+class DuplicateKind(PluginError, ValueError):
+    """A stage kind registered twice (two plugins, or a plugin naming a shipped kind)."""
+
+
 def register(spec: StageSpec) -> StageSpec:
     """Add a stage kind; a kind registered twice is refused."""
     if spec.kind in REGISTRY:
-        raise ValueError(f"stage kind {spec.kind!r} is registered already")
+        raise DuplicateKind(
+            f"stage kind {spec.kind!r} is registered already (by {REGISTRY[spec.kind].module}); "
+            f"a second registration must give its kind another name"
+        )
     if ":" not in spec.entry:
         raise ValueError(f"stage kind {spec.kind!r}: entry must be 'module:function'")
     unknown = sorted(set(spec.hash_exempt_defaults) - set(spec.config.model_fields))
@@ -285,22 +292,81 @@ def unregister(kind: str) -> None:
 def load_plugin(module: str) -> list[str]:
     """Import `module` (a stage kind's module, on the Python path), which registers its kinds
     as it is imported; the kinds it added. `far run --plugin MODULE` calls this before the
-    recipe loads, so the recipe's YAML can name those kinds."""
+    recipe loads, so the recipe's YAML can name those kinds.
+
+    Anything that goes wrong while importing it (no such module, a syntax error, a kind it
+    registers twice, an exception or sys.exit on import) and an entry point of a kind it
+    added that cannot be imported is a PluginError naming the module: before any compute.
+    """
+    if not module.strip():
+        raise PluginError(
+            f"--plugin {module!r}: empty module name; expected a dotted module on the Python "
+            f"path whose last line registers a stage kind (docs/adding-a-stage.md)"
+        )
     before = set(REGISTRY)
     try:
-        importlib.import_module(module)
-    except ImportError as e:
-        raise PluginError(
-            f"--plugin {module}: cannot import it ({e}); expected a module on the Python path "
-            f"whose last line registers a stage kind (docs/adding-a-stage.md)"
-        ) from e
-    added = sorted(set(REGISTRY) - before)
+        _import_plugin(module)
+        added = sorted(set(REGISTRY) - before)
+        for kind in added:
+            _check_entry(module, REGISTRY[kind])
+    except PluginError:
+        for kind in set(REGISTRY) - before:  # a refused plugin leaves no kind behind
+            REGISTRY.pop(kind)
+        raise
     if not added:
         raise PluginError(
             f"--plugin {module}: importing it registered no stage kind (registered: "
             f"{sorted(REGISTRY)}); expected a module that calls stages.registry.register"
         )
     return added
+
+
+def _check_entry(module: str, spec: StageSpec) -> None:
+    try:
+        spec.entry_point()
+    except (Exception, SystemExit) as e:
+        raise PluginError(
+            f"--plugin {module}: stage kind {spec.kind!r} names entry point {spec.entry!r}, "
+            f"which cannot be imported ({type(e).__name__}: {e}); expected 'module:function' "
+            f"of a function in an importable module"
+        ) from e
+
+
+def _import_plugin(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except PluginError as e:  # a kind it registers twice
+        raise PluginError(f"--plugin {module}: {e}") from e
+    except ImportError as e:
+        raise PluginError(
+            f"--plugin {module}: cannot import it ({e}); expected a module on the Python path "
+            f"whose last line registers a stage kind (docs/adding-a-stage.md)"
+        ) from e
+    except SyntaxError as e:
+        raise PluginError(
+            f"--plugin {module}: syntax error at {e.filename}:{e.lineno}: {e.msg}"
+        ) from e
+    except SystemExit as e:
+        raise PluginError(
+            f"--plugin {module}: importing it called sys.exit({e.code!r}); a plugin module "
+            f"must only define and register its stage kind"
+        ) from e
+    except Exception as e:
+        raise PluginError(f"--plugin {module}: importing it raised {type(e).__name__}: {e}") from e
+
+
+def plugin_modules(kinds: Iterable[str]) -> list[str]:
+    """The modules of the registered kinds among `kinds` that FAR does not ship (what a run's
+    run.json records, so any later command can import them)."""
+    builtin = {s.kind for s in BUILTIN}
+    return sorted({REGISTRY[k].module for k in kinds if k not in builtin and k in REGISTRY})
+
+
+def import_plugins(modules: Iterable[str]) -> None:
+    """Import a run's recorded plugin modules (each registers its kinds once; a module
+    already imported is not imported again); PluginError names one that fails."""
+    for module in modules:
+        _import_plugin(module)
 
 
 @contextmanager

@@ -105,6 +105,8 @@ class RunContext:
     audit_key: SecretStr | None = None  # signs the run's ledger (FAR_AUDIT_KEY, read by the CLI)
     # raises when this session no longer holds the run's lease: called before every commit
     fence: Callable[[], None] | None = None
+    # `far validate`: run_stage decides as a run would and raises Planned instead of working
+    plan_only: bool = False
     # the recipe's model and mesh, set by the node runner (pipeline/nodes.py) for a stage's run
     model: ModelSpec | None = None
     mesh: MeshSpec = field(default_factory=MeshSpec)
@@ -388,6 +390,63 @@ def read_evaluations(stage_directory: str) -> list[tuple[str, Evaluation]]:
     ]
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What a session does with a stage, decided from storage alone: the one decision that
+    `run_stage` acts on and `far validate` shows (pipeline/plan.py), so the plan is the run's.
+
+    skip: its record is committed and still matches its files (else TamperedStage is raised);
+    continue: its directory was started before and resumes there, or (`previous` set) an
+    allowed continuation setting carries the previous directory's checkpoints over; run: it
+    starts from nothing. An unallowed change from the previous directory raises DriftError.
+    """
+
+    action: Literal["skip", "continue", "run"]
+    directory: str
+    detail: str
+    record: StageRecord | None = None  # skip: the committed record
+    previous: str | None = None  # the node's earlier directory this one is compared with
+    changes: tuple[drift.Change, ...] = ()  # allowed changes from `previous`
+
+
+class Planned(Exception):  # not an error: how plan mode hands back a decision
+    """Raised by `run_stage` in plan mode (RunContext.plan_only) instead of doing the work."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(f"{decision.action}: {decision.detail}")
+        self.decision = decision
+
+
+def decide(ctx: RunContext, identity: StageIdentity, carry_over: tuple[str, ...] = ()) -> Decision:
+    """Skip, continue or run `identity` in this run: reads records and identities only.
+
+    Raises TamperedStage (a committed stage whose files no longer match its record) and
+    DriftError (an unallowed change from the node's previous directory), as a run would.
+    """
+    directory = stage_directory(ctx, identity.stage, identity.digest)
+    record_uri = storage.join(directory, RECORD_NAME)
+    record = read_record(record_uri)
+    if record is not None:
+        verify_before_reuse(record_uri, record)
+        return Decision("skip", directory, "complete", record)
+    if storage.exists(storage.join(directory, IDENTITY_NAME)):
+        return Decision("continue", directory, "started before, not committed: resumes it")
+    node = ctx.directory_name(identity.stage)
+    previous = previous_directory(ctx, node, directory)
+    if previous is None:
+        return Decision("run", directory, "not started")
+    changes = identity_changes(storage.read_json(storage.join(previous, IDENTITY_NAME)), identity)
+    sections = [key for key in identity.config if key != "model"]  # model: the recipe's
+    drift.check(
+        f"stage {identity.stage}", changes, drift.node_allowances(ctx.allow_changes, node, sections)
+    )
+    shown = "; ".join(str(c) for c in changes) or "an input changed"
+    if carry_over and changes and drift.continuable(changes):
+        detail = f"from {previous.rsplit('/', 1)[-1]}'s checkpoint in a new directory ({shown})"
+        return Decision("continue", directory, detail, None, previous, tuple(changes))
+    return Decision("run", directory, shown, None, previous, tuple(changes))
+
+
 def run_stage(
     ctx: RunContext,
     identity: StageIdentity,
@@ -398,17 +457,19 @@ def run_stage(
 
     `work` returns the output, scalar metrics and per-step histories (training curves).
     `carry_over` names subdirectories (checkpoints) a continuable allowed change brings over
-    from the run's previous directory of this stage (see stages/core/drift.py).
+    from the run's previous directory of this stage (see stages/core/drift.py). In plan mode
+    (ctx.plan_only) a stage that would not be skipped raises Planned with the decision.
     """
-    stage, digest = identity.stage, identity.digest
-    directory = stage_directory(ctx, stage, digest)
+    stage = identity.stage
+    decision = decide(ctx, identity, carry_over)
+    directory = decision.directory
     record_uri = storage.join(directory, RECORD_NAME)
-    record = read_record(record_uri)
-    if record is not None:
-        verify_before_reuse(record_uri, record)
+    if decision.record is not None:
         log.info("stage %s: skipped, already complete (record %s)", stage, record_uri)
-        located = located_output(record_uri, record)
+        located = located_output(record_uri, decision.record)
         return StageOutcome(located, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
+    if ctx.plan_only:
+        raise Planned(decision)
     left = ctx.seconds_left()
     if left is not None and left <= 0:
         raise NoProgress(f"session deadline passed before stage {stage} could start")
@@ -416,7 +477,7 @@ def run_stage(
         ctx.stop.raise_if_aborted()
         raise SessionExpired(f"{ctx.stop.reason} before stage {stage} could start")
     if ctx.primary:
-        _start_directory(ctx, identity, directory, carry_over)
+        _start_directory(ctx, identity, decision, carry_over)
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
     try:
@@ -441,7 +502,7 @@ def run_stage(
         stage=stage,
         run=ctx.run,
         status="complete",
-        stage_hash=digest,
+        stage_hash=identity.digest,
         directory=in_run(ctx.run_uri, directory),
         config=identity.config,
         inputs=identity.inputs,
@@ -498,29 +559,19 @@ def is_primary_process() -> bool:
 
 
 def _start_directory(
-    ctx: RunContext, identity: StageIdentity, directory: str, carry_over: tuple[str, ...]
+    ctx: RunContext, identity: StageIdentity, decision: Decision, carry_over: tuple[str, ...]
 ) -> None:
-    """Refuse drift from the run's previous directory of this stage; mark this one's identity."""
+    """Mark the directory's identity (the drift guard passed in `decide`), bringing over the
+    previous directory's checkpoints when `decision` continues from them."""
+    directory = decision.directory
     identity_uri = storage.join(directory, IDENTITY_NAME)
     if storage.exists(identity_uri):
         return  # this very directory was started before: a resume, not a change
     ctx.check_fence()
-    previous = previous_directory(ctx, ctx.directory_name(identity.stage), directory)
-    if previous is not None:
-        changes = identity_changes(
-            storage.read_json(storage.join(previous, IDENTITY_NAME)), identity
-        )
-        node = ctx.directory_name(identity.stage)
-        sections = [key for key in identity.config if key != "model"]  # model: the recipe's
-        drift.check(
-            f"stage {identity.stage}",
-            changes,
-            drift.node_allowances(ctx.allow_changes, node, sections),
-        )
-        if carry_over and drift.continuable(changes):
-            for sub in carry_over:
-                log.info("stage %s: continuing from %s/%s", identity.stage, previous, sub)
-                storage.copy_tree(storage.join(previous, sub), storage.join(directory, sub))
+    if decision.action == "continue" and decision.previous is not None:
+        for sub in carry_over:
+            log.info("stage %s: continuing from %s/%s", identity.stage, decision.previous, sub)
+            storage.copy_tree(storage.join(decision.previous, sub), storage.join(directory, sub))
     payload = {
         "stage": identity.stage,
         "node": ctx.directory_name(identity.stage),

@@ -8,10 +8,12 @@ training): exit 2 and one line naming the node, field or file, or the plan and e
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,14 +22,25 @@ import pytest
 import yaml
 
 from flows import cli
+from pipeline.dag import build_dag, node_config
 from pipeline.manifest import manifest_uri
-from pipeline.plan import stage_version
+from pipeline.nodes import run_node
 from pipeline.recipes import RecipeError, load_recipe, parse_recipe
+from schemas.artifacts import CheckpointArtifact
+from schemas.recipe import HardSubsetConfig, Recipe
 from schemas.record import RunManifest, RunSummary, StageSummary
+from stages import sft
 from stages.core import storage
-from stages.core.runner import IDENTITY_NAME, RunContext
+from stages.core.runner import (
+    IDENTITY_NAME,
+    RunContext,
+    StageIdentity,
+    run_stage,
+    stage_directory,
+)
+from stages.evaluate import evaluation
+from stages.grpo import training as grpo
 from tests.conftest import REPO, smoke_data
-from tests.unit.test_records import checkpoint_stage
 
 DAG = yaml.safe_load((REPO / "recipes" / "smoke-dag.yaml").read_text())
 
@@ -242,45 +255,83 @@ def _started_manifest(tmp_path: Path, path: str) -> RunContext:
     return ctx
 
 
-def _started_run(tmp_path: Path) -> tuple[str, RunContext]:
-    """The smoke recipe's run with data_prep and sft committed and grpo stopped at step 3."""
+def _checkpoint(recipe: Recipe, step: int) -> Callable[[str], Any]:
+    """A stage's work that writes a checkpoint at `step` (no training)."""
+
+    def work(directory: str) -> tuple[CheckpointArtifact, dict[str, float], dict[str, Any]]:
+        checkpoints = storage.join(directory, "checkpoints")
+        storage.write_bytes(storage.join(checkpoints, f"{step}/w"), directory.encode())
+        artifact = CheckpointArtifact(
+            uri=checkpoints,
+            step=step,
+            model=recipe.model,
+            tokenizer="bytes-v1",
+            lora=recipe.sft.lora,
+            size_bytes=1,
+            fingerprint=storage.tree_fingerprint(checkpoints),
+        )
+        return artifact, {}, {}
+
+    return work
+
+
+def _commit(ctx: RunContext, node: str, identity: StageIdentity, work: Callable[[str], Any]) -> Any:
+    """`node` committed under `identity` (what its stage computes) with `work` as its work."""
+    return run_stage(dataclasses.replace(ctx, node=node), identity, work).output
+
+
+def _started_run(tmp_path: Path, sft_version: int = sft.STAGE_VERSION) -> tuple[str, RunContext]:
+    """The smoke recipe's run: data_prep run for real; sft committed and grpo stopped at step
+    3 under the identities their stages compute (sft's as started by `sft_version`)."""
     path = _write(tmp_path, smoke_data())
+    recipe = load_recipe(path)
     ctx = _started_manifest(tmp_path, path)
-    checkpoint_stage(ctx, "data_prep", {}, {})  # a stage with identity version 1, committed
-    _set_version(ctx, "data_prep", stage_version("data_prep"))  # as this code's data_prep
-    checkpoint_stage(ctx, "sft", {}, {})
-    _set_version(ctx, "sft", stage_version("sft"))
-    grpo = storage.join(ctx.run_uri, "grpo-0123456789ab")
-    identity = {"created_at": "2026-01-01T00:00:00", "config": {"grpo": {"max_steps": 8}}}
-    storage.write_json(storage.join(grpo, IDENTITY_NAME), identity)
-    storage.write_bytes(storage.join(grpo, "checkpoints/actor/3/w"), b"w")
+    prep = build_dag(recipe).nodes[0]
+    dataset = run_node(recipe, prep, node_config(recipe, prep), {}, ctx).output
+    identity = sft.identity(recipe.sft, recipe.model, dataset.fingerprint)
+    identity = dataclasses.replace(identity, version=sft_version)
+    policy = _commit(ctx, "sft", identity, _checkpoint(recipe, 1))
+    grpo_identity = grpo.identity(
+        recipe.grpo, recipe.model, dataset.fingerprint, policy.fingerprint
+    )
+    directory = stage_directory(dataclasses.replace(ctx, node="grpo"), "grpo", grpo_identity.digest)
+    identity_json = {
+        "version": grpo.STAGE_VERSION,
+        "created_at": "2026-01-01T00:00:00",
+        "config": grpo_identity.config,
+        "inputs": grpo_identity.inputs,
+    }
+    storage.write_json(storage.join(directory, IDENTITY_NAME), identity_json)
+    storage.write_bytes(storage.join(directory, "checkpoints/actor/3/w"), b"w")
     return path, ctx
 
 
-def _set_version(ctx: RunContext, node: str, version: int | None) -> None:
-    """Mark the node's directory as started by this stage code version."""
-    directory = next(n for n in storage.list_dirs(ctx.run_uri) if n.startswith(f"{node}-"))
-    uri = storage.join(ctx.run_uri, directory, IDENTITY_NAME)
-    storage.write_json(uri, {**storage.read_json(uri), "version": version})
+def _rows(out: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in out.splitlines()[2:]}
 
 
 def test_plan_refuses_a_stage_whose_code_version_changed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A bumped STAGE_VERSION is drift: refused when that stage starts, so the flow ends there."""
-    path, ctx = _started_run(tmp_path)
-    _set_version(ctx, "sft", 0)
+    now = sft.STAGE_VERSION
+    path, _ = _started_run(tmp_path, sft_version=now - 1)
     code, out, err = _far(capsys, "validate", path)
     assert code == cli.EXIT_INVALID
-    now = stage_version("sft")
-    assert f"refused by the drift guard: code.sft_version: 0 -> {now}" in err
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert f"refused by the drift guard: code.sft_version: {now - 1} -> {now}" in err
+    rows = _rows(out)
     assert rows["data_prep"][3] == "skip"
-    assert rows["sft"][3] == "refused" and f"code.sft_version: 0 -> {now}" in " ".join(rows["sft"])
+    assert rows["sft"][3] == "refused" and f"code.sft_version: {now - 1} -> {now}" in out
     assert rows["grpo"][2:] == ["-", "-", "not", "reached"]
     code, out, _ = _far(capsys, "validate", path, "--allow-change", "code.sft_version")
     assert code == 0
-    assert [line.split()[3] for line in out.splitlines()[2:]] == ["skip", "run", "run", "run"]
+    rows = _rows(out)
+    assert [rows[n][3] for n in ("data_prep", "sft", "grpo", "evaluate")] == [
+        "skip",
+        "run",
+        "depends",  # grpo's directory: used if sft's new checkpoint is the old one
+        "run",
+    ]
 
 
 def test_plan_reads_what_is_complete_partial_or_not_started(
@@ -289,11 +340,12 @@ def test_plan_reads_what_is_complete_partial_or_not_started(
     path, ctx = _started_run(tmp_path)
     code, out, err = _far(capsys, "validate", path)
     assert code == 0, err
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    rows = _rows(out)
     sft_dir = next(n for n in storage.list_dirs(ctx.run_uri) if n.startswith("sft-"))
+    grpo_dir = next(n for n in storage.list_dirs(ctx.run_uri) if n.startswith("grpo-"))
     assert rows["data_prep"][3] == "skip" and rows["sft"][3] == "skip"
     assert rows["sft"][2] == sft_dir.rsplit("-", 1)[1]  # the stage hash of its directory
-    assert rows["grpo"][2:] == ["0123456789ab", "continue", "from", "step", "3/8"]
+    assert rows["grpo"][2:] == [grpo_dir.rsplit("-", 1)[1], "continue", "from", "step", "3/4"]
     assert rows["evaluate"][3] == "run"
 
 
@@ -308,12 +360,12 @@ def test_plan_refused_by_the_drift_guard(
     assert all(line.split()[3] == "refused" for line in out.splitlines()[2:])
     code, out, err = _far(capsys, "validate", path, "sft.max_steps=9", "--allow-change", "sft")
     assert code == 0, err
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    rows = _rows(out)
     assert rows["data_prep"][3] == "skip"
-    # a continuation setting: sft resumes its checkpoint (step 1) in a new directory
-    assert rows["sft"][3:7] == ["continue", "from", "step", "1"]
-    assert "sft.max_steps" in " ".join(rows["sft"])
-    assert rows["grpo"][3] == "run"  # its input changes
+    # a continuation setting: sft resumes its checkpoint in a new directory
+    assert rows["sft"][3] == "continue" and "checkpoint in a new directory" in out
+    assert "sft.max_steps: 150 -> 9" in " ".join(rows["sft"])
+    assert rows["grpo"][3] == "depends"  # on what sft's new checkpoint is
 
 
 def test_plan_of_a_dag_whose_one_node_changed(
@@ -322,11 +374,21 @@ def test_plan_of_a_dag_whose_one_node_changed(
     """A changed pipeline node is drift of that node alone: the plan names its setting, runs it
     and what reads it, and skips the rest (a list diff once refused and re-ran every node)."""
     path = _write(tmp_path, DAG)
+    recipe = load_recipe(path)
     ctx = _started_manifest(tmp_path, path)
-    for node in ("data_prep", "sft", "grpo", "evaluate_train", "hard"):
-        checkpoint_stage(ctx, node, {}, {})
-        kind = next(n["kind"] for n in DAG["pipeline"] if n["id"] == node)
-        _set_version(ctx, node, stage_version(kind))
+    dag = build_dag(recipe)
+    prep = dag.node("data_prep")
+    dataset = run_node(recipe, prep, node_config(recipe, prep), {}, ctx).output
+    sft_config = node_config(recipe, dag.node("sft"))
+    sft_id = sft.identity(sft_config, recipe.model, dataset.fingerprint)
+    policy = _commit(ctx, "sft", sft_id, _checkpoint(recipe, 1))
+    grpo_config = node_config(recipe, dag.node("grpo"))
+    grpo_id = grpo.identity(grpo_config, recipe.model, dataset.fingerprint, policy.fingerprint)
+    trained = _commit(ctx, "grpo", grpo_id, _checkpoint(recipe, 2))
+    train_config = node_config(recipe, dag.node("evaluate_train"))
+    fingerprints = {"grpo": trained.fingerprint}
+    train_id = evaluation.identity(train_config, recipe.model, dataset.fingerprint, fingerprints)
+    _commit(ctx, "evaluate_train", train_id, _checkpoint(recipe, 1))  # any committed output
     train = next(n for n in DAG["pipeline"] if n["id"] == "evaluate_train")
     changed = _dag_with("evaluate_train", config={**train["config"], "seed": 7})
     code, _, err = _far(capsys, "validate", _write(tmp_path, changed, "changed.yaml"))
@@ -336,16 +398,10 @@ def test_plan_of_a_dag_whose_one_node_changed(
         capsys, "validate", _write(tmp_path, changed, "changed.yaml"), "--allow-change", "pipeline"
     )
     assert code == 0, err
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    rows = _rows(out)
     assert [rows[n][3] for n in ("data_prep", "sft", "grpo")] == ["skip"] * 3
-    assert rows["evaluate_train"][3:] == [
-        "run",
-        "pipeline.evaluate_train.config.seed:",
-        "0",
-        "->",
-        "7",
-    ]
-    assert rows["hard"][3:] == ["run", "an", "input", "changes"]
+    assert rows["evaluate_train"][3:] == ["run", "eval.seed:", "0", "->", "7"]
+    assert rows["hard"][3:] == ["run", "after", "evaluate_train"]
 
 
 def test_version_and_exit_codes_in_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -419,3 +475,74 @@ def test_an_unregistered_kind_is_refused_naming_the_node_and_the_kinds(
     DAG check: exit 2, naming the node, the kind and the kinds that are registered."""
     recipe = _write(tmp_path, _dag_with("sft", kind="sft_lora"))
     _refused(capsys, recipe, r"sft: no stage kind 'sft_lora' is registered; kinds: \['data_prep'")
+
+
+HARD = next(n for n in DAG["pipeline"] if n["id"] == "hard")
+SAMPLED = {"models": ["grpo"], "split": "grpo_train", "temperature": 0.9, "samples": 2}
+
+
+@pytest.mark.parametrize(
+    ("hard", "evaluation", "pattern"),
+    [
+        ({"min_prompts": 50}, {}, r"config\.min_prompts: 50 is more than the 8 prompts"),
+        ({"model": "grp"}, {}, r"config\.model: 'grp' is not a model evaluate_train evaluates"),
+        ({"by": "reward/format_strict"}, {}, r"config\.by: evaluate_train does not score"),
+        ({"above": 0.0}, {}, r"config\.above: .* always empty"),
+        (
+            {"above": 0.0},
+            SAMPLED,
+            r"config\.above: evaluate_train samples 2 .* fewer than the group of 4",
+        ),
+    ],
+    ids=["min-prompts", "model-label", "unscored-reward", "greedy-band", "samples-below-group"],
+)
+def test_hard_subset_mistakes_are_refused_before_compute(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    hard: dict[str, Any],
+    evaluation: dict[str, Any],
+    pattern: str,
+) -> None:
+    """Each used to surface only after data_prep, SFT, GRPO and the evaluation ran."""
+    data = _dag_with("hard", config={**HARD["config"], **hard})
+    if evaluation:
+        train = next(n for n in data["pipeline"] if n["id"] == "evaluate_train")
+        nodes = [{**n, "config": evaluation} if n is train else n for n in data["pipeline"]]
+        data = {**data, "pipeline": nodes}
+    _refused(capsys, _write(tmp_path, data), rf"node 'hard' \(hard_subset\): {pattern}")
+
+
+def test_a_sampled_band_and_a_labelled_greedy_row_are_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _dag_with("hard", config={**HARD["config"], "above": 0.0})
+    sampled = {**SAMPLED, "samples": 4}
+    nodes = [
+        {**n, "config": sampled} if n["id"] == "evaluate_train" else n for n in data["pipeline"]
+    ]
+    code, _, err = _far(capsys, "validate", _write(tmp_path, {**data, "pipeline": nodes}))
+    assert code == 0, err
+
+
+def test_an_empty_band_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """No prompt in the band: the top-up to min_prompts is said as a WARNING (was INFO)."""
+    from stages import hard_subset
+
+    config = HardSubsetConfig(model="grpo", above=0.0, min_prompts=2)
+    with caplog.at_level(logging.INFO, logger="stages.hard_subset"):
+        hard_subset.log_selection(kept=2, rows=8, failed=4, banded=0, config=config)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "no prompt in the band" in warning.getMessage() and "no gradient" in warning.getMessage()
+
+
+def test_a_far_run_line_checks_by_swapping_the_verb(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every `far run` option is accepted by `far validate` (the budget is checked as well)."""
+    options = ["--session-budget", "9h", "--lease-wait", "5", "--distributed"]
+    options += ["--compile-cache", str(tmp_path / "cc"), "--allow-change", "sft", "sft.max_steps=3"]
+    code, out, err = _far(capsys, "validate", _write(tmp_path, smoke_data()), *options)
+    assert code == 0, err
+    assert "valid; run 'smoke'" in out
+    code, _, err = _far(capsys, "validate", _write(tmp_path, smoke_data()), "--session-budget", "x")
+    assert code == cli.EXIT_INVALID and "session_budget" in err
