@@ -276,8 +276,9 @@ def located_output(record_uri: str, record: StageRecord) -> StageOutput:
 
     Records hold the absolute URIs their stage wrote; each path under the run the record was
     written in is mapped to where the run is now (a path into another run, such as a score's
-    checkpoint given by URI, is kept). An output that is not inside the record's own stage
-    directory is refused: a record pointing outside its run is never followed.
+    checkpoint given by URI, is kept). An output outside the record's run is refused: a
+    record pointing outside its run is never followed (inside it, a pick stage's output is
+    the chosen stage's checkpoint).
     """
     written_in = _written_in(record_uri, record)
     now = record_run(record_uri)
@@ -303,11 +304,11 @@ def located_output(record_uri: str, record: StageRecord) -> StageOutput:
     located = output.model_copy(update=update)
     directory = record_directory(record_uri)
     for path in (update["uri"], update.get("samples_uri", directory)):
-        if path != directory and not path.startswith(directory + "/"):
+        if not path.startswith(now + "/"):  # a pick's output is another stage's, in the run
             raise TamperedStage(
-                f"{record_uri}: its output {path} is outside its stage directory {directory}; "
-                f"a record pointing outside its run is not followed (restore the record, or "
-                f"delete {directory} to compute the stage again)"
+                f"{record_uri}: its output {path} is outside its run {now}; a record pointing "
+                f"outside its run is not followed (restore the record, or delete {directory} "
+                f"to compute the stage again)"
             )
     return located
 
@@ -318,12 +319,15 @@ def _written_in(record_uri: str, record: StageRecord) -> str:
     directory's name."""
     if _is_absolute(record.directory):
         return storage.normalize(record.directory).rsplit("/", 1)[0]
-    name = "/" + record_directory(record_uri).rsplit("/", 1)[-1] + "/"
+    name = "/" + record.directory.rsplit("/", 1)[-1] + "/"  # the directory it was written in
     uri = storage.normalize(record.output.uri) if _is_absolute(record.output.uri) else ""
     at = (uri + "/").find(name)
-    if at < 0:
-        return record_run(record_uri)  # a relative output, or one outside: checked by the caller
-    return uri[:at]
+    if at >= 0:
+        return uri[:at]
+    run_at = uri.rfind(f"/{record.run}/")  # another stage's output in the run (a pick's)
+    if run_at >= 0:
+        return uri[: run_at + len(record.run) + 1]
+    return record_run(record_uri)  # a relative output, or one outside: checked by the caller
 
 
 def _is_absolute(path: str) -> bool:

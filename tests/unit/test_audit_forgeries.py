@@ -226,9 +226,9 @@ def test_a_record_whose_output_leaves_its_stage_directory_is_refused(
     outside = tmp_path / "elsewhere" / "checkpoints"
     shutil.copytree(run["sft"].output.uri, outside)
     reseal(Path(run["sft"].record_uri), lambda d: d["output"].update({"uri": str(outside)}))
-    with pytest.raises(TamperedStage, match="outside its stage directory"):
+    with pytest.raises(TamperedStage, match="outside its run"):
         located_output(run["sft"].record_uri, read_record(run["sft"].record_uri))
-    with pytest.raises(TamperedStage, match="outside its stage directory"):
+    with pytest.raises(TamperedStage, match="outside its run"):
         checkpoint_stage(run["ctx"], "sft", {}, {})
 
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.lineage import LineageNode, render
+from schemas.artifacts import CheckpointArtifact
 from schemas.record import StageRecord
 from stages import rewards
 from stages.rewards.sandbox import Limits, missing_isolation, run_many, run_python
@@ -160,8 +161,9 @@ def test_a_machine_without_bubblewrap_is_refused_with_the_setting_named(
 def test_lineage_shows_the_isolation_level(flag: float, shown: str) -> None:
     record = StageRecord.model_construct(
         stage="grpo",
+        run="r",
         directory="runs/r/grpo-abc",
-        output=SimpleNamespace(uri="runs/r/grpo-abc"),
+        output=CheckpointArtifact.model_construct(uri="runs/r/grpo-abc/checkpoints"),
         stage_hash="c" * 64,
         sessions=[],
         seconds=1.0,
