@@ -647,6 +647,35 @@ def child(tree: str | None, args: argparse.Namespace, out: Path, xla: bool) -> d
     return json.loads(out.read_text())
 
 
+def bad_argument(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, or None: checked before any compute."""
+    if not (REPO / "recipes" / f"{args.recipe}.yaml").is_file():
+        return f"--recipe {args.recipe}: no recipes/{args.recipe}.yaml"
+    if args.sft_steps < STEADY_FROM + 2:
+        return f"--sft-steps {args.sft_steps}: expected at least {STEADY_FROM + 2} (two steady)"
+    if args.grpo_steps < 2:
+        return f"--grpo-steps {args.grpo_steps}: expected at least 2 (step 0 compiles, untimed)"
+    if args.reps < 1:
+        return f"--reps {args.reps}: expected at least 1"
+    if args.baseline is not None:
+        found = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                f"{args.baseline}^{{commit}}",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        if found.returncode != 0:
+            return f"--baseline {args.baseline!r}: not a commit of {REPO} (expected a git ref)"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="smoke")
@@ -668,8 +697,10 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.recipe = Path(args.recipe).stem  # recipes/demo.yaml or demo
-    if args.sft_steps < STEADY_FROM + 2:  # before any compute
-        parser.error(f"--sft-steps {args.sft_steps}: at least {STEADY_FROM + 2} (two steady steps)")
+    problem = bad_argument(args)
+    if problem:  # before any compute: one line, exit 2
+        print(f"roofline: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     if args.child:
         result = measure(
             args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, not args.no_xla

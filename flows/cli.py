@@ -176,7 +176,8 @@ def _add_validate_command(commands: Any) -> None:
             "node in the order it runs, its stage hash where its directory exists, and\n"
             "whether a run would run it, continue it, skip it, or be refused by the drift\n"
             "guard. No model is built (only its tokenizer) and nothing is trained. It writes\n"
-            "only a probe under the storage root (deleted) and, for a model not cached yet,\n"
+            "only a probe in the storage root, or the nearest parent of it that exists\n"
+            "(deleted: a new root is not created) and, for a model not cached yet,\n"
             "its weights into the cache (downloaded or converted once, as `far run` would)."
         ),
         epilog="Exit codes: 0 valid and the session would start; 2 invalid, or refused by\n"

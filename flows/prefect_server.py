@@ -22,9 +22,12 @@ import tempfile
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import httpx
+
+from stages.core.errors import InputError
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
@@ -53,13 +56,37 @@ def ensure_api(environ: MutableMapping[str, str], startup_seconds: float) -> Tem
     from prefect.context import refresh_global_settings_context
     from prefect.settings import get_current_settings
 
-    if get_current_settings().api.url:
+    settings = get_current_settings()
+    if settings.api.url:
         return None
+    check_home(Path(settings.home))
     server = start(startup_seconds)
     environ["PREFECT_API_URL"] = server.api_url
     refresh_global_settings_context()  # Prefect reads the environment again (public API)
     atexit.register(server.stop)
     return server
+
+
+class PrefectHomeUnusable(InputError):
+    """PREFECT_HOME cannot be created or is not a directory: the server would not start."""
+
+
+def check_home(home: Path) -> None:
+    """Before the server starts: Prefect creates its home without parents, and a server that
+    cannot would only time out (was: reported as a start timeout)."""
+    if home.is_dir():
+        return
+    if home.exists():
+        raise PrefectHomeUnusable(
+            f"PREFECT_HOME {home} is not a directory; expected a directory (set PREFECT_HOME "
+            f"to one, or remove the file)"
+        )
+    if not home.parent.is_dir():
+        raise PrefectHomeUnusable(
+            f"PREFECT_HOME {home}: its parent {home.parent} does not exist, so Prefect cannot "
+            f"create it; create it (mkdir -p {home}) or set PREFECT_HOME to a directory that "
+            f"exists"
+        )
 
 
 def start(startup_seconds: float) -> TemporaryServer:

@@ -190,8 +190,13 @@ def check_is_file(uri: str, field: str, what: str) -> None:
 
 
 def check_storage_writable(root: str) -> None:
-    """Write and delete a probe object under `root` (a local dir, gs:// bucket, memory://)."""
-    probe = storage.join(root, f".far-write-probe-{uuid.uuid4().hex[:12]}")
+    """Write and delete a probe object under `root` (a local dir, gs:// bucket, memory://).
+
+    A local root that does not exist yet is probed in its nearest existing ancestor, where
+    the run would create it: validation leaves no directory behind (`far validate` writes
+    nothing)."""
+    where = storage.nearest_existing(root)
+    probe = storage.join(where, f".far-write-probe-{uuid.uuid4().hex[:12]}")
     try:
         storage.write_bytes(probe, b"")
         storage.delete(probe)

@@ -36,7 +36,16 @@ def parse_duration(value: object) -> object:
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+# Floats are finite (inf and nan pass a bare `gt=0`); the caps below refuse values no run
+# means (a learning rate above 1 diverges at the first step; a temperature above 5 samples
+# noise), so a slip of a decimal point fails in validation, not hours into a session.
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+LearningRate = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+MAX_SAMPLING_TEMPERATURE = 5.0
+SamplingTemperature = Annotated[float, Field(gt=0, le=MAX_SAMPLING_TEMPERATURE)]
+EVAL_BATCH_SLACK = 4  # an eval batch may be this many times its split's completions (padding)
+GENERATION_PER_ROW = 8  # max_generation_tokens may be at most this many max_seq_len rows
 
 
 class MeshSpec(Frozen):
@@ -295,6 +304,29 @@ class DataPrepConfig(Frozen):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sizes_drawable(self) -> DataPrepConfig:
+        """Splits drawn only from sized sources (reasoning_gym: `size` rows, each taken by one
+        split at most) cannot ask for more rows than those sources hold together."""
+        splits = {"eval": self.eval, "validation": self.validation, "grpo": self.grpo}
+        splits["sft"] = self.sft
+        sized = {
+            name: spec
+            for name, spec in splits.items()
+            if spec is not None and all(s.kind == "reasoning_gym" for s in spec.sources)
+        }
+        for names in [[name] for name in sized] + [list(sized)]:
+            sources = {s.model_dump_json(): s.size or 0 for n in names for s in sized[n].sources}
+            wanted = sum(sized[n].size for n in names)
+            if len(names) and wanted > sum(sources.values()):
+                fields = " + ".join(f"{n}.size {sized[n].size}" for n in names)
+                raise ValueError(
+                    f"{fields} = {wanted} rows, but their reasoning_gym sources hold "
+                    f"{sum(sources.values())} (each row goes to one split); expected at most "
+                    f"{sum(sources.values())}, or larger source sizes"
+                )
+        return self
+
 
 class SFTConfig(Frozen):
     """Supervised format training with Tunix PeftTrainer."""
@@ -305,13 +337,13 @@ class SFTConfig(Frozen):
     """the micro-batch: rows per forward/backward pass"""
     gradient_accumulation_steps: PositiveInt = 1
     """'fit to tile': 8 on a v5e-8"""
-    learning_rate: PositiveFloat = 1e-3
+    learning_rate: LearningRate = 1e-3
     """the peak, with a schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
     """constant, or warmup_cosine (warmup_steps, then a cosine decay)."""
     warmup_steps: Annotated[int, Field(ge=0)] = 0
     """Optimizer steps of linear warmup (warmup_cosine)."""
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    weight_decay: NonNegativeFloat = 0.0
     """AdamW weight decay."""
     max_grad_norm: PositiveFloat | None = 1.0
     """Clip gradients to this global norm; null: no clipping."""
@@ -321,7 +353,7 @@ class SFTConfig(Frozen):
     """Save a checkpoint every this many optimizer steps."""
     checkpoint_every_seconds: PositiveFloat | None = None
     """also save on a timer"""
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    save_margin_seconds: NonNegativeFloat = 60.0
     """kept free before a deadline"""
     seed: int = 0
     """Seeds the data order."""
@@ -368,7 +400,7 @@ class OverlongPenalty(Frozen):
     """Characters before max_chars over which the penalty grows linearly."""
     max_chars: PositiveInt
     """The completion length (characters) at which the full penalty applies."""
-    penalty: Annotated[float, Field(ge=0)] = 1.0
+    penalty: NonNegativeFloat = 1.0
     """The most reward an overlong completion loses."""
 
     @model_validator(mode="after")
@@ -408,27 +440,27 @@ class GRPOConfig(Frozen):
     """grpo, gspo-token, dapo or dr-grpo (see above)."""
     max_generation_tokens: PositiveInt = 32
     """Tokens a rollout completion may take."""
-    temperature: PositiveFloat = 0.9
+    temperature: SamplingTemperature = 0.9
     """Rollout sampling temperature."""
     top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
     """Rollout nucleus sampling; null or 1.0: off."""
     top_k: PositiveInt | None = None
     """Rollout top-k sampling; null: off."""
-    beta: Annotated[float, Field(ge=0)] = 0.04
+    beta: NonNegativeFloat = 0.04
     """Weight of the KL penalty to the reference (SFT) policy; 0 for dapo."""
-    epsilon: PositiveFloat = 0.2
+    epsilon: Annotated[float, Field(gt=0, lt=1)] = 0.2
     """The policy-ratio clip (lower, and upper unless epsilon_high)."""
     epsilon_high: PositiveFloat | None = None
     """dapo only: upper clip (DAPO paper: 0.28)"""
     overlong_penalty: OverlongPenalty | None = None
     """dapo only"""
-    learning_rate: PositiveFloat = 3e-6
+    learning_rate: LearningRate = 3e-6
     """the peak, with lr_schedule"""
     lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
     """constant, or warmup_cosine (warmup_fraction, then a cosine decay to 10%)."""
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
     """of the optimizer updates"""
-    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    weight_decay: NonNegativeFloat = 0.1
     """AdamW weight decay."""
     adam_b1: Annotated[float, Field(ge=0, lt=1)] = 0.9
     """AdamW beta1."""
@@ -442,7 +474,7 @@ class GRPOConfig(Frozen):
     """reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS"""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many GRPO steps."""
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    save_margin_seconds: NonNegativeFloat = 60.0
     """kept free before a deadline"""
     samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
     """completions kept in samples.jsonl"""
@@ -505,7 +537,7 @@ class EvalConfig(Frozen):
     """Tokens a completion may take."""
     batch_size: PositiveInt = 8
     """Prompts decoded at a time."""
-    temperature: Annotated[float, Field(ge=0)] = 0.0
+    temperature: Annotated[float, Field(ge=0, le=MAX_SAMPLING_TEMPERATURE)] = 0.0
     """0: greedy decoding; above 0: sampled, with `samples` per prompt."""
     samples: PositiveInt = 1
     """Completions per prompt (needs temperature > 0 when above 1)."""
@@ -633,7 +665,7 @@ class SelfTeachConfig(Frozen):
     """The dataset split whose prompts are sampled."""
     samples: PositiveInt = 4
     """Completions sampled per prompt."""
-    temperature: PositiveFloat = 0.9
+    temperature: SamplingTemperature = 0.9
     """Sampling temperature."""
     max_generation_tokens: PositiveInt = 32
     """Tokens a completion may take."""
@@ -672,7 +704,7 @@ class PreferencesConfig(Frozen):
     """The file's layout: pairs (prompt, chosen, rejected) or ultrafeedback."""
     model: str | None = None
     """Which evaluated model's samples make pairs; null: all."""
-    min_margin: Annotated[float, Field(ge=0)] = 0.0
+    min_margin: NonNegativeFloat = 0.0
     """Least reward difference between chosen and rejected."""
     max_pairs: PositiveInt | None = None
     """Keep at most this many pairs; null: all."""
@@ -702,7 +734,7 @@ class DPOConfig(Frozen):
     """Optimizer steps."""
     batch_size: PositiveInt = 2
     """Pairs per step."""
-    learning_rate: PositiveFloat = 1e-4
+    learning_rate: LearningRate = 1e-4
     """The learning rate."""
     beta: PositiveFloat = 0.1
     """DPO's temperature on the log-ratio difference."""
@@ -712,7 +744,7 @@ class DPOConfig(Frozen):
     """Tokens a chosen or rejected response keeps (longer ones are cut)."""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many steps."""
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    save_margin_seconds: NonNegativeFloat = 60.0
     """Kept free before a deadline."""
     seed: int = 0
     """Seeds the pair order."""
@@ -735,15 +767,15 @@ class DistillConfig(Frozen):
     """Optimizer steps."""
     batch_size: PositiveInt = 4
     """SFT rows per step."""
-    learning_rate: PositiveFloat = 1e-3
+    learning_rate: LearningRate = 1e-3
     """The learning rate."""
-    temperature: PositiveFloat = 2.0
+    temperature: Annotated[float, Field(gt=0, le=20)] = 2.0
     """Softens both distributions for the KL term."""
     alpha: Annotated[float, Field(ge=0, le=1)] = 0.5
     """Weight of the distillation (KL) loss against the task loss."""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many steps."""
-    save_margin_seconds: Annotated[float, Field(ge=0)] = 60.0
+    save_margin_seconds: NonNegativeFloat = 60.0
     """Kept free before a deadline."""
     seed: int = 0
     """Seeds the data order."""
@@ -965,6 +997,57 @@ class Recipe(Frozen):
                     f"measures; if that is meant, set allow_negative_reward_weights: true"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _sizes_sensible(self) -> Recipe:
+        """Values each field allows alone but that make no sense beside the rest: a completion
+        longer than GENERATION_PER_ROW training rows, an evaluation batch past the completions
+        its split gives, a LoRA rank above the model's width."""
+        nodes = {n.id: n for n in self.pipeline or []}
+        checks: list[tuple[str, Any]] = [
+            ("sft", self.sft),
+            ("grpo", self.grpo),
+            ("eval", self.eval),
+        ]
+        checks += [(f"pipeline node {i!r} config", n.config) for i, n in nodes.items()]
+        for where, config in checks:
+            if config is None:
+                continue
+            tokens = getattr(config, "max_generation_tokens", None)
+            limit = GENERATION_PER_ROW * self.data.max_seq_len
+            if tokens is not None and tokens > limit:
+                raise ValueError(
+                    f"{where}.max_generation_tokens={tokens} is more than {GENERATION_PER_ROW} "
+                    f"rows of data.max_seq_len={self.data.max_seq_len}; expected at most {limit}"
+                )
+            if isinstance(config, EvalConfig):
+                self._eval_batch_fits(where, config)
+            lora = getattr(config, "lora", None)
+            arch = self.model.architecture
+            if isinstance(config, DistillConfig) and config.student is not None:
+                arch = config.student.architecture
+            if isinstance(lora, LoraSpec) and arch is not None and lora.rank > arch.embed_dim:
+                raise ValueError(
+                    f"{where}.lora.rank={lora.rank} exceeds the model's embed_dim "
+                    f"{arch.embed_dim}; expected a rank at most {arch.embed_dim}"
+                )
+        return self
+
+    def _eval_batch_fits(self, where: str, config: EvalConfig) -> None:
+        split = {"eval": self.data.eval, "grpo_train": self.data.grpo}.get(config.split)
+        split = self.data.validation if config.split == "validation" else split
+        own_data = any(isinstance(n, DataPrepNode) and n.config for n in self.pipeline or [])
+        if split is None or own_data:  # the DAG check refuses a missing split
+            return
+        completions = split.size * config.samples
+        most = max(EvalConfig.model_fields["batch_size"].default, EVAL_BATCH_SLACK * completions)
+        if config.batch_size > most:
+            raise ValueError(
+                f"{where}.batch_size={config.batch_size} is more than {EVAL_BATCH_SLACK} times "
+                f"the {completions} completions its split gives ({split.size} prompts x "
+                f"{config.samples} samples), so most of each batch decodes repeats; expected at "
+                f"most {most}"
+            )
 
     @model_validator(mode="after")
     def _batches_fit(self) -> Recipe:

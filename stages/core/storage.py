@@ -44,6 +44,17 @@ def normalize(uri: str) -> str:
     return uri.rstrip("/")
 
 
+def nearest_existing(uri: str) -> str:
+    """A local `uri`, or its nearest ancestor that exists (where writing it would create it);
+    any other URI as it is (buckets and memory:// have no directories to create)."""
+    if protocol(uri) != "file":
+        return uri
+    path = normalize(uri)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 

@@ -153,3 +153,37 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path: Path) -> N
     assert taker.returncode == 0, err
     assert json.loads(out)["pid"] == proc.pid
     assert f"pid {proc.pid} is gone from this host" in err
+
+
+def test_far_run_into_a_held_lease_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
+    """The real `far run` (a child process with its own temporary Prefect server) against a
+    lease a second process holds: exit 4 and stderr is the one `far:` line naming the holder,
+    with no Prefect traceback above it (hidden by the console filter of 5df2879)."""
+    root = tmp_path / "runs"
+    run_uri = storage.join(str(root), "smoke")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {
+        "PYTHONPATH": str(REPO),
+        "HOME": str(tmp_path),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "JAX_PLATFORMS": "cpu",
+    }
+    recipe = str(REPO / "recipes" / "smoke.yaml")
+    command = [sys.executable, "-m", "flows.cli", "run", recipe, "--root", str(root)]
+    with holder(run_uri) as proc:
+        done = subprocess.run(
+            [*command, "--lease-wait", "1", "sft.max_steps=2", "grpo.max_steps=2"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert current_holder(run_uri).pid == proc.pid  # still the holder's
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.strip().splitlines()  # above it: the flow's INFO log lines only
+    said = [line for line in lines if line.startswith("far: ")]
+    assert said == lines[-1:] and f"pid {proc.pid}" in said[0], done.stderr
+    for unwanted in ("Traceback", "ERROR", "LeaseHeld"):
+        assert unwanted not in done.stderr + done.stdout, done.stderr

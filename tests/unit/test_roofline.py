@@ -4,6 +4,7 @@ XLA's own count of the compiled functions on the tiny model."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -130,3 +131,30 @@ def test_sft_steps_are_timed_after_compilation_by_their_median() -> None:
     assert roofline.steady_step_seconds(handouts) == 2.0
     with pytest.raises(ValueError, match="at least 4"):
         roofline.steady_step_seconds([0.0, 9.0, 15.0])
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--grpo-steps", "1"], "--grpo-steps 1"),
+        (["--baseline", "no-such-ref-37"], "--baseline 'no-such-ref-37'"),
+        (["--baseline", ""], "--baseline ''"),
+        (["--reps", "0"], "--reps 0"),
+        (["--recipe", "no_such_recipe"], "--recipe no_such_recipe"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2_before_compute(argv: list[str], named: str) -> None:
+    """Was: a traceback after data_prep and SFT (or a git error). The out path is a fresh
+    directory, which stays absent: nothing ran."""
+    out = BENCH.parent / "test-outputs" / "roofline-refused" / "out.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "roofline.py"), *argv, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"roofline: {named}:"), done.stderr
+    assert not out.parent.exists()

@@ -241,6 +241,30 @@ def test_plan_of_a_new_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert not (tmp_path / "runs" / "smoke-dag").exists()  # nothing written but the probe
 
 
+def test_validate_on_a_fresh_root_leaves_it_absent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The writability probe goes to the nearest directory that exists, and is deleted: a
+    root that did not exist still does not, and nothing else appears (was: empty dirs)."""
+    recipe = _write(tmp_path, smoke_data())
+    before = sorted(p.name for p in tmp_path.iterdir())
+    root = tmp_path / "fresh" / "deep" / "root"
+    code, _, err = _far(capsys, "validate", recipe, "--root", str(root))
+    assert code == 0, err
+    assert not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_validate_refuses_a_root_under_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a_file").write_text("not a directory")
+    recipe = _write(tmp_path, smoke_data())
+    code, _, err = _far(capsys, "validate", recipe, "--root", str(tmp_path / "a_file" / "runs"))
+    assert code == cli.EXIT_INVALID
+    assert err.count("\n") == 1 and "is not writable" in err, err
+
+
 def _started_manifest(tmp_path: Path, path: str) -> RunContext:
     """The run of the recipe at `path` as a first session leaves it: its run.json."""
     recipe = load_recipe(path)
