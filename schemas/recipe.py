@@ -480,6 +480,11 @@ class GRPOConfig(Frozen):
     """completions kept in samples.jsonl"""
     seed: int = 0
     """Seeds the prompt order and, with the global step, each step's rollout sampling key."""
+    flat_groups: Literal["count", "drop"] = "count"
+    """A group whose completions all earn the same reward has zero advantage. `count`: its
+    completions still count in the loss's mean over sequences (Tunix's GRPO), diluting the
+    informative groups' gradient; `drop`: they are left out of that mean (the informative
+    groups' advantages scaled by groups / informative groups; grpo and gspo-token only)."""
 
     @field_validator("rewards")
     @classmethod
@@ -498,6 +503,11 @@ class GRPOConfig(Frozen):
 
     @model_validator(mode="after")
     def _algorithm_knobs(self) -> GRPOConfig:
+        if self.flat_groups == "drop" and self.algorithm not in ("grpo", "gspo-token"):
+            raise ValueError(
+                f"flat_groups: drop rescales GRPO's group advantages; algorithm is "
+                f"{self.algorithm!r} (use grpo or gspo-token, or flat_groups: count)"
+            )
         if self.algorithm != "dapo":
             for name in ("epsilon_high", "overlong_penalty"):
                 if getattr(self, name) is not None:

@@ -49,7 +49,7 @@ from stages.core.runner import (
     with_uris,
 )
 from stages.core.sessions import StepClock, guarded, nonempty
-from stages.grpo import metrics, rollouts, timing
+from stages.grpo import advantages, metrics, rollouts, timing
 from stages.modeling import models, optim, tunix_compat
 from stages.modeling.compilations import (
     SAMPLER_FUNCTIONS,
@@ -165,7 +165,10 @@ def algorithm_config(config: GRPOConfig) -> grpo_learner.GRPOConfig:
         )
     if config.algorithm == "dr-grpo":
         return drgrpo_learner.DrGRPOConfig(**shared, beta=config.beta)
-    return grpo_learner.GRPOConfig(**shared, beta=config.beta, loss_algo=config.algorithm)
+    estimator = {"drop": advantages.INFORMATIVE_GROUPS, "count": "grpo"}[config.flat_groups]
+    return grpo_learner.GRPOConfig(
+        **shared, beta=config.beta, loss_algo=config.algorithm, advantage_estimator=estimator
+    )
 
 
 _LEARNERS: dict[str, type[grpo_learner.GRPOLearner]] = {

@@ -41,7 +41,8 @@ def test_storage_root_that_cannot_be_written(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"storage_root .*a-file/runs is not writable"):
         validate.check_storage_writable(str(blocker / "runs"))
     validate.check_storage_writable(str(tmp_path / "runs"))
-    assert list((tmp_path / "runs").iterdir()) == []  # the probe is removed
+    assert not (tmp_path / "runs").exists()  # probed where it would be made, and nothing left
+    assert list(tmp_path.iterdir()) == [blocker]
 
 
 def test_missing_data_file_names_its_field(tmp_path: Path) -> None:

@@ -293,4 +293,6 @@ def test_blocked_completions_score_zero_side_by_side_and_leave_nothing(
         watcher.join()
     assert scores == [0.0, 0.0, 1.0] and (stats.runs, stats.failures) == (3, 2)
     assert most[0] >= 2, "one sleeping sandbox at a time: the pool waited on each"
-    assert len(seen) == 3 and _survivors(sorted(seen)) == []
+    # the two sleepers live for seconds, so the watcher sees both; the honest one may come
+    # and go between two looks on a loaded machine
+    assert len(seen) >= 2 and _survivors(sorted(seen)) == []

@@ -1,0 +1,30 @@
+"""GRPO's advantages with groups that carry no gradient left out of the loss's denominator.
+
+A group whose completions all earn the same reward has zero advantage everywhere, yet Tunix's
+GRPO loss (`sequence-mean-token-mean`) still averages over its completions, so the fewer groups
+have spread, the smaller every step's gradient: on the headroom recipe only 0.48 of the groups
+did. `flat_groups: drop` registers this estimator with Tunix's public advantage-estimator
+registry: GRPO's group-normalized advantages, those of the informative groups scaled by
+groups / informative groups, which makes the policy-gradient term the mean over informative
+completions only (the PPO-clipped objective is linear in the advantage, so the scale carries
+through the clipping; a KL term, when beta > 0, stays averaged over every completion).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tunix.rl import algo_core, function_registry
+
+INFORMATIVE_GROUPS = "far_informative_groups"
+"""The estimator's name in Tunix's registry (GRPOConfig.advantage_estimator)."""
+
+
+@function_registry.register_advantage_estimator(INFORMATIVE_GROUPS)
+def informative_group_advantages(rewards: np.ndarray, num_generations: int) -> np.ndarray:
+    """GRPO's advantages, rescaled so groups without reward spread do not count."""
+    advantages = np.asarray(algo_core.compute_advantages(rewards, num_generations))
+    grouped = np.asarray(rewards).reshape(-1, num_generations)
+    informative = int(np.sum(grouped.max(axis=-1) > grouped.min(axis=-1)))
+    if informative == 0:  # every advantage is 0: nothing to rescale
+        return advantages
+    return advantages * (grouped.shape[0] / informative)
