@@ -63,6 +63,9 @@ class Lease:
     def renew(self) -> None:
         """Push the expiry forward; raises LeaseLost if the lease is no longer ours."""
         with self._lock:  # the heartbeat and a commit's fence both renew
+            overdue = (datetime.now(UTC) - self.holder.expires_at).total_seconds()
+            if overdue > 0:  # this process was stopped (SIGSTOP, a frozen VM) or starved
+                log.warning("renewing the run lease %s %.0f s after it expired", self.uri, overdue)
             if self.lost.is_set():
                 raise LeaseLost(f"lost the run lease {self.uri}: another session took it over")
             renewed = self.holder.model_copy(update={"expires_at": _expiry(self.ttl)})
@@ -131,7 +134,9 @@ def held(
     """Hold the run's lease for the body, renewed every ttl/3 seconds, released at the end.
 
     When a renewal finds the lease taken over, `on_lost` is called (from the heartbeat thread)
-    so the session stops at once; every commit also checks it (`Lease.check`)."""
+    so the session stops at once (far_flow: `StopFlag.abort`, which interrupts the main
+    thread); every commit also checks it (`Lease.check`). A holder stopped past the lease's
+    lifetime (SIGSTOP) finds out on its first beat after SIGCONT: the beat is overdue by then."""
     lease = acquire(run_uri, flow_run_id, wait_seconds, ttl)
     stop = threading.Event()
     beat = threading.Thread(

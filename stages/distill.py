@@ -46,7 +46,7 @@ from stages.core.runner import (
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models
 from stages.modeling.tokenizers import build_tokenizer
-from stages.modeling.tunix_compat import release_scalar_listeners
+from stages.modeling.tunix_compat import raise_save_errors, release_scalar_listeners
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ def _distill(
         ctx.stop,
         config.save_margin_seconds,
         StepClock(),
+        health=lambda: raise_save_errors(trainer),  # a failed async checkpoint save ends it
     )
     with mesh:
         trainer.train(stream)  # ends with close(): saves the last checkpoint

@@ -49,13 +49,18 @@ class StopFlag:
     """Set by a signal handler (or a test); read by training loops. Thread-safe.
 
     `request` asks for a clean stop (save, then stop); `abort` for an immediate one: the
-    training loop raises the given error instead of saving (a session that lost its lease).
+    session raises the given error instead of saving (a session that lost its lease, a
+    background write that failed). Within `stop_on_sigterm` an abort from another thread also
+    interrupts the main thread, so the error is raised wherever it works (a generation, a
+    grader, a step) rather than at its next step or commit.
     """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
         self.error: BaseException | None = None
+        self._wake: int | None = None  # the main thread, while stop_on_sigterm handles SIGTERM
+        self._wake_lock = threading.Lock()
 
     def request(self, reason: str) -> None:
         self.reason = reason
@@ -64,6 +69,21 @@ class StopFlag:
     def abort(self, error: BaseException) -> None:
         self.error = error
         self.request(str(error))
+        with self._wake_lock:  # `interrupting` ends (and the handler goes) only after this
+            if self._wake is not None and self._wake != threading.get_ident():
+                signal.pthread_kill(self._wake, signal.SIGTERM)  # its handler raises `error`
+
+    @contextmanager
+    def interrupting(self) -> Iterator[None]:
+        """Within the block, an abort from another thread interrupts the calling thread with
+        SIGTERM, whose handler must raise the abort (`stop_on_sigterm`'s does)."""
+        with self._wake_lock:
+            self._wake = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._wake_lock:
+                self._wake = None
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -100,10 +120,12 @@ def abort_now() -> NoReturn:
 def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
     """Within the block, SIGTERM (a TPU VM's preemption notice) requests a clean stop, and so
     does a first Ctrl-C (SIGINT): training saves and the run stops, to be continued by the same
-    command. A second Ctrl-C leaves at once with exit code 130 (an abort, no save)."""
+    command. A second Ctrl-C leaves at once with exit code 130 (an abort, no save). An abort
+    from another thread (the lease's heartbeat found the lease taken over, a background write
+    failed) interrupts the main thread, which raises it where it is."""
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        flag.raise_if_aborted()  # an abort (a failed background write): leave where we are
+        flag.raise_if_aborted()  # an abort (a lost lease, a failed write): leave where we are
         flag.request(f"received signal {signal.Signals(signum).name}")
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -123,7 +145,8 @@ def stop_on_sigterm(flag: StopFlag) -> Iterator[StopFlag]:
     previous_hook = threading.excepthook
     threading.excepthook = _abort_on_failed_write(flag, previous_hook)
     try:
-        yield flag
+        with flag.interrupting():
+            yield flag
     finally:
         threading.excepthook = previous_hook
         signal.signal(signal.SIGTERM, previous_term)
@@ -134,11 +157,10 @@ def _abort_on_failed_write(
     flag: StopFlag, previous: Callable[[threading.ExceptHookArgs], Any]
 ) -> Callable[[threading.ExceptHookArgs], Any]:
     """A thread hook: a background thread that died on a write storage refused (TensorBoard's
-    event writer on a full disk) aborts the session and wakes the main thread with SIGTERM,
+    event writer on a full disk) aborts the session, which wakes the main thread with SIGTERM,
     whose handler raises the abort. (The main thread may be waiting on that dead thread for
     ever: measured, a put on its full queue at 0% CPU.) Any other thread death is reported as
     before."""
-    main = threading.main_thread().ident
 
     def hook(args: threading.ExceptHookArgs) -> None:
         cause = None if args.exc_value is None else storage.write_failure(args.exc_value)
@@ -147,8 +169,6 @@ def _abort_on_failed_write(
             return
         name = args.thread.name if args.thread is not None else "a thread"
         flag.abort(SaveFailed(f"a background write ({name}) failed: {cause}"))
-        if main is not None:
-            signal.pthread_kill(main, signal.SIGTERM)
 
     return hook
 

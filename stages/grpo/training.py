@@ -318,7 +318,16 @@ def _reinforce(
             prompt_batches(rows, config.batch_size, config.seed), start_step, None
         )
         stream = reporting(
-            guarded(batches, ctx.deadline, ctx.stop, config.save_margin_seconds, StepClock()),
+            guarded(
+                batches,
+                ctx.deadline,
+                ctx.stop,
+                config.save_margin_seconds,
+                StepClock(),
+                # a failed async checkpoint save of the actor ends the session (checked in
+                # Tunix's data thread; the learner re-raises its error in the main thread)
+                health=lambda: tunix_compat.raise_save_errors(session.cluster.actor_trainer),
+            ),
             ctx.progress,
             "grpo",
             start_step,

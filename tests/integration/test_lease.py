@@ -155,6 +155,33 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path: Path) -> N
     assert f"pid {proc.pid} is gone from this host" in err
 
 
+def test_a_holder_stopped_past_its_lease_stops_at_once_after_sigcont(tmp_path: Path) -> None:
+    """A holder frozen by SIGSTOP past its lease's lifetime loses the lease to a newcomer; on
+    SIGCONT its first (overdue) heartbeat finds the other holder and the session stops there
+    with LeaseLost (exit 5), interrupting the compute it was in, instead of computing on until
+    its next commit is fenced (the work below would take two minutes)."""
+    run_uri = str(tmp_path / "run")
+    proc = child(run_uri, "work", HOLDER_TTL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(HOLDER_TTL + 1)  # frozen past the lease's expiry
+        newcomer = lease.acquire(run_uri, "newcomer")
+        assert newcomer.took_over is not None and newcomer.took_over.pid == proc.pid
+        assert newcomer.took_over_reason == "expired"
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=30)  # its work alone would take 120 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == 5, err
+    assert "lost the run lease" in err and "committed" not in out
+    assert current_holder(run_uri).token == newcomer.holder.token  # the loser left it alone
+    newcomer.renew()
+    newcomer.release()
+
+
 def test_far_run_into_a_held_lease_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     """The real `far run` (a child process with its own temporary Prefect server) against a
     lease a second process holds: exit 4 and stderr is the one `far:` line naming the holder,

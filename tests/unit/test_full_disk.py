@@ -4,6 +4,7 @@ test; skipped where mounting is not permitted), with real threads, signals and p
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import subprocess
@@ -112,6 +113,35 @@ def test_a_failed_async_orbax_save_is_raised_at_the_next_step(small_disk: Path) 
     assert "No space left on device" in str(storage.write_failure(raised.value))
     with contextlib.suppress(ValueError):  # closing joins the failed save again
         manager.close()
+
+
+def _name(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
+def _called(node: ast.AST) -> set[str]:
+    """The names of the functions called anywhere inside `node`."""
+    return {_name(n) for n in ast.walk(node) if isinstance(n, ast.Call)}
+
+
+def test_every_training_loop_checks_for_a_failed_async_save() -> None:
+    """Every stage that feeds a Tunix trainer through `guarded` (SFT, GRPO, DPO, distill) passes
+    the health hook that raises its trainer's failed Orbax background save (the test above):
+    a full disk ends any training stage within a step, not only SFT. Read from the source: a
+    real run of each on a filling disk costs minutes; SFT's is the one measured end to end."""
+    wired = {}
+    for path in sorted((REPO / "stages").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _name(node) == "guarded":
+                health = [k.value for k in node.keywords if k.arg == "health"]
+                checks = bool(health) and "raise_save_errors" in _called(health[0])
+                wired[path.relative_to(REPO).as_posix()] = checks
+    assert wired == {
+        "stages/distill.py": True,
+        "stages/dpo.py": True,
+        "stages/grpo/training.py": True,
+        "stages/sft.py": True,
+    }
 
 
 # A training loop's metrics writer (tensorboardX, as Tunix's metrics logger uses it) on a disk
