@@ -107,6 +107,10 @@ PREFECT_DEFAULTS = {
     # The client's usage telemetry, and its first-run notice on every new PREFECT_HOME
     # (FAR runs offline; set DO_NOT_TRACK=0 to keep Prefect's default).
     "DO_NOT_TRACK": "1",
+    # A library's own thread (Tunix's GRPO learner reads its data, and so reports progress,
+    # ahead in one) has no flow run context: its log lines still reach the console, and
+    # Prefect's UserWarning that they cannot reach the API is one no user can act on.
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 
 
@@ -345,6 +349,9 @@ def configure_logging(verbose: bool) -> None:
     quiet = logging.INFO if verbose else logging.WARNING
     for noisy in ("absl", "jax", "orbax", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(quiet)
+    absl = logging.getLogger("absl")
+    if not verbose and not any(isinstance(f, DropHarmlessNotices) for f in absl.filters):
+        absl.addFilter(DropHarmlessNotices())
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "stages,pipeline")
 
 
@@ -352,6 +359,17 @@ def configure_prefect(environ: dict[str, str]) -> None:
     """Prefect settings `far` needs, unless the user set them; before Prefect is imported."""
     for key, value in PREFECT_DEFAULTS.items():
         environ.setdefault(key, value)
+
+
+class DropHarmlessNotices(logging.Filter):
+    """Drops library warnings a user cannot act on (shown with -v): Tunix's memory report,
+    on each GRPO start, warns "Skipping non-TPU device: cpu. You might be missing jax[tpu]
+    dependency." on a CPU or GPU, where it only skips reporting TPU memory."""
+
+    TEXTS = ("Skipping non-TPU device:",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.TEXTS)
 
 
 class HideInputErrorTracebacks(logging.Filter):
