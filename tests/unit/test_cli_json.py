@@ -129,3 +129,24 @@ print("jax imported:", "jax" in sys.modules)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "jax imported: False"
+
+
+# schema_version 1's fields: a new field keeps the version, a removed or renamed one must move
+# it (and this pin with it), so a script written against version 1 keeps working.
+V1_FIELDS = {
+    StatusOutput: {"schema_version", "command", "run", "run_uri", "sessions", "last_outcome",
+                   "stages", "coverage"},
+    LineageOutput: {"schema_version", "command", "uri", "run_uri", "artifact",
+                    "openlineage_file"},
+    AuditOutput: {"schema_version", "command", "run_uri", "records", "files", "ok", "problems",
+                  "accepted_later", "coverage"},
+    ValidateOutput: {"schema_version", "command", "recipe", "run", "run_uri", "valid",
+                     "refused", "nodes"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", list(V1_FIELDS), ids=lambda m: m.__name__)
+def test_version_1_fields_are_kept(model: Any) -> None:
+    assert model.model_fields["schema_version"].default == 1
+    missing = V1_FIELDS[model] - set(model.model_fields)
+    assert not missing, f"{model.__name__} lost {missing}: bump SCHEMA_VERSION and this pin"
