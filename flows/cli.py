@@ -6,6 +6,7 @@ Settings are read here, once, and passed down; nothing is configured at import t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -15,14 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from flows import prefect_server
 from pipeline import lineage, manifest
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_preview
-from pipeline.recipes import RecipeError, parse_recipe
+from pipeline.recipes import BUNDLED, RecipeError, bundled_recipes, copy_bundled, parse_recipe
 from pipeline.validate import check_session_budget, validate_run
+from schemas import cli_output
 from schemas.record import RunSummary
 from stages import registry
 from stages.core import ledger, storage
@@ -107,6 +109,10 @@ PREFECT_DEFAULTS = {
     # The client's usage telemetry, and its first-run notice on every new PREFECT_HOME
     # (FAR runs offline; set DO_NOT_TRACK=0 to keep Prefect's default).
     "DO_NOT_TRACK": "1",
+    # A library's own thread (Tunix's GRPO learner reads its data, and so reports progress,
+    # ahead in one) has no flow run context: its log lines still reach the console, and
+    # Prefect's UserWarning that they cannot reach the API is one no user can act on.
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 
 
@@ -134,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_session_options(run)
     _add_validate_command(commands)
     _add_run_commands(commands)
+    _add_recipes_command(commands)
     export = commands.add_parser(
         "export",
         help="write a checkpoint as a Hugging Face model directory",
@@ -154,6 +161,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common_options(export)
     return parser
+
+
+def _add_recipes_command(commands: Any) -> None:
+    recipes = commands.add_parser(
+        "recipes",
+        help="list the bundled recipes, or copy one to edit",
+        description="The recipes shipped in recipes/, each with its first comment line.\n"
+        "`far recipes copy NAME DEST` copies one (DEST: a file, or a directory to hold\n"
+        "NAME.yaml; an existing file is never overwritten), to edit and `far run`.",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    actions = recipes.add_subparsers(dest="recipes_action", metavar="ACTION")
+    copy = actions.add_parser("copy", help="copy bundled recipe NAME to DEST")
+    copy.add_argument("name", help="a bundled recipe's name, e.g. smoke")
+    copy.add_argument("dest", help="a file or an existing directory (path or URI)")
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    if args.recipes_action == "copy":
+        written = copy_bundled(args.name, args.dest)
+        print(f"copied {args.name} -> {written} (run it: far run {written})")
+        return 0
+    found = bundled_recipes()
+    width = max(map(len, found), default=0)
+    for name, summary in found.items():
+        print(f"{name:<{width}}  {summary}")
+    print(f"\n{len(found)} recipes in {BUNDLED}; copy one: far recipes copy NAME DEST")
+    return 0
 
 
 def package_version() -> str:
@@ -189,6 +224,7 @@ def _add_validate_command(commands: Any) -> None:
         "--session-budget", help="as for `far run`: checked like the recipe's session_budget"
     )
     _add_session_options(validate)  # every `far run` option, so a run line checks as it is
+    _add_json_option(validate, cli_output.ValidateOutput)
 
 
 def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -286,6 +322,7 @@ def _add_run_commands(commands: Any) -> None:
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     _add_root_options(status)
     _add_plugin_option(status)
+    _add_json_option(status, cli_output.StatusOutput)
     resume = commands.add_parser(
         "resume",
         help="continue RUN with the recipe it was started with",
@@ -307,6 +344,7 @@ def _add_run_commands(commands: Any) -> None:
     lineage.add_argument(
         "--openlineage", metavar="FILE", help="also write the run's OpenLineage events (JSON lines)"
     )
+    _add_json_option(lineage, cli_output.LineageOutput)
     audit = commands.add_parser(
         "audit",
         help="re-check every recorded file and fingerprint of RUN",
@@ -322,6 +360,20 @@ def _add_run_commands(commands: Any) -> None:
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     _add_root_options(audit)
     _add_plugin_option(audit)
+    _add_json_option(audit, cli_output.AuditOutput)
+
+
+def _add_json_option(parser: argparse.ArgumentParser, model: type[Any]) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print one JSON object instead ({model.__name__}, schema_version "
+        f"{cli_output.SCHEMA_VERSION};\nits fields: docs/reference/json.md)",
+    )
+
+
+def print_json(output: BaseModel) -> None:
+    print(output.model_dump_json(indent=2))
 
 
 def _add_root_options(parser: argparse.ArgumentParser) -> None:
@@ -345,6 +397,9 @@ def configure_logging(verbose: bool) -> None:
     quiet = logging.INFO if verbose else logging.WARNING
     for noisy in ("absl", "jax", "orbax", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(quiet)
+    absl = logging.getLogger("absl")
+    if not verbose and not any(isinstance(f, DropHarmlessNotices) for f in absl.filters):
+        absl.addFilter(DropHarmlessNotices())
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "stages,pipeline")
 
 
@@ -352,6 +407,17 @@ def configure_prefect(environ: dict[str, str]) -> None:
     """Prefect settings `far` needs, unless the user set them; before Prefect is imported."""
     for key, value in PREFECT_DEFAULTS.items():
         environ.setdefault(key, value)
+
+
+class DropHarmlessNotices(logging.Filter):
+    """Drops library warnings a user cannot act on (shown with -v): Tunix's memory report,
+    on each GRPO start, warns "Skipping non-TPU device: cpu. You might be missing jax[tpu]
+    dependency." on a CPU or GPU, where it only skips reporting TPU memory."""
+
+    TEXTS = ("Skipping non-TPU device:",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.TEXTS)
 
 
 class HideInputErrorTracebacks(logging.Filter):
@@ -477,6 +543,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     validate_run(plan.recipe, plan.root, cache_dir)
     nodes, refused = preview(plan.recipe, plan.root, args.allow_change, args.cache_dir)
     run_uri = storage.join(plan.root, plan.recipe.name)
+    if args.json:
+        print_json(
+            cli_output.ValidateOutput(
+                recipe=args.recipe,
+                run=plan.recipe.name,
+                run_uri=run_uri,
+                valid=refused is None,
+                refused=refused,
+                nodes=[cli_output.PlannedNode(**dataclasses.asdict(n)) for n in nodes],
+            )
+        )
+        if refused is not None:
+            print(f"far: {refused}", file=sys.stderr)
+        return EXIT_INVALID if refused is not None else 0
     print(f"recipe {args.recipe}: valid; run '{plan.recipe.name}' at {run_uri}")
     print(f"  {'node':<14} {'kind':<12} {'stage hash':<13} {'action':<9} why")
     print(render_preview(nodes))
@@ -604,6 +684,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     last = run_manifest.invocations[-1] if run_manifest.invocations else None
+    if args.json:
+        print_json(
+            cli_output.StatusOutput(
+                run=run_manifest.run,
+                run_uri=run_uri,
+                sessions=len(run_manifest.invocations),
+                last_outcome=last.outcome if last else None,
+                stages=[_stage_status(s) for s in states],
+                coverage=lineage.coverage(args.audit_key, expect_root),
+            )
+        )
+        return 0
     print(
         f"FAR run '{run_manifest.run}' at {run_uri} ({len(run_manifest.invocations)} session(s); "
         f"last: {last.outcome or 'running or crashed' if last else 'none'})"
@@ -619,6 +711,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {'':<10} not used as the current stage: {s.doubt}")
     print(lineage.coverage(args.audit_key, expect_root))
     return 0
+
+
+def _stage_status(state: manifest.StageState) -> cli_output.StageStatus:
+    fields = dataclasses.asdict(state)
+    return cli_output.StageStatus(**{**fields, "doubt": state.doubt or None})
 
 
 def _expected_root(args: argparse.Namespace) -> str | None:
@@ -638,12 +735,23 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
-    print(lineage.render(node, run_manifest))
+    if not args.json:
+        print(lineage.render(node, run_manifest))
     if args.openlineage:
         events = lineage.openlineage_events(run_uri)
         lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
         storage.write_text(args.openlineage, lines)
-        print(f"wrote {len(events)} OpenLineage events to {args.openlineage}")
+        if not args.json:
+            print(f"wrote {len(events)} OpenLineage events to {args.openlineage}")
+    if args.json:
+        print_json(
+            cli_output.LineageOutput(
+                uri=args.uri,
+                run_uri=run_uri,
+                artifact=lineage.as_entry(node, run_manifest),
+                openlineage_file=args.openlineage,
+            )
+        )
     return 0
 
 
@@ -657,6 +765,21 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     records = lineage.run_records(run_uri, problems=[])
     files = sum(len(r.files) for _, r in records)
+    if args.json:
+        print_json(
+            cli_output.AuditOutput(
+                run_uri=run_uri,
+                records=len(records),
+                files=files,
+                ok=not problems,
+                problems=problems,
+                accepted_later=lineage.later_entries(run_uri, expect_root)
+                if args.accept_later
+                else [],
+                coverage=lineage.coverage(args.audit_key, expect_root),
+            )
+        )
+        return EXIT_PROBLEMS if problems else 0
     for problem in problems:
         print(problem)
     if args.accept_later:
@@ -718,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": cmd_status,
         "lineage": cmd_lineage,
         "audit": cmd_audit,
+        "recipes": cmd_recipes,
     }
     try:
         return handlers[args.command](args)

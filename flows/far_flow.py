@@ -7,6 +7,10 @@ tasks so the UI's run graph shows the DAG's edges.
 Prefect adds the run graph, logs, retries and UI artifacts. Whether a stage runs or is
 skipped is decided by the stage itself from the records on storage, so task caching is off.
 
+A flow run is named after the run and its session (`smoke-s2`: run.json's second session) and
+tagged with the recipe (`recipe:smoke`), each stage kind (`kind:sft`) and the code's git commit
+(`commit:9e6d385abc12`), so the UI's filters find a run's sessions.
+
 Retries: a stage that fails with a transient storage or network error (5xx, 429, timeouts,
 dropped connections; stages.core.storage.is_transient) is retried by Prefect; a retried training
 stage resumes from its latest checkpoint. Any other error fails the stage at once, and
@@ -18,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
-from prefect import flow, get_run_logger, runtime, task
+from prefect import flow, get_client, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
@@ -43,6 +48,7 @@ from stages.core.runner import (
     RunContext,
     SessionExpired,
     StageOutcome,
+    git_commit,
     is_primary_process,
 )
 from stages.core.sessions import LeaseLost, StopFlag, stop_on_sigterm
@@ -122,7 +128,50 @@ def stage_task(
     return _finish(ctx, node.id, outcome)
 
 
-@flow(name="format_align_reinforce", log_prints=True)
+def session_name(run: str, run_uri: str, sessions: int | None = None) -> str:
+    """`{run}-s{n}`: the run's name and this session's number, `sessions` or (before this
+    session is recorded) the sessions run.json lists plus one; the run's name alone when
+    run.json cannot be read (the session's own checks then name why)."""
+    if sessions is None:
+        try:
+            sessions = len(manifest.read_manifest(run_uri).invocations) + 1
+        except (OSError, ValueError):  # no run yet is 1; an unreadable run.json is refused later
+            if storage.exists(manifest.manifest_uri(run_uri)):
+                return run
+            sessions = 1
+    return f"{run}-s{sessions}"
+
+
+def flow_run_tags(recipe: Recipe, recipe_source: str = "") -> list[str]:
+    """`recipe:NAME` (the recipe file's stem, else the run's name), `kind:KIND` for each stage
+    kind of its DAG, and `commit:SHA12` (the code's git commit, when known)."""
+    stem = recipe_source.rstrip("/").rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
+    tags = [f"recipe:{stem or recipe.name}"]
+    tags += sorted({f"kind:{node.kind}" for node in build_dag(recipe).nodes})
+    commit = git_commit()
+    return tags + ([f"commit:{commit[:12]}"] if commit else [])
+
+
+def _flow_run_name() -> str:
+    """Prefect's flow_run_name: called with the flow run's parameters in context."""
+    parameters = runtime.flow_run.parameters
+    recipe: Recipe = parameters["recipe"]
+    return session_name(recipe.name, storage.join(parameters["root"], recipe.name))
+
+
+def _label_flow_run(recipe: Recipe, ctx: RunContext, recipe_source: str) -> None:
+    """Name this flow run after the session run.json now records (a scheduled deployment's
+    run too) and add the run's tags to those it has."""
+    sessions = len(manifest.read_manifest(ctx.run_uri).invocations)
+    name = session_name(recipe.name, ctx.run_uri, sessions)
+    with get_client(sync_client=True) as client:
+        flow_run_id = uuid.UUID(ctx.flow_run_id)
+        current = client.read_flow_run(flow_run_id).tags
+        tags = [*current, *(t for t in flow_run_tags(recipe, recipe_source) if t not in current)]
+        client.update_flow_run(flow_run_id, name=name, tags=tags)
+
+
+@flow(name="format_align_reinforce", log_prints=True, flow_run_name=_flow_run_name)
 def format_align_reinforce(
     recipe: Recipe,
     root: str,
@@ -208,6 +257,7 @@ def run_recipe(
         changes = manifest.open_session(recipe, ctx, recipe_source, took_over, overrides or ())
         for change in changes:
             get_run_logger().warning("continuing with an allowed change: %s", change)
+        publish_to_ui("flow run", lambda: _label_flow_run(recipe, ctx, recipe_source))
         done: list[StageSummary] = []
         try:
             with _sigterm_stops(ctx):

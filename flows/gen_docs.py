@@ -1,11 +1,11 @@
 """The generated reference pages of the docs site, from the code they describe.
 
-`python -m flows.gen_docs` writes docs/reference/{recipe,cli,stages}.md: the recipe reference
-from the Pydantic schema (attribute docstrings, types, defaults, constraints), the CLI reference
-from the `far` argparse parser, and the stage table from the stage registry
-(stages/registry.py). A test (tests/unit/test_docs.py) fails when a committed page differs
-from what this writes, so the reference cannot go stale; run this after changing a field, an
-option or a stage kind.
+`python -m flows.gen_docs` writes docs/reference/{recipe,cli,stages,json}.md: the recipe
+reference from the Pydantic schema (attribute docstrings, types, defaults, constraints), the CLI
+reference from the `far` argparse parser, the stage table from the stage registry
+(stages/registry.py), and the `--json` outputs' fields from schemas/cli_output.py. A test
+(tests/unit/test_docs.py) fails when a committed page differs from what this writes, so the
+reference cannot go stale; run this after changing a field, an option or a stage kind.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo, PydanticUndefined
 
 from flows.cli import build_parser
+from schemas import cli_output
 from schemas.recipe import Recipe
 from stages.registry import REGISTRY, SAYS, Port, StageSpec
 
@@ -34,6 +35,7 @@ def pages() -> dict[str, str]:
         "reference/recipe.md": recipe_page(),
         "reference/cli.md": cli_page(),
         "reference/stages.md": stages_page(),
+        "reference/json.md": json_page(),
     }
 
 
@@ -159,6 +161,35 @@ def _annotated_metadata(annotation: Any) -> list[Any]:
     if get_origin(annotation) is typing.Annotated:
         return list(get_args(annotation)[1:]) + _annotated_metadata(get_args(annotation)[0])
     return [m for arg in get_args(annotation) for m in _annotated_metadata(arg)]
+
+
+# ---- the --json outputs -------------------------------------------------------------------
+
+
+def json_page() -> str:
+    lines = [
+        GENERATED,
+        "# JSON output reference",
+        "",
+        "`far status`, `far lineage`, `far audit` and `far validate` take `--json`: stdout is",
+        "then one JSON object, whose fields are listed here from `schemas/cli_output.py`.",
+        f"Every object carries `schema_version` ({cli_output.SCHEMA_VERSION}) and `command`;",
+        "the version moves only when a field is removed or changes meaning (a new field keeps",
+        "it). The exit codes are those without `--json`; on exit 2 (an input error) stdout is",
+        "empty and the one `far:` line on stderr says what to fix. Examples:",
+        "[Lineage and audit](../lineage-audit.md#machine-readable-output-json).",
+        "",
+    ]
+    for top in (
+        cli_output.StatusOutput,
+        cli_output.LineageOutput,
+        cli_output.AuditOutput,
+        cli_output.ValidateOutput,
+    ):
+        for model in _models(top):
+            if f"## {model.__name__}" not in lines:
+                lines += _model_section(model)
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # ---- the CLI reference ---------------------------------------------------------------------

@@ -6,15 +6,18 @@ became unreachable"), and it outlived a `far` killed with SIGKILL. `far` starts 
 Prefect's public `prefect server start` (no UI), in its own session (a Ctrl-C at the terminal
 reaches `far` only) and, on Linux, with PR_SET_PDEATHSIG so the kernel stops it when `far`
 dies however it dies. It serves the whole process (like Prefect's own), stopped at exit.
+
+The child runs no Python between fork and exec: a `preexec_fn` (how the prctl was made) makes
+subprocess run the parent's at-fork hooks, and JAX's warns of a deadlock on every run. The
+prctl is made instead by a fresh interpreter (LAUNCHER) that then execs the server. With no
+UI served, Prefect's "View at http://..." link would point at nothing: PREFECT_UI_URL is
+emptied for this process, which drops it.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
-import functools
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +32,16 @@ import httpx
 
 from stages.core.errors import InputError
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
+# A new interpreter's first act: PR_SET_PDEATHSIG (prctl(2) option 1) so the kernel sends
+# SIGTERM when `far` (argv[1]) dies; exit if it already did; then exec the server (argv[2:]).
+LAUNCHER = """\
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(sys.argv[1]):
+        os._exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
 
 
@@ -62,6 +74,7 @@ def ensure_api(environ: MutableMapping[str, str], startup_seconds: float) -> Tem
     check_home(Path(settings.home))
     server = start(startup_seconds)
     environ["PREFECT_API_URL"] = server.api_url
+    environ["PREFECT_UI_URL"] = ""  # no UI is served: no "View at" link
     refresh_global_settings_context()  # Prefect reads the environment again (public API)
     atexit.register(server.stop)
     return server
@@ -96,14 +109,14 @@ def start(startup_seconds: float) -> TemporaryServer:
     log = tempfile.TemporaryFile(prefix="far-prefect-server-")  # noqa: SIM115  # closed by stop()
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    process = subprocess.Popen(
-        [*command, "--port", str(port), "--no-ui", "--log-level", "ERROR"],
+    launch = [sys.executable, "-c", LAUNCHER, str(os.getpid())]
+    process = subprocess.Popen(  # no preexec_fn: no Python runs in the forked child
+        [*launch, *command, "--port", str(port), "--no-ui", "--log-level", "ERROR"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # a Ctrl-C at the terminal reaches far, not the server
-        preexec_fn=functools.partial(_die_with_parent, os.getpid()),  # only prctl, then exec
     )
     server = TemporaryServer(process, api_url, log)
     give_up = time.monotonic() + startup_seconds
@@ -113,15 +126,6 @@ def start(startup_seconds: float) -> TemporaryServer:
             raise RuntimeError(f"{TIMEOUT_TEXT} (far's temporary server, {_tail(log)})")
         time.sleep(0.2)
     return server
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the child before exec: the kernel sends SIGTERM when the parent dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
 
 
 def _healthy(api_url: str) -> bool:

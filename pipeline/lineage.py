@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from pipeline.lease import LEASE_NAME
 from pipeline.manifest import MANIFEST_NAME, manifest_uri, pipeline_order, read_manifest
+from schemas.cli_output import Code, EvaluationScores, LineageEntry, Machine
 from schemas.record import LedgerEntry, RunManifest, StageRecord
 from stages.core import ledger, runner, storage
 from stages.core.errors import MissingInput
@@ -104,6 +105,35 @@ def render(
     for parent in node.parents:
         lines.append(render(parent, manifest, indent + "    ", seen))
     return "\n".join(lines)
+
+
+def as_entry(node: LineageNode, manifest: RunManifest | None = None) -> LineageEntry:
+    """The ancestry as `far lineage --json` prints it (what `render` shows, as data)."""
+    r = node.record
+    evaluations = runner.read_evaluations(runner.record_directory(node.record_uri))
+    return LineageEntry(
+        name=node.name,
+        node=node_id(r),
+        kind=r.stage,
+        record_uri=node.record_uri,
+        stage_hash=r.stage_hash,
+        output_uri=runner.located_output(node.record_uri, r).uri,
+        sessions=[s.outcome for s in r.sessions] or ["complete"],
+        seconds=r.seconds,
+        flow_run_ids=sorted({s.flow_run_id or "?" for s in r.sessions} or {r.flow_run_id or "?"}),
+        skipped_sessions=_skipped_in(manifest, node_id(r)),
+        code=Code(
+            far_version=r.code.far_version,
+            git_commit=r.code.git_commit,
+            stage_version=r.code.stage_version,
+            packages=r.code.packages,
+        ),
+        hardware=Machine(**r.hardware.model_dump()),
+        metrics=r.metrics,
+        evaluations=[EvaluationScores(uri=uri, scores=e.scores) for uri, e in evaluations],
+        sources=node.sources,
+        parents=[as_entry(parent, manifest) for parent in node.parents],
+    )
 
 
 def _evaluation_lines(record_uri: str, indent: str) -> list[str]:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
+import difflib
+import typing
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pipeline.dag import DagError, build_dag
 from schemas.recipe import Recipe
 from stages.core import storage
-from stages.core.errors import InputError
+from stages.core.errors import InputError, MissingInput
 
 
 class RecipeError(InputError):
@@ -59,8 +62,31 @@ def describe(error: ValidationError) -> str:
         path = ".".join(str(p) for p in item["loc"]) or "(recipe)"
         given = item.get("input")
         shown = repr(given) if not isinstance(given, dict) else "{...}"
-        lines.append(f"  {path}: {item['msg']} (got {shown})")
+        hint = _did_you_mean(item["loc"]) if item["type"] == "extra_forbidden" else ""
+        lines.append(f"  {path}: {item['msg']} (got {shown}){hint}")
     return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """`; did you mean max_steps?` for an unknown field close to one of its section's fields
+    (the sections the path can reach: a pipeline node's path names its kind, not a field)."""
+    models: set[type[BaseModel]] = {Recipe}
+    for key in loc[:-1]:
+        owners = [m for m in models if isinstance(key, str) and key in m.model_fields]
+        if owners:  # else a list index or a node's kind tag: the same sections
+            models = {n for m in owners for n in _models_in(m.model_fields[str(key)].annotation)}
+    names = sorted({name for m in models for name in m.model_fields})
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _models_in(annotation: Any) -> set[type[BaseModel]]:
+    """The models a field holds: itself, a union's members, a list's or dict's items."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {annotation}
+    if get_origin(annotation) is typing.Literal:
+        return set()
+    return {m for arg in get_args(annotation) for m in _models_in(arg)}
 
 
 def parse_recipe(data: Any, source: str, overrides: dict[str, Any] | None = None) -> Recipe:
@@ -136,3 +162,61 @@ def load_recipe(
     except yaml.YAMLError as e:
         raise RecipeError(f"recipe {uri} is not valid YAML: {e}") from e
     return parse_recipe(apply_assignments(data, assignments, uri), uri, overrides)
+
+
+# ---- the bundled recipes (`far recipes`) ---------------------------------------------------
+
+BUNDLED = storage.normalize(str(Path(__file__).resolve().parent.parent / "recipes"))
+"""The recipes shipped beside the code (the checkout's, or an editable install's, recipes/)."""
+
+
+class UnknownRecipe(InputError):
+    """`far recipes copy NAME`: no bundled recipe has that name."""
+
+
+class CopyTargetExists(InputError):
+    """`far recipes copy NAME DEST`: DEST (or DEST/NAME.yaml) exists; it is never overwritten."""
+
+
+def bundled_recipes(folder: str = BUNDLED) -> dict[str, str]:
+    """Each bundled recipe's name (its file's stem) -> its first comment line, without the
+    `# ` and a repeated `name: `; sorted by name."""
+    if not storage.is_dir(folder):
+        raise MissingInput(
+            f"no bundled recipes at {folder}: this install has no recipes/ folder (use a "
+            f"checkout of FAR, or an editable install of one)"
+        )
+    names = sorted(rel for rel in storage.list_files(folder) if rel.endswith(".yaml"))
+    found = {}
+    for rel in names:
+        name = rel.removesuffix(".yaml")
+        first = next(
+            (line for line in storage.read_text(storage.join(folder, rel)).splitlines()), ""
+        )
+        summary = first.lstrip("#").strip() if first.startswith("#") else ""
+        found[name] = summary.removeprefix(f"{name}:").strip()
+    return found
+
+
+def copy_bundled(name: str, dest: str, folder: str = BUNDLED) -> str:
+    """Copy bundled recipe `name` to `dest` (a file, or an existing directory: DEST/NAME.yaml),
+    never over an existing file; the URI written."""
+    known = bundled_recipes(folder)
+    name = name.removesuffix(".yaml")
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UnknownRecipe(
+            f"no bundled recipe {name!r}; {hint}recipes: {', '.join(known)} (`far recipes` "
+            f"lists them)"
+        )
+    target = storage.normalize(dest)
+    if storage.is_dir(target):
+        target = storage.join(target, f"{name}.yaml")
+    text = storage.read_text(storage.join(folder, f"{name}.yaml"))
+    if not storage.create_exclusive(target, text.encode()):
+        raise CopyTargetExists(
+            f"{target} exists; far recipes copy never overwrites a file: give another DEST "
+            f"(or remove it first)"
+        )
+    return target

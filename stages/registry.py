@@ -24,6 +24,7 @@ declares what else sits under stages/.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -279,7 +280,11 @@ def spec(kind: str) -> StageSpec:
     """The registration of `kind`; UnknownStageKind names the registered ones."""
     found = REGISTRY.get(kind)
     if found is None:
-        raise UnknownStageKind(f"no stage kind {kind!r} is registered; kinds: {sorted(REGISTRY)}")
+        close = difflib.get_close_matches(kind, sorted(REGISTRY), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownStageKind(
+            f"no stage kind {kind!r} is registered; kinds: {sorted(REGISTRY)}{hint}"
+        )
     return found
 
 

@@ -759,6 +759,11 @@ def code_version(stage_version: int) -> CodeVersion:
 BUILD_INFO = Path(__file__).resolve().parent.parent / "_build_info.json"
 
 
+def git_commit() -> str | None:
+    """The commit of the code running now (its checkout's HEAD, or the one baked in)."""
+    return _git_commit()
+
+
 def _git_commit(repo: Path | None = None, build_info: Path = BUILD_INFO) -> str | None:
     """The checkout's HEAD; without git or .git, the commit baked in at install or build."""
     repo = repo or Path(__file__).resolve().parent.parent
