@@ -51,6 +51,8 @@ lint: env
 docs: env
 	$(BIN)/python -m flows.gen_docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "docs: open $(CURDIR)/site/index.html in a browser (search works from disk), or serve" \
+		"them while editing: $(BIN)/mkdocs serve (http://127.0.0.1:8000, rebuilt on every save)"
 
 # The Prefect UI test drives a system chromium through playwright (no browser download). With
 # one on PATH nothing is installed; as root Debian's is installed; otherwise the UI test is

@@ -72,6 +72,26 @@ def test_sft_teaches_the_format(smoke_runs: tuple[RunSummary, RunSummary]) -> No
     assert len(samples) == 4 * scores["base"].num_prompts  # base, base-3shot, sft, grpo
 
 
+def test_smoke_grpo_earns_reward_with_spread(smoke_runs: tuple[RunSummary, RunSummary]) -> None:
+    """The smoke GRPO does visible work: some rollouts earn reward and some prompt group has
+    reward variance (the only groups GRPO learns from). Before issue 38 its rollouts sampled
+    random bytes at temperature 0.9, so every step's reward and informative fraction was 0."""
+    first, _ = smoke_runs
+    (grpo_line,) = [s for s in first.stages if s.stage == "grpo"]
+    history = StageRecord.model_validate(storage.read_json(grpo_line.record_uri)).history
+    steps = 4  # recipes/smoke.yaml
+    assert len(history["rewards/score/mean"]) == len(history["far/informative_groups"]) == steps
+    assert max(history["rewards/score/mean"]) > 0, history["rewards/score/mean"]
+    assert max(history["rewards/format_strict"]) > 0, history["rewards/format_strict"]
+    assert max(history["far/informative_groups"]) > 0, history["far/informative_groups"]
+    # a group with spread has a best and a worst completion: the step's max and min differ
+    spread = [
+        hi - lo
+        for hi, lo in zip(history["rewards/score/max"], history["rewards/score/min"], strict=True)
+    ]
+    assert max(spread) > 0, spread
+
+
 def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]) -> None:
     """GRPO starts from the SFT LoRA weights and changes them (greedy outputs may not move)."""
     import jax

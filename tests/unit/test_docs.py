@@ -3,8 +3,11 @@ code generates now, and every repository path a Markdown file names exists."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +87,24 @@ def test_the_readme_is_a_front_door() -> None:
     text = "\n".join(lines)
     for command in ("make run", "make test"):
         assert command in text
+
+
+def test_the_built_site_searches_from_disk(tmp_path: Path) -> None:
+    """site/index.html opened from disk (file://, as the README says): a browser refuses to
+    fetch search_index.json there, so the search box stayed at "Initializing search" for ever.
+    mkdocs-material's offline plugin writes the index as a script, loaded by an iframe worker
+    that every page includes. (The build is the one `make docs` runs, into tmp_path.)"""
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        check=True,
+        capture_output=True,
+    )
+    index = (site / "search" / "search_index.js").read_text()
+    assert index.startswith("var __index =") and "getting-started.html" in index
+    pages = sorted(site.glob("*.html"))
+    assert len(pages) > 10
+    missing = [p.name for p in pages if "iframe-worker" not in p.read_text()]
+    assert not missing, f"pages without the offline search worker: {missing}"

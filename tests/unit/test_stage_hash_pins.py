@@ -10,7 +10,9 @@ sft and dag.sft_self by sft's STAGE_VERSION 1 -> 3 (the loss at its loss positio
 through the fused projection; issue 26); grpo by grpo's STAGE_VERSION 4 -> 5 (log-probs through
 the fused projection; issue 26); grpo, evaluate, dag.evaluate_train and dag.self_teach by
 grpo 5 -> 6, evaluate 6 -> 7 and self_teach 1 -> 2 (format_strict wants each tag once and
-nothing after the answer but the end-of-turn marker; issue 37).
+nothing after the answer but the end-of-turn marker; issue 37); grpo by recipes/smoke.yaml's
+rollouts at temperature 0.3 and 32 tokens instead of 0.9 and 24 (at 0.9 the tiny model samples
+random bytes, so every reward was 0; issue 38).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ A, B, C = "a" * 64, "b" * 64, "c" * 64
 PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
     "sft": "8564c99b166313142789fd809f7f6517c3d68a3f1c7fc709be785c8521364d71",
-    "grpo": "62a1bb15829e2f39af518766c2d9be457267b8cea6d9e783df167f80c66a7f96",
+    "grpo": "0858915d044739c99aaae3c0970adcfa7d942d8a984b24db12fb1d5472abcd9b",
     "evaluate": "f55de8ac0826be6fb2b5cc78a620f470435c5ae2c646cfed17de83dd7be1c98b",
     "dag.evaluate_train": "5eaf65b9cb0b91f3b5b2339a9d2b51470ff1fa0ee49ce239a7e96acbec91c3bb",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",

@@ -1,0 +1,93 @@
+"""The numbers README.md and docs/getting-started.md quote for the smoke and demo runs are the
+ones in docs/results/: smoke.json is written by bench/docs_results.py from a real run,
+demo.json holds the README's fresh-clone demo measurement. Before, the two documents quoted
+different runs (smoke flow 24.4 s against 46.1 s, demo 285 s against 355 s)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+README = REPO / "README.md"
+GETTING_STARTED = REPO / "docs" / "getting-started.md"
+# the sentences as the documents word them; a line break may fall at any space
+SMOKE_SENTENCE = re.compile(
+    r"data-prep ([\d.]+) s, SFT ([\d.]+) s, GRPO ([\d.]+) s, evaluation ([\d.]+) s; "
+    r"flow ([\d.]+) s, orchestration ([\d.]+) s".replace(" ", r"\s+")
+)
+DEMO_SENTENCE = re.compile(
+    r"flow (\d+) s; SFT (\d+) s, GRPO (\d+) s, evaluation (\d+) s; SFT ([\d.]+), "
+    r"GRPO ([\d.]+)".replace(" ", r"\s+")
+)
+
+
+def results(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((REPO / "docs" / "results" / f"{name}.json").read_text())
+    return data
+
+
+def test_readme_prints_the_smoke_run_of_the_results_file() -> None:
+    smoke = results("smoke")
+    assert smoke["excerpt"] in README.read_text(), (
+        "README.md's smoke excerpt is not the one in docs/results/smoke.json: paste its "
+        "`excerpt` (regenerate with bench/docs_results.py)"
+    )
+
+
+def smoke_numbers(text: str, where: str) -> list[str]:
+    sentences = SMOKE_SENTENCE.findall(text)
+    assert len(sentences) == 1, f"{where}: expected one smoke timing sentence, got {sentences}"
+    return list(sentences[0])
+
+
+def expected_smoke_numbers() -> list[str]:
+    smoke = results("smoke")
+    seconds = smoke["stage_seconds"]
+    values = [seconds[s] for s in ("data_prep", "sft", "grpo", "evaluate")]
+    values += [smoke["flow_seconds"], smoke["orchestration_seconds"]]
+    return [f"{v:.1f}" for v in values]
+
+
+def test_getting_started_quotes_the_smoke_run_of_the_results_file() -> None:
+    quoted = smoke_numbers(GETTING_STARTED.read_text(), "docs/getting-started.md")
+    assert quoted == expected_smoke_numbers()
+
+
+def test_getting_started_quotes_the_smoke_scores_of_the_results_file() -> None:
+    scores = results("smoke")["scores"]
+    text = GETTING_STARTED.read_text()
+    for model in ("base", "sft", "grpo"):
+        row = f"| {model} | {scores[model]['format_rate']:.2f} | {scores[model]['accuracy']:.2f} |"
+        assert row in text, f"docs/getting-started.md lacks the smoke row {row}"
+
+
+@pytest.mark.parametrize("doc", [README, GETTING_STARTED], ids=lambda p: p.name)
+def test_both_documents_quote_the_demo_run_of_the_results_file(doc: Any) -> None:
+    demo = results("demo")
+    sentences = DEMO_SENTENCE.findall(doc.read_text())
+    assert len(sentences) == 1, f"{doc.name}: expected one demo timing sentence, got {sentences}"
+    seconds = demo["stage_seconds"]
+    expected = [
+        f"{demo['flow_seconds']:.0f}",
+        *(f"{seconds[s]:.0f}" for s in ("sft", "grpo", "evaluate")),
+        f"{demo['accuracy']['sft']:.3f}",
+        f"{demo['accuracy']['grpo']:.3f}",
+    ]
+    assert list(sentences[0]) == expected
+
+
+def test_a_changed_number_is_caught() -> None:
+    """The check itself: the sentence parser reads the numbers a careless edit would change."""
+    good = (
+        "data-prep 1.0 s, SFT 12.0 s, GRPO 4.2 s, evaluation 4.3 s;\n"
+        "flow 24.4 s, orchestration 2.9 s"
+    )
+    assert smoke_numbers(good, "x") == ["1.0", "12.0", "4.2", "4.3", "24.4", "2.9"]
+    assert smoke_numbers(good.replace("12.0", "13.0"), "x") != smoke_numbers(good, "x")
+    with pytest.raises(AssertionError):
+        smoke_numbers(good + "\n" + good, "x")  # two sentences: which one is true?
