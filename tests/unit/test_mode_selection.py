@@ -157,3 +157,22 @@ def test_the_pick_dag_is_checked_before_compute(tmp_path: Any) -> None:
         dag(tmp_path, split="grpo_train")
     with pytest.raises(RecipeError, match="must evaluate the same node"):
         dag(tmp_path, grpo="sft")
+
+
+def test_a_picks_output_is_another_stage_of_its_run_and_moves_with_a_copy() -> None:
+    """A pick record's output is the chosen stage's checkpoint, outside the pick's own
+    directory but inside its run: followed, and mapped into a copied run; a path outside the
+    run is refused."""
+    from schemas.artifacts import CheckpointArtifact
+    from schemas.record import StageRecord
+    from stages.core.runner import TamperedStage, located_output
+
+    def record(uri: str) -> StageRecord:
+        output = CheckpointArtifact.model_construct(uri=uri)
+        return StageRecord.model_construct(run="r", directory="pick-abc", output=output)
+
+    written = "/old/runs/r/sft-123/checkpoints"
+    moved = located_output("/new/place/r/pick-abc/stage.json", record(written))
+    assert moved.uri == "/new/place/r/sft-123/checkpoints"
+    with pytest.raises(TamperedStage, match="outside its run"):
+        located_output("/new/place/r/pick-abc/stage.json", record("/elsewhere/ckpt"))
