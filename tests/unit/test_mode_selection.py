@@ -11,9 +11,12 @@ from pydantic import ValidationError
 
 from pipeline.dag import build_dag
 from pipeline.recipes import RecipeError, load_recipe
+from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import HardSubsetConfig, PickConfig, PreferencesConfig
+from schemas.record import StageRecord
 from stages import hard_subset, pick, preferences
 from stages.core.errors import InputError
+from stages.core.runner import TamperedStage, located_output
 
 # prompt id -> (greedy right?, correct of each of 4 samples)
 OUTCOMES: dict[str, tuple[bool, list[int]]] = {
@@ -163,9 +166,6 @@ def test_a_picks_output_is_another_stage_of_its_run_and_moves_with_a_copy() -> N
     """A pick record's output is the chosen stage's checkpoint, outside the pick's own
     directory but inside its run: followed, and mapped into a copied run; a path outside the
     run is refused."""
-    from schemas.artifacts import CheckpointArtifact
-    from schemas.record import StageRecord
-    from stages.core.runner import TamperedStage, located_output
 
     def record(uri: str) -> StageRecord:
         output = CheckpointArtifact.model_construct(uri=uri)
