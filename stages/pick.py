@@ -118,7 +118,9 @@ def _pick(
     _say(chosen, incumbent, accuracy)
     metrics = {f"validation_accuracy/{name}": value for name, value in accuracy.items()}
     metrics["chosen_index"] = float(config.candidates.index(chosen))
-    return candidates[chosen], metrics, {}
+    # a copy: the same object as the candidate's own output would make Prefect, which tracks
+    # task results by identity, draw every later reader of that candidate as a reader of pick
+    return candidates[chosen].model_copy(), metrics, {}
 
 
 def _row(
