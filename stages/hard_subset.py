@@ -178,13 +178,23 @@ def _select(
     )
     failed = sum(1 for s in scores.values() if s < config.below)
     banded = sum(1 for s in scores.values() if in_band(s, config))
-    log_selection(len(kept), len(rows), failed, banded, config)
+    mode: dict[str, float] = {}
+    if config.select == "mode":
+        right = sum(greedy_right[i] for i in chosen)
+        mode = {"prompts_greedy_wrong_kept": float(len(chosen) - right)}
+        log.info(
+            "hard_subset (select: mode): %d of %d prompts kept, %d whose greedy answer is "
+            "wrong (a sample solves %d of them) and %d greedy-right",
+            len(kept),
+            len(rows),
+            len(chosen) - right,
+            sum(1 for i in chosen if not greedy_right[i] and scores[i] > 0),
+            right,
+        )
+    else:
+        log_selection(len(kept), len(rows), failed, banded, config)
     metrics = {
-        **(
-            {"prompts_wrong_mode": float(len(ids) - sum(greedy_right.get(i, False) for i in ids))}
-            if greedy_right
-            else {}
-        ),
+        **mode,
         "prompts_evaluated": float(len(scores)),
         "prompts_kept": float(len(kept)),
         "prompts_below_threshold": float(failed),

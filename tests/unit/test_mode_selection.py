@@ -4,6 +4,7 @@ completion, format, correct; a greedy row `<model>@greedy` beside the sampled on
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,10 +12,11 @@ from pydantic import ValidationError
 
 from pipeline.dag import build_dag
 from pipeline.recipes import RecipeError, load_recipe
-from schemas.artifacts import CheckpointArtifact
+from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import HardSubsetConfig, PickConfig, PreferencesConfig
 from schemas.record import StageRecord
 from stages import hard_subset, pick, preferences
+from stages.core.datasets import load_prompts, write_derived_dataset
 from stages.core.errors import InputError
 from stages.core.runner import TamperedStage, located_output
 
@@ -176,3 +178,32 @@ def test_a_picks_output_is_another_stage_of_its_run_and_moves_with_a_copy() -> N
     assert moved.uri == "/new/place/r/sft-123/checkpoints"
     with pytest.raises(TamperedStage, match="outside its run"):
         located_output("/new/place/r/pick-abc/stage.json", record("/elsewhere/ckpt"))
+
+
+def test_the_mode_subset_is_written_with_its_selection(tmp_path: Any) -> None:
+    """select: mode end to end on files: the kept prompts become grpo_train, the eval split is
+    carried over, and selection.jsonl says per prompt its solve rate, whether greedy was right
+    and whether it was kept."""
+    prompts = [
+        {"id": p, "prompt": f"q {p}", "answer": "4", "domain": "math", "source": "s", "tests": []}
+        for p in OUTCOMES
+    ]
+    held_out = [dict(prompts[0], id="e0")]
+    base = DatasetArtifact.model_construct(tokenizer="bytes", seq_len=64, prompt_len=32)
+    dataset = write_derived_dataset(
+        str(tmp_path / "data"), base, {"grpo_train": prompts, "eval": held_out}
+    )
+    samples_uri = tmp_path / "samples.jsonl"
+    samples_uri.write_text("".join(json.dumps(r) + "\n" for r in samples()))
+    evaluation = EvalReport.model_construct(samples_uri=str(samples_uri))
+    config = HardSubsetConfig(model="sft", select="mode", right_share=0.5)
+    out, metrics, _ = hard_subset._select(str(tmp_path / "hard"), evaluation, dataset, config)
+    assert [r["id"] for r in load_prompts(out, "grpo_train")] == ["p0", "p2", "p4", "p5"]
+    assert [r["id"] for r in load_prompts(out, "eval")] == ["e0"]
+    assert metrics["prompts_greedy_wrong_kept"] == 2 and metrics["prompts_kept"] == 4
+    selection = {
+        r["id"]: r
+        for r in map(json.loads, (tmp_path / "hard" / "selection.jsonl").read_text().splitlines())
+    }
+    assert selection["p1"] == {"id": "p1", "score": 0.0, "kept": False, "greedy_correct": False}
+    assert selection["p4"]["kept"] and selection["p4"]["greedy_correct"]
