@@ -6,9 +6,10 @@ deploy/gke/base-job-template.json, so the server checks the far-gke deployment's
 variables against it), `prefect deploy --all` from deploy/prefect.yaml as the README says, a
 real `prefect worker start --type process` subprocess. Then on the smoke recipe, one storage
 root: deploy/kaggle/run_session.sh with the smallest budget `far run` accepts (exit 3 with
-data-prep committed and the run unfinished), a far-tpu-vm run through the worker (CPU, through
-a job-variable override) that skips what the session committed and ends COMPLETED with every
-record on storage, and run_session.sh again (exit 0, all skipped).
+data-prep committed and the run unfinished; the smoke recipe with SFT long enough that no
+machine finishes the run inside that budget: the plain smoke run fits in it on an idle one),
+a far-tpu-vm run through the worker (CPU, through a job-variable override) that skips what
+the session committed and ends COMPLETED with every record on storage, and run_session.sh again (exit 0, all skipped).
 The three share one run to stay in the CI time budget (each alone would run the smoke flow).
 
 Nothing runs on GKE here (no cluster, no TPU): only the far-gke registration is exercised.
@@ -40,6 +41,9 @@ PREFECT = str(BIN / "prefect")
 DEPLOY = REPO / "deploy"
 KAGGLE = DEPLOY / "kaggle" / "run_session.sh"
 RUN_TIMEOUT_S = 600  # the worker's smoke run took up to ~250 s here under heavy load
+# The smallest budget leaves STARTUP_AND_STEP_SECONDS (60 s) for start-up and training; the
+# smoke SFT takes ~0.09 s a step on 2 idle cores, so 1,200 steps need ~2x the time there is.
+LONG_SFT_STEPS = 1200
 
 
 @contextmanager
@@ -155,20 +159,34 @@ def test_both_deployments_registered_from_the_yaml(deployed: dict[str, Any]) -> 
 
 
 @pytest.fixture(scope="module")
-def kaggle_first_session(deployed: dict[str, Any]) -> tuple[int, str]:
+def long_smoke(deployed: dict[str, Any]) -> Path:
+    """recipes/smoke.yaml with LONG_SFT_STEPS of SFT, same run name (the recipe every session
+    and the deployment run use)."""
+    text = (REPO / "recipes" / "smoke.yaml").read_text()
+    longer, count = re.subn(r"(?m)^  max_steps: 150$", f"  max_steps: {LONG_SFT_STEPS}", text)
+    if count != 1:
+        raise ValueError("recipes/smoke.yaml: expected one 'sft: max_steps: 150' line")
+    path = deployed["root"] / "smoke-long-sft.yaml"
+    path.write_text(longer)
+    return path
+
+
+@pytest.fixture(scope="module")
+def kaggle_first_session(deployed: dict[str, Any], long_smoke: Path) -> tuple[int, str]:
     """deploy/kaggle/run_session.sh on the smoke recipe with the smallest session budget
     `far run` accepts (the save margin plus start-up and one step; a smaller one is refused
     before compute since issue 37): data-prep commits, training stops at the budget before
     the run is complete and the runner exits 3. FAR_VENV is the project's venv (no install)."""
     recipe = load_recipe(str(REPO / "recipes" / "smoke.yaml"))
     margin = max(recipe.sft.save_margin_seconds, recipe.grpo.save_margin_seconds)
-    return _kaggle_session(f"{math.ceil(margin + STARTUP_AND_STEP_SECONDS)}s", deployed)
+    budget = f"{math.ceil(margin + STARTUP_AND_STEP_SECONDS)}s"
+    return _kaggle_session(budget, deployed, long_smoke)
 
 
-def _kaggle_session(budget: str, deployed: dict[str, Any]) -> tuple[int, str]:
+def _kaggle_session(budget: str, deployed: dict[str, Any], recipe: Path) -> tuple[int, str]:
     env = dict(deployed["env"], FAR_VENV=str(BIN.parent))
     done = subprocess.run(
-        ["bash", str(KAGGLE), "recipes/smoke.yaml", str(deployed["run_root"]), budget],
+        ["bash", str(KAGGLE), str(recipe), str(deployed["run_root"]), budget],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -200,12 +218,12 @@ def test_kaggle_session_stops_at_its_budget(
     assert code == 3, out
     assert "session budget reached; in the next session run this same command" in out
     committed = set(_records(deployed))
-    assert "data_prep" in committed and "evaluate" not in committed, out
+    assert "data_prep" in committed and "sft" not in committed, out  # stopped inside SFT
 
 
 @pytest.fixture(scope="module")
 def deployment_run(
-    kaggle_first_session: tuple[int, str], deployed: dict[str, Any]
+    kaggle_first_session: tuple[int, str], deployed: dict[str, Any], long_smoke: Path
 ) -> tuple[Any, Any]:
     """One far-tpu-vm run through the worker, on the run the Kaggle session left unfinished."""
     from prefect.deployments import run_deployment
@@ -214,7 +232,7 @@ def deployment_run(
         run = run_deployment(
             "far_scheduled/far-tpu-vm",
             parameters={
-                "recipe_uri": "recipes/smoke.yaml",
+                "recipe_uri": str(long_smoke),
                 "storage_root": str(deployed["run_root"]),
                 "session_budget": "30m",
             },
@@ -242,9 +260,9 @@ def test_worker_runs_the_deployment_and_continues_the_run(
 
 
 def test_next_kaggle_session_finds_the_run_complete(
-    deployment_run: tuple[Any, Any], deployed: dict[str, Any]
+    deployment_run: tuple[Any, Any], deployed: dict[str, Any], long_smoke: Path
 ) -> None:
-    code, out = _kaggle_session("8h45m", deployed)
+    code, out = _kaggle_session("8h45m", deployed, long_smoke)
     assert code == 0, out
     assert "run complete" in out
     assert len(re.findall(r"skipped \(already complete\)", out)) == 4, out
