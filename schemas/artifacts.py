@@ -83,6 +83,10 @@ GREEDY_SUFFIX = "@greedy"
 """An evaluated model's greedy row beside its sampled one (EvalConfig.greedy) is labelled
 `<model>@greedy`, in the report and in samples.jsonl."""
 
+STEP_SUFFIX = "@step"
+"""An earlier saved step of an evaluated checkpoint (EvalConfig.steps: saved) is the model
+`<model>@step<N>`; its greedy row beside samples is `<model>@step<N>@greedy`."""
+
 
 class EvalReport(Frozen):
     """Metrics per model; the per-sample outputs behind them live at `samples_uri`."""

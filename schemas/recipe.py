@@ -36,6 +36,7 @@ def parse_duration(value: object) -> object:
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 # Floats are finite (inf and nan pass a bare `gt=0`); the caps below refuse values no run
 # means (a learning rate above 1 diverges at the first step; a temperature above 5 samples
 # noise), so a slip of a decimal point fails in validation, not hours into a session.
@@ -351,6 +352,9 @@ class SFTConfig(Frozen):
     """null: train full weights"""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many optimizer steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
     checkpoint_every_seconds: PositiveFloat | None = None
     """also save on a timer"""
     save_margin_seconds: NonNegativeFloat = 60.0
@@ -474,6 +478,9 @@ class GRPOConfig(Frozen):
     """reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS"""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many GRPO steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
     save_margin_seconds: NonNegativeFloat = 60.0
     """kept free before a deadline"""
     samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
@@ -553,6 +560,10 @@ class EvalConfig(Frozen):
     """Completions per prompt (needs temperature > 0 when above 1)."""
     seed: int = 0
     """Seeds sampling."""
+    steps: Literal["last", "saved"] = "last"
+    """last: each checkpoint at the step its stage committed; saved: also every earlier step
+    its stage kept (`keep_checkpoints`), a row `<model>@step<N>` each, so a pick node can
+    choose the best step (the committed one stays the row `<model>`)."""
     split: Literal["eval", "grpo_train", "validation"] = "eval"
     """The prompts scored: eval (held out), grpo_train (for hard_subset), or validation (for
     a pick node's choice between policies)."""
@@ -754,6 +765,9 @@ class DPOConfig(Frozen):
     """Tokens a chosen or rejected response keeps (longer ones are cut)."""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
     save_margin_seconds: NonNegativeFloat = 60.0
     """Kept free before a deadline."""
     seed: int = 0
@@ -785,6 +799,9 @@ class DistillConfig(Frozen):
     """Weight of the distillation (KL) loss against the task loss."""
     checkpoint_every_steps: PositiveInt = 50
     """Save a checkpoint every this many steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
     save_margin_seconds: NonNegativeFloat = 60.0
     """Kept free before a deadline."""
     seed: int = 0
@@ -803,6 +820,9 @@ class PickConfig(Frozen):
     `<name>@greedy` beside a sampled one). The first is the incumbent, the policy the others
     started from: another candidate is chosen only when its accuracy exceeds the incumbent's
     by more than `min_gain`, and the most accurate such one wins (ties: the earlier listed).
+    When the evaluation scored saved steps too (`steps: saved`), each earlier step of a
+    candidate other than the incumbent is a choice of its own, and the output is the chosen
+    checkpoint at that step.
     """
 
     candidates: list[NodeId] = Field(min_length=2)

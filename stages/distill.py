@@ -108,7 +108,8 @@ def build_trainer(
         max_steps=config.max_steps,
         checkpoint_root_directory=ckpt_dir,
         checkpointing_options=ocp.CheckpointManagerOptions(
-            save_interval_steps=config.checkpoint_every_steps, max_to_keep=2
+            save_interval_steps=config.checkpoint_every_steps,
+            max_to_keep=config.keep_checkpoints or None,
         ),
         metrics_logging_options=metrics_logger.MetricsLoggerOptions(
             log_dir=log_dir, flush_every_n_steps=10

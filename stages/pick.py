@@ -12,16 +12,22 @@ from: another is chosen only when its validation accuracy beats the incumbent's 
 `min_gain`, so a tie keeps the incumbent. choice.json lists every candidate's accuracy,
 its wins and losses against the incumbent on the same prompts, and which was chosen and why;
 an evaluation of the held-out split downstream scores the choice after it was made.
+
+When that evaluation also scored the earlier saved steps of the candidates (`steps: saved`,
+with training nodes keeping them: `keep_checkpoints`), every such step of a candidate other
+than the incumbent is a choice of its own, `<name>@step<N>`: a run whose arm peaked before its
+last step outputs the peak, not the last step.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.artifacts import GREEDY_SUFFIX, Artifact, CheckpointArtifact, EvalReport
+from schemas.artifacts import GREEDY_SUFFIX, STEP_SUFFIX, Artifact, CheckpointArtifact, EvalReport
 from schemas.recipe import PickConfig
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
@@ -88,12 +94,39 @@ def outcomes(samples: list[dict[str, Any]], label: str) -> dict[str, float]:
     return {str(r["id"]): float(r["correct"]) for r in samples if r["model"] == label}
 
 
-def choose(accuracy: dict[str, float], config: PickConfig) -> str:
-    """The incumbent, unless a candidate beats it by more than min_gain: then the most
-    accurate (the earlier listed on a tie)."""
-    incumbent = config.candidates[0]
-    best = max(config.candidates, key=lambda name: (accuracy[name], -config.candidates.index(name)))
-    return best if accuracy[best] > accuracy[incumbent] + config.min_gain else incumbent
+def choose(accuracy: dict[str, float], min_gain: float) -> str:
+    """The incumbent (the first in `accuracy`), unless a choice beats it by more than
+    min_gain: then the most accurate (the earlier listed on a tie)."""
+    order = list(accuracy)
+    incumbent = order[0]
+    best = max(order, key=lambda name: (accuracy[name], -order.index(name)))
+    return best if accuracy[best] > accuracy[incumbent] + min_gain else incumbent
+
+
+def saved_step_choices(
+    evaluation: EvalReport,
+    labels: dict[str, str],
+    candidates: dict[str, CheckpointArtifact],
+) -> tuple[dict[str, str], dict[str, CheckpointArtifact]]:
+    """Every choice, in order: each candidate (its committed step), followed, for all but the
+    incumbent, by each earlier step the evaluation scored (`<name>@step<N>`, newest first).
+    Returns (choice -> greedy row label, choice -> checkpoint at that step)."""
+    scored = {s.name for s in evaluation.scores}
+    incumbent = next(iter(labels))
+    choice_labels: dict[str, str] = {}
+    checkpoints: dict[str, CheckpointArtifact] = {}
+    for name, label in labels.items():
+        choice_labels[name], checkpoints[name] = label, candidates[name]
+        if name == incumbent:
+            continue
+        suffix = label[len(name) :]  # "" or "@greedy"
+        row = re.compile(re.escape(name + STEP_SUFFIX) + r"(\d+)" + re.escape(suffix))
+        steps = sorted((int(m[1]) for s in scored if (m := row.fullmatch(s))), reverse=True)
+        for step in steps:
+            choice = f"{name}{STEP_SUFFIX}{step}"
+            choice_labels[choice] = choice + suffix
+            checkpoints[choice] = candidates[name].model_copy(update={"step": step})
+    return choice_labels, checkpoints
 
 
 def _pick(
@@ -103,13 +136,14 @@ def _pick(
     config: PickConfig,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
     labels = greedy_labels(evaluation, config.candidates)
-    check_same_checkpoints(evaluation, labels, candidates)
+    labels, choices = saved_step_choices(evaluation, labels, candidates)
+    check_same_checkpoints(evaluation, labels, choices)
     samples = read_samples(evaluation)
     correct = {name: outcomes(samples, label) for name, label in labels.items()}
     accuracy = {name: sum(c.values()) / len(c) for name, c in correct.items()}
-    chosen = choose(accuracy, config)
+    chosen = choose(accuracy, config.min_gain)
     incumbent = config.candidates[0]
-    rows = [_row(name, candidates[name], correct[name], correct[incumbent]) for name in labels]
+    rows = [_row(name, choices[name], correct[name], correct[incumbent]) for name in labels]
     choice = {"chosen": chosen, "incumbent": incumbent, "min_gain": config.min_gain}
     storage.write_text(
         storage.join(directory, CHOICE_FILE),
@@ -117,10 +151,11 @@ def _pick(
     )
     _say(chosen, incumbent, accuracy)
     metrics = {f"validation_accuracy/{name}": value for name, value in accuracy.items()}
-    metrics["chosen_index"] = float(config.candidates.index(chosen))
+    metrics["chosen_index"] = float(config.candidates.index(chosen.split(STEP_SUFFIX)[0]))
+    metrics["chosen_step"] = float(choices[chosen].step)
     # a copy: the same object as the candidate's own output would make Prefect, which tracks
     # task results by identity, draw every later reader of that candidate as a reader of pick
-    return candidates[chosen].model_copy(), metrics, {}
+    return choices[chosen].model_copy(), metrics, {}
 
 
 def _row(

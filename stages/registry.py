@@ -147,6 +147,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
         section="sft",
         progress=True,
+        hash_exempt_defaults=("keep_checkpoints",),
         summary="Supervised format training (LoRA), from the base or a `policy`.",
     ),
     StageSpec(
@@ -157,7 +158,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
         section="grpo",
         progress=True,
-        hash_exempt_defaults=("flat_groups",),
+        hash_exempt_defaults=("flat_groups", "keep_checkpoints"),
         summary="Reinforcement on the rewards (GRPO and its variants).",
     ),
     StageSpec(
@@ -169,7 +170,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         any_other_input=Port(("checkpoint",)),
         section="eval",
         progress=True,
-        hash_exempt_defaults=("split", "greedy", "rewards"),
+        hash_exempt_defaults=("split", "greedy", "rewards", "steps"),
         summary="Format rate and accuracy of each model compared.",
     ),
     StageSpec(
@@ -214,6 +215,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         "stages.dpo:run",
         "checkpoint",
         {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
+        hash_exempt_defaults=("keep_checkpoints",),
         summary="DPO or ORPO on preference pairs.",
     ),
     StageSpec(
@@ -222,6 +224,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         "stages.distill:run",
         "checkpoint",
         {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
+        hash_exempt_defaults=("keep_checkpoints",),
         summary="Logit distillation of a teacher into a student.",
     ),
     StageSpec(

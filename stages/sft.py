@@ -98,14 +98,17 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def checkpoint_options(config: SFTConfig) -> ocp.CheckpointManagerOptions:
-    """Save every N steps, and also every S seconds when configured; keep the last two."""
+    """Save every N steps, and also every S seconds when configured; keep the newest
+    `keep_checkpoints` (0: all)."""
     policy: Any = ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every_steps)
     if config.checkpoint_every_seconds is not None:
         timer = ocp.checkpoint_managers.ContinuousCheckpointingPolicy(
             minimum_interval_secs=int(config.checkpoint_every_seconds)
         )
         policy = ocp.checkpoint_managers.AnySavePolicy([policy, timer])
-    return ocp.CheckpointManagerOptions(save_decision_policy=policy, max_to_keep=2)
+    return ocp.CheckpointManagerOptions(
+        save_decision_policy=policy, max_to_keep=config.keep_checkpoints or None
+    )
 
 
 def build_trainer(

@@ -53,3 +53,10 @@ def committed_checkpoint(
         size_bytes=sum(storage.list_files(uri).values()),
         fingerprint=storage.tree_fingerprint(uri),
     )
+
+
+def saved_steps(uri: str) -> list[int]:
+    """The steps saved under an Orbax checkpoint root: its numbered directories (a save still
+    being written sits in a `<step>.orbax-checkpoint-tmp-*` directory and is not one)."""
+    tops = {relative.split("/", 1)[0] for relative in storage.list_files(uri)}
+    return sorted(int(top) for top in tops if top.isdigit())

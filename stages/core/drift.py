@@ -35,6 +35,7 @@ CONTINUABLE = (
     "checkpoint_every_steps",
     "checkpoint_every_seconds",
     "save_margin_seconds",
+    "keep_checkpoints",
 )
 
 

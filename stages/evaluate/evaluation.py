@@ -27,9 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact, EvalReport, ModelScores
+from schemas.artifacts import (
+    STEP_SUFFIX,
+    Artifact,
+    CheckpointArtifact,
+    DatasetArtifact,
+    EvalReport,
+    ModelScores,
+)
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
 from stages import rewards
+from stages.core.checkpoints import saved_steps
 from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
 from stages.core.runner import (
     RunContext,
@@ -415,6 +423,29 @@ def resolve_checkpoints(
     return found
 
 
+def with_saved_steps(
+    config: EvalConfig, checkpoints: dict[str, CheckpointArtifact]
+) -> tuple[EvalConfig, dict[str, CheckpointArtifact]]:
+    """With `steps: saved`, each checkpoint's earlier saved steps become models of their own,
+    `<name>@step<N>`, listed before it (oldest first): the report compares each step with the
+    one before it and a pick node can choose any of them."""
+    if config.steps == "last":
+        return config, checkpoints
+    names: list[str] = []
+    expanded: dict[str, CheckpointArtifact] = {}
+    for name in config.models:
+        artifact = checkpoints.get(name)
+        if artifact is not None:
+            for step in saved_steps(artifact.uri):
+                if step < artifact.step:
+                    label = f"{name}{STEP_SUFFIX}{step}"
+                    names.append(label)
+                    expanded[label] = artifact.model_copy(update={"step": step})
+            expanded[name] = artifact
+        names.append(name)
+    return config.model_copy(update={"models": names}), expanded
+
+
 def evaluate(
     dataset: DatasetArtifact,
     checkpoints: dict[str, CheckpointArtifact],
@@ -440,7 +471,7 @@ def evaluate(
             **{n: a.uri for n, a in resolved.items()},
         ),
         lambda directory: _evaluate(
-            directory, dataset, resolved, config, model, mesh, sandbox, ctx
+            directory, dataset, *with_saved_steps(config, resolved), model, mesh, sandbox, ctx
         ),
     )
 

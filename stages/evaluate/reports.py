@@ -379,14 +379,14 @@ def record_scores(
     committed with this stage's record and `far audit` verifies them)."""
     by_uri = {s.checkpoint_uri: s for s in report.scores if s.checkpoint_uri}
     written = {}
-    for artifact in checkpoints.values():
-        scores = by_uri.get(artifact.uri)
+    for uri in dict.fromkeys(a.uri for a in checkpoints.values()):  # its steps: one file
+        scores = by_uri.get(uri)
         if scores is None:
             continue
-        record_uri, _ = find_checkpoint_record(artifact.uri)
+        record_uri, _ = find_checkpoint_record(uri)
         evaluation = Evaluation(
             evaluation=directory,
-            checkpoint_uri=artifact.uri,
+            checkpoint_uri=uri,
             report_uri=report.uri,
             scores=scores.model_dump(mode="json"),
         )

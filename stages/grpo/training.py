@@ -109,7 +109,8 @@ def _cluster_config(
         train_micro_batch_size=config.train_micro_batch_size,
         checkpoint_root_directory=ckpt_dir,
         checkpointing_options=ocp.CheckpointManagerOptions(
-            save_interval_steps=config.checkpoint_every_steps * updates, max_to_keep=2
+            save_interval_steps=config.checkpoint_every_steps * updates,
+            max_to_keep=config.keep_checkpoints or None,
         ),
         metrics_logging_options=metrics_logger.MetricsLoggerOptions(
             log_dir=log_dir, flush_every_n_steps=1

@@ -60,6 +60,13 @@ def records(summary: RunSummary) -> dict[str, StageRecord]:
     }
 
 
+def saved_steps(artifact: Any) -> list[int]:
+    """The steps saved under a checkpoint artifact's directory; the last is the committed."""
+    found = sorted(int(p.name) for p in Path(artifact.uri).iterdir() if p.name.isdigit())
+    assert found[-1] == artifact.step
+    return found
+
+
 def rows(uri: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in storage.read_text(uri).splitlines() if line]
 
@@ -244,26 +251,48 @@ def test_the_last_evaluation_compares_checkpoints_from_every_branch(
 def test_pick_outputs_the_policy_with_the_better_validation_accuracy(
     dag_run: tuple[Recipe, RunSummary],
 ) -> None:
-    """pick read evaluate_val's greedy rows of the validation split (no eval-split prompt),
-    output the better of sft and grpo (sft on a tie) unchanged, and evaluate_all scored that
-    very checkpoint as `chosen` after the choice."""
+    """pick read evaluate_val's greedy rows of the validation split (no eval-split prompt):
+    sft, and grpo at each step it saved (`steps: saved`, grpo keeping every checkpoint), then
+    output the best of them (sft on a tie) at its step, and evaluate_all scored that very
+    checkpoint as `chosen` after the choice."""
     _, summary = dag_run
     found = records(summary)
     val_rows = rows(found["evaluate_val"].output.samples_uri)  # type: ignore[union-attr]
     held_out = {r["id"] for r in rows(found["evaluate_all"].output.samples_uri)}  # type: ignore[union-attr]
     assert {r["id"] for r in val_rows}.isdisjoint(held_out)
+    saved = {name: saved_steps(found[name].output) for name in ("sft", "grpo")}
+    assert len(saved["grpo"]) >= 2  # keep_checkpoints: 0 kept every step grpo saved
+    steps = {
+        name: [f"{name}@step{s}" for s in found_steps[:-1]] for name, found_steps in saved.items()
+    }
+    assert list(
+        dict.fromkeys(r["model"] for r in val_rows)
+    ) == [  # each model's steps, oldest first
+        *steps["sft"],
+        "sft",
+        *steps["grpo"],
+        "grpo",
+    ]
+    earlier = steps["grpo"][::-1]  # pick's order: each candidate, then its steps newest first
+    grpo = found["grpo"].output
     accuracy = {
         m: float(np.mean([r["correct"] for r in val_rows if r["model"] == m]))
-        for m in ("sft", "grpo")
+        for m in ("sft", "grpo", *earlier)  # pick's order: each candidate, then its steps
     }
-    expected = "grpo" if accuracy["grpo"] > accuracy["sft"] else "sft"
-    assert found["pick"].output == found[expected].output
+    best = max(accuracy, key=lambda m: (accuracy[m], -list(accuracy).index(m)))
+    expected = best if accuracy[best] > accuracy["sft"] else "sft"
+    chosen_step = int(expected.split("@step")[1]) if "@step" in expected else None
+    want = found[expected.split("@")[0]].output
+    if chosen_step is not None:
+        want = want.model_copy(update={"step": chosen_step})  # type: ignore[union-attr]
+    assert found["pick"].output == want
     (pick_record,) = [s.record_uri for s in summary.stages if s.stage == "pick"]
     choice = storage.read_json(storage.join(record_directory(pick_record), "choice.json"))
     assert choice["chosen"] == expected and choice["incumbent"] == "sft"
     assert {c["name"]: c["accuracy"] for c in choice["candidates"]} == accuracy
+    assert {c["name"]: c["step"] for c in choice["candidates"]}["grpo"] == grpo.step  # type: ignore[union-attr]
     scored = {s.name: s for s in found["evaluate_all"].output.scores}  # type: ignore[union-attr]
-    assert scored["chosen"].checkpoint_uri == found[expected].output.uri  # type: ignore[union-attr]
+    assert scored["chosen"].checkpoint_uri == want.uri  # type: ignore[union-attr]
 
 
 def test_status_lineage_and_audit_follow_the_dag(

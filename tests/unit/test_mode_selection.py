@@ -12,13 +12,21 @@ from pydantic import ValidationError
 
 from pipeline.dag import build_dag
 from pipeline.recipes import RecipeError, load_recipe
-from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
-from schemas.recipe import HardSubsetConfig, PickConfig, PreferencesConfig
+from schemas.artifacts import (
+    GREEDY_SUFFIX,
+    CheckpointArtifact,
+    DatasetArtifact,
+    EvalReport,
+    ModelScores,
+)
+from schemas.recipe import EvalConfig, HardSubsetConfig, PreferencesConfig
 from schemas.record import StageRecord
 from stages import hard_subset, pick, preferences
+from stages.core.checkpoints import saved_steps
 from stages.core.datasets import load_prompts, write_derived_dataset
 from stages.core.errors import InputError
 from stages.core.runner import TamperedStage, located_output
+from stages.evaluate import evaluation
 
 # prompt id -> (greedy right?, correct of each of 4 samples)
 OUTCOMES: dict[str, tuple[bool, list[int]]] = {
@@ -115,8 +123,7 @@ def test_mode_pairing_names_its_model_and_reads_no_file() -> None:
 def test_pick_keeps_the_incumbent_unless_beaten(
     accuracy: dict[str, float], min_gain: float, chosen: str
 ) -> None:
-    config = PickConfig(candidates=list(accuracy), min_gain=min_gain)
-    assert pick.choose(accuracy, config) == chosen
+    assert pick.choose(accuracy, min_gain) == chosen
 
 
 DAG = """
@@ -207,3 +214,49 @@ def test_the_mode_subset_is_written_with_its_selection(tmp_path: Any) -> None:
     }
     assert selection["p1"] == {"id": "p1", "score": 0.0, "kept": False, "greedy_correct": False}
     assert selection["p4"]["kept"] and selection["p4"]["greedy_correct"]
+
+
+def test_saved_steps_are_the_numbered_directories_only(tmp_path: Any) -> None:
+    for name in ("10/a", "30/a", "20/b", "40.orbax-checkpoint-tmp-17/a", "logs/x"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert saved_steps(str(tmp_path)) == [10, 20, 30]  # an unfinished save is not a step
+
+
+def test_steps_saved_scores_every_earlier_step_before_the_committed_one(tmp_path: Any) -> None:
+    for step in (2, 4, 6):
+        (tmp_path / "grpo" / str(step)).mkdir(parents=True)
+        (tmp_path / "grpo" / str(step) / "w").write_text("x")
+    grpo = CheckpointArtifact.model_construct(uri=str(tmp_path / "grpo"), step=6)
+    last = EvalConfig(models=["base", "grpo"])
+    assert evaluation.with_saved_steps(last, {"grpo": grpo}) == (last, {"grpo": grpo})
+    config, checkpoints = evaluation.with_saved_steps(
+        last.model_copy(update={"steps": "saved"}), {"grpo": grpo}
+    )
+    assert config.models == ["base", "grpo@step2", "grpo@step4", "grpo"]
+    assert {n: (a.uri, a.step) for n, a in checkpoints.items()} == {
+        "grpo@step2": (grpo.uri, 2),
+        "grpo@step4": (grpo.uri, 4),
+        "grpo": (grpo.uri, 6),
+    }
+
+
+def test_pick_chooses_among_every_scored_step_of_the_arms_not_the_incumbents() -> None:
+    """Each candidate but the incumbent adds the earlier steps the evaluation scored (greedy
+    rows beside samples: `@step<N>@greedy`); the output is the best step, at that step."""
+    names = ["sft@step5", "sft", "grpo@step2", "grpo@step4", "grpo", "dpo"]
+    report = EvalReport.model_construct(
+        scores=[ModelScores.model_construct(name=n + GREEDY_SUFFIX) for n in names]
+    )
+    arts = {
+        n: CheckpointArtifact.model_construct(uri=f"/r/{n}", step=s)
+        for n, s in (("sft", 10), ("grpo", 6), ("dpo", 3))
+    }
+    labels = {n: n + GREEDY_SUFFIX for n in arts}
+    choice_labels, choices = pick.saved_step_choices(report, labels, arts)
+    assert list(choice_labels) == ["sft", "grpo", "grpo@step4", "grpo@step2", "dpo"]
+    assert choice_labels["grpo@step4"] == "grpo@step4@greedy"
+    assert (choices["grpo@step4"].uri, choices["grpo@step4"].step) == ("/r/grpo", 4)
+    assert choices["grpo"] is arts["grpo"]
+    accuracy = dict.fromkeys(choice_labels, 0.5) | {"grpo@step4": 0.7, "grpo@step2": 0.7}
+    assert pick.choose(accuracy, 0.0) == "grpo@step4"  # the peak; a tie: the newer step
