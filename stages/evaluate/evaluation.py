@@ -463,6 +463,7 @@ def evaluate(
     rewards.validate_names(dict.fromkeys(config.rewards, 1.0))
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
+    scored_config, scored = with_saved_steps(config, resolved)
     return run_stage(
         ctx,
         with_uris(
@@ -471,7 +472,7 @@ def evaluate(
             **{n: a.uri for n, a in resolved.items()},
         ),
         lambda directory: _evaluate(
-            directory, dataset, *with_saved_steps(config, resolved), model, mesh, sandbox, ctx
+            directory, dataset, scored, scored_config, model, mesh, sandbox, ctx
         ),
     )
 
