@@ -234,6 +234,7 @@ def build_session(
         config.samples_per_step,
         lambda: cluster.global_steps,
         lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
+        dataset.prompt.answer_format,
     )
     sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
     # the rewards grade in the format the dataset was written in (data.prompt.answer_format)

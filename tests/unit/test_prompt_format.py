@@ -21,6 +21,7 @@ from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
 from stages.data_prep.sources import DIRECT_REASONING, Example
 from stages.evaluate import evaluation
+from stages.grpo import metrics
 from stages.modeling.tokenizers import ByteTokenizer, NoChatTemplate, read_chat_template
 from stages.registry import hashed_config
 from stages.rewards.answers import extract_answer
@@ -188,6 +189,14 @@ def test_tunix_reward_fns_grade_in_the_dataset_format() -> None:
     completions = ["Six sevens.\n#### 42", "<reasoning>x</reasoning><answer>42</answer>"]
     assert strict(["p", "p"], completions, ["42", "42"]) == [1.0, 0.0]
     assert tags(["p", "p"], completions, ["42", "42"]) == [0.0, 1.0]
+
+
+def test_grpo_format_rate_is_judged_in_the_dataset_format() -> None:
+    hashes = metrics.StepObserver(2, 0, lambda: 1, lambda step: None, "hashes")
+    tags = metrics.StepObserver(2, 0, lambda: 1, lambda step: None)
+    completions = ["Six sevens.\n#### 42", "Seven sixes.\n#### 42"]
+    assert hashes(["p", "p"], completions, [1.0, 1.0], None)[metrics.FORMAT_RATE][0] == 1.0
+    assert tags(["p", "p"], completions, [1.0, 1.0], None)[metrics.FORMAT_RATE][0] == 0.0
 
 
 def test_evaluation_scores_format_and_answers_in_the_dataset_format() -> None:
