@@ -42,6 +42,7 @@ def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
     check_storage_writable(root)
     check_mesh(recipe.mesh)
     check_model(recipe.model, cache_dir)
+    check_prompt_templates(recipe, cache_dir)
 
 
 def check_session_budget(recipe: Recipe) -> None:
@@ -244,3 +245,18 @@ def check_model(spec: ModelSpec, cache_dir: str) -> None:
         build_tokenizer(spec, cache_dir)
     except ImportError as e:
         raise InputError(f"model.source {spec.source!r}: {e}") from e
+
+
+def check_prompt_templates(recipe: Recipe, cache_dir: str) -> None:
+    """A data_prep whose prompt format takes the tokenizer's chat template needs a tokenizer
+    that ships one (the byte tokenizer of the smoke recipes does not)."""
+    from stages.modeling.tokenizers import build_tokenizer, has_chat_template, no_chat_template
+
+    explicit = recipe.pipeline is not None
+    for node in build_dag(recipe).nodes:
+        config = node_config(recipe, node)
+        if isinstance(config, DataPrepConfig) and config.prompt.template == "tokenizer":
+            tokenizer = build_tokenizer(recipe.model, cache_dir)
+            if not has_chat_template(tokenizer):
+                where = f"pipeline node {node.id!r} (data_prep): config." if explicit else "data."
+                raise no_chat_template(tokenizer, f"{where}prompt.template")

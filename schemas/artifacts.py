@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from schemas.base import Frozen
-from schemas.recipe import LoraSpec, ModelSpec
+from schemas.recipe import LoraSpec, ModelSpec, PromptFormat
 
 Fingerprint = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
@@ -43,6 +43,11 @@ class DatasetArtifact(Frozen):
     quarantined: int
     card: DataCard
     fingerprint: Fingerprint
+    # left out of the dump at its default, so records of FAR's own format read as before
+    prompt: PromptFormat = Field(
+        default_factory=PromptFormat, exclude_if=lambda v: v == PromptFormat()
+    )
+    """The format its prompts and SFT targets were written in; later stages grade by it."""
 
 
 class CheckpointArtifact(Frozen):

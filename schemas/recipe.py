@@ -270,6 +270,35 @@ class SplitSpec(Frozen):
         return value
 
 
+AnswerFormat = Literal["tags", "hashes", "boxed"]
+ChatTemplateKind = Literal["gemma", "tokenizer"]
+
+
+class PromptFormat(Frozen):
+    """How data_prep writes a prompt and its SFT target, and where the rewards and evaluation
+    look for the answer. The defaults are FAR's own format: Gemma turns, one instruction, the
+    answer in <reasoning>/<answer> tags. The dataset records it, so every later stage (GRPO,
+    evaluation, self-teaching) grades by the format its data was written in.
+    """
+
+    system: Annotated[str, Field(min_length=1)] | None = None
+    """A system prompt; null: none. With `template: gemma` it opens the user turn (Gemma has
+    no system role; its own chat template does the same), followed by a blank line."""
+    instruction: Annotated[str, Field(min_length=1)] | None = None
+    """The instruction before each question; null: the answer format's own, which says where
+    the answer goes (tags: "Think step by step inside <reasoning> </reasoning>, then give only
+    the final answer inside <answer> </answer>.")."""
+    answer_format: AnswerFormat = "tags"
+    """Where the answer goes: tags (<reasoning>...</reasoning><answer>42</answer>), hashes
+    (the reasoning, then a last line `#### 42`, as GSM8K writes it) or boxed (the reasoning,
+    then `\\boxed{42}`). The SFT target, format_strict, format_approx and answer extraction
+    follow it."""
+    template: ChatTemplateKind = "gemma"
+    """The chat markup around the turns: gemma (`<start_of_turn>user ...`), or tokenizer (the
+    chat template the model's tokenizer ships; an error before any compute when it has none,
+    e.g. the byte tokenizer of the smoke recipes)."""
+
+
 class DataPrepConfig(Frozen):
     """Where examples come from and how they become fixed-shape token arrays.
 
@@ -295,6 +324,9 @@ class DataPrepConfig(Frozen):
     """Tokens a prompt may take; longer examples are quarantined. Must be < max_seq_len."""
     packing: bool = False
     """Several SFT examples share a row (segment ids, per-segment positions)."""
+    prompt: PromptFormat = Field(default_factory=PromptFormat)
+    """The prompt format: system prompt, instruction, answer format, chat template (see
+    PromptFormat); the default, FAR's own, is left out of the stage hash."""
 
     @model_validator(mode="after")
     def _prompt_fits(self) -> DataPrepConfig:

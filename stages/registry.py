@@ -136,7 +136,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         "dataset",
         splits=ALL_SPLITS,  # validation only when the config sets it (pipeline/dag.py)
         section="data",
-        hash_exempt_defaults=("validation",),
+        hash_exempt_defaults=("validation", "prompt"),
         summary="Draws, tokenizes and splits the examples.",
     ),
     StageSpec(

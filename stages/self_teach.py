@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
-from schemas.recipe import MeshSpec, ModelSpec, SelfTeachConfig
+from schemas.recipe import AnswerFormat, MeshSpec, ModelSpec, SelfTeachConfig
 from stages import rewards
 from stages.core import storage
 from stages.core.datasets import (
@@ -56,16 +56,22 @@ END_OF_TURN = "<end_of_turn>"
 
 
 def verified(
-    rows: list[dict[str, Any]], completions: list[str], config: SelfTeachConfig
+    rows: list[dict[str, Any]],
+    completions: list[str],
+    config: SelfTeachConfig,
+    answer_format: AnswerFormat = "tags",
 ) -> list[dict[str, Any]]:
-    """Every sample with its reward scores and whether all of `config.verify` pass.
+    """Every sample with its reward scores and whether all of `config.verify` pass, graded in
+    the dataset's answer format.
 
     `completions` are prompt-major: config.samples per row.
     """
     stats = rewards.SandboxStats()
     expanded = [r for r in rows for _ in range(config.samples)]
     refs = rewards.references(
-        [r["answer"] for r in expanded], [json.dumps(r.get("tests", [])) for r in expanded]
+        [r["answer"] for r in expanded],
+        [json.dumps(r.get("tests", [])) for r in expanded],
+        answer_format,
     )
     scores = {
         name: rewards.get_reward(name).score(completions, refs, stats) for name in config.verify
@@ -114,6 +120,7 @@ def _sample_chunks(
     config: SelfTeachConfig,
     prompt_len: int,
     ctx: RunContext,
+    answer_format: AnswerFormat = "tags",
 ) -> list[dict[str, Any]]:
     """Every sample, chunk by chunk; chunks written by an earlier session are read back."""
     samples: list[dict[str, Any]] = []
@@ -135,7 +142,7 @@ def _sample_chunks(
             temperature=config.temperature,
             seed=config.seed + 1000 * number,
         )
-        scored = verified(chunk, completions, config)
+        scored = verified(chunk, completions, config, answer_format)
         storage.write_bytes(chunk_uri, jsonl_bytes(scored))
         samples += scored
     return samples
@@ -165,7 +172,14 @@ def _teach(
             network, tokenizer, spec, dataset.prompt_len, config.max_generation_tokens
         )
         samples = _sample_chunks(
-            directory, rows, sampler, tokenizer, config, dataset.prompt_len, ctx
+            directory,
+            rows,
+            sampler,
+            tokenizer,
+            config,
+            dataset.prompt_len,
+            ctx,
+            dataset.prompt.answer_format,
         )
     kept = keep(samples, config.keep_per_prompt)
     sequences = [sft_sequence(s["prompt"], s["completion"], tokenizer) for s in kept]

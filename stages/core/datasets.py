@@ -147,6 +147,7 @@ def write_derived_dataset(
         quarantined=0,
         card=card,
         fingerprint=digest.hexdigest(),
+        prompt=base.prompt,
     )
 
 

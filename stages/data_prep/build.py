@@ -1,7 +1,8 @@
 """The data_prep stage, building a dataset: sources -> cleaned, de-duplicated examples -> mixed
-splits -> Gemma chat prompts with a <reasoning>/<answer> target -> fixed-shape (optionally
+splits -> chat prompts with a reasoning-and-answer target in the recipe's prompt format
+(`data.prompt`: by default Gemma turns and <reasoning>/<answer> tags) -> fixed-shape (optionally
 packed) token arrays, prompt sets with answers and tests for GRPO and evaluation, and a data
-card.
+card. The dataset artifact records the prompt format, so the stages after it grade by it.
 
 Entry point: `prepare(config, model, ctx) -> StageOutcome[DatasetArtifact]`.
 
@@ -28,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from schemas.artifacts import Artifact, DataCard, DatasetArtifact
-from schemas.recipe import DataPrepConfig, ModelSpec, SourceSpec, SplitSpec
+from schemas.recipe import DataPrepConfig, ModelSpec, PromptFormat, SourceSpec, SplitSpec
 from stages.core import storage
 from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
 from stages.core.errors import InputError
@@ -43,15 +44,14 @@ from stages.data_prep.sources import (
     source_fingerprint,
     source_label,
 )
-from stages.modeling.tokenizers import Tokenizer, build_tokenizer
+from stages.modeling.tokenizers import Tokenizer, apply_chat_template, build_tokenizer
 from stages.registry import hashed_config
+from stages.rewards.answers import END_OF_TURN, INSTRUCTIONS, render_answer
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 2
-INSTRUCTION = (
-    "Think step by step inside <reasoning> </reasoning>, "
-    "then give only the final answer inside <answer> </answer>."
-)
+INSTRUCTION = INSTRUCTIONS["tags"]  # the default prompt format's instruction
+DEFAULT_PROMPT = PromptFormat()
 # (split, config field, seed number), in draw order. The seed number is the split's own and
 # not its place: the optional validation split, drawn second, leaves the others' draws as
 # they were without it.
@@ -70,17 +70,58 @@ def split_specs(config: DataPrepConfig) -> list[tuple[str, SplitSpec, int]]:
     return [(split, spec, number) for split, spec, number in specs if spec is not None]
 
 
-def chat_prompt(question: str) -> str:
-    """A Gemma user turn holding the instruction and question, opening the model's turn."""
-    return f"<start_of_turn>user\n{INSTRUCTION}\n{question}<end_of_turn>\n<start_of_turn>model\n"
+def _messages(question: str, prompt: PromptFormat) -> list[dict[str, str]]:
+    """The conversation up to the question: the system prompt (if any), then the user turn."""
+    instruction = prompt.instruction or INSTRUCTIONS[prompt.answer_format]
+    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    return [*system, {"role": "user", "content": f"{instruction}\n{question}"}]
 
 
-def format_target(reasoning: str, answer: str) -> str:
-    """The SFT target; sources without reference reasoning get a fixed one-line reasoning."""
-    return (
-        f"<reasoning>{reasoning or DIRECT_REASONING}</reasoning>"
-        f"<answer>{answer}</answer><end_of_turn>"
+def chat_prompt(
+    question: str, prompt: PromptFormat = DEFAULT_PROMPT, tokenizer: Tokenizer | None = None
+) -> str:
+    """The user turn holding the instruction and question, opening the model's turn: Gemma's
+    markup (a system prompt opens the user turn, as Gemma's own template puts it), or the
+    tokenizer's chat template (`tokenizer` is then required)."""
+    if prompt.template == "tokenizer":
+        return apply_chat_template(_templating(tokenizer), _messages(question, prompt), True)
+    user = "\n\n".join(m["content"] for m in _messages(question, prompt))
+    return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def format_target(
+    reasoning: str,
+    answer: str,
+    prompt: PromptFormat = DEFAULT_PROMPT,
+    tokenizer: Tokenizer | None = None,
+    question: str = "",
+) -> str:
+    """The SFT target in the prompt's answer format, closing the model's turn; sources without
+    reference reasoning get a fixed one-line reasoning. With the tokenizer's template the turn
+    closes as the template closes it after `question`'s prompt."""
+    body = render_answer(reasoning or DIRECT_REASONING, answer, prompt.answer_format)
+    if prompt.template == "gemma":
+        return body + END_OF_TURN
+    tokenizer = _templating(tokenizer)
+    messages = _messages(question, prompt)
+    opened = apply_chat_template(tokenizer, messages, True)
+    whole = apply_chat_template(
+        tokenizer, [*messages, {"role": "assistant", "content": body}], False
     )
+    if not whole.startswith(opened) or body not in whole[len(opened) :]:
+        raise InputError(
+            f"data.prompt.template: 'tokenizer': the chat template of {tokenizer.name!r} does "
+            f"not render a conversation as its prompt followed by the answer (it rewrites "
+            f"earlier turns, or drops the answer's text); expected template: gemma, or a "
+            f"model whose template appends each turn"
+        )
+    return whole[len(opened) :]
+
+
+def _templating(tokenizer: Tokenizer | None) -> Tokenizer:
+    if tokenizer is None:
+        raise ValueError("template: tokenizer renders with the tokenizer, and none was given")
+    return tokenizer
 
 
 class Quarantine:
@@ -178,31 +219,32 @@ def _source_key(spec: SourceSpec) -> str:
     return spec.model_dump_json()
 
 
-def sft_sequence(example: Example, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+def sft_sequence(
+    example: Example, tokenizer: Tokenizer, prompt: PromptFormat = DEFAULT_PROMPT
+) -> tuple[list[int], list[int]]:
     """(tokens, loss mask): BOS and prompt 0, target and EOS 1."""
-    prompt = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt))]
-    response = [
-        *tokenizer.encode(format_target(example.reasoning, example.answer)),
-        tokenizer.eos_id(),
-    ]
-    return prompt + response, [0] * len(prompt) + [1] * len(response)
+    head = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt, prompt, tokenizer))]
+    target = format_target(example.reasoning, example.answer, prompt, tokenizer, example.prompt)
+    response = [*tokenizer.encode(target), tokenizer.eos_id()]
+    return head + response, [0] * len(head) + [1] * len(response)
 
 
 def tokenize_on_grain(
-    examples: list[Example], tokenizer: Tokenizer
+    examples: list[Example], tokenizer: Tokenizer, prompt: PromptFormat = DEFAULT_PROMPT
 ) -> list[tuple[list[int], list[int]]]:
     """(tokens, loss mask) per example, as a grain map over the examples (order kept)."""
-    dataset = grain.MapDataset.source(examples).map(lambda e: sft_sequence(e, tokenizer))
+    dataset = grain.MapDataset.source(examples).map(lambda e: sft_sequence(e, tokenizer, prompt))
     return [dataset[i] for i in range(len(dataset))]
 
 
 def fits(example: Example, split: str, tokenizer: Tokenizer, config: DataPrepConfig) -> str | None:
     """None if the example fits the split's shapes, else the quarantine reason."""
     if split == "sft_train":
-        length = len(sft_sequence(example, tokenizer)[0])
+        length = len(sft_sequence(example, tokenizer, config.prompt)[0])
         limit, what = config.max_seq_len, "max_seq_len"
     else:
-        length = len(tokenizer.encode(chat_prompt(example.prompt))) + 1  # + BOS
+        text = chat_prompt(example.prompt, config.prompt, tokenizer)
+        length = len(tokenizer.encode(text)) + 1  # + BOS
         limit, what = config.max_prompt_len, "max_prompt_len"
     return f"oversize: {length} tokens > {what} {limit}" if length > limit else None
 
@@ -267,12 +309,14 @@ def build_splits(
     return splits
 
 
-def prompt_row(example: Example) -> dict[str, Any]:
+def prompt_row(
+    example: Example, prompt: PromptFormat = DEFAULT_PROMPT, tokenizer: Tokenizer | None = None
+) -> dict[str, Any]:
     return {
         "id": example.id,
         "source": example.source,
         "domain": example.domain,
-        "prompt": chat_prompt(example.prompt),
+        "prompt": chat_prompt(example.prompt, prompt, tokenizer),
         "answer": example.answer,
         "tests": list(example.tests),
     }
@@ -327,14 +371,19 @@ def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, ctx: RunContext
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
     tokenizer = build_tokenizer(model, ctx.model_cache, ctx.shared)
+    format_target(
+        "", "", config.prompt, tokenizer
+    )  # a template that cannot render: before any work
     quarantine = Quarantine()
     splits = _build_splits_or_explain(directory, config, tokenizer, quarantine)
-    sequences = tokenize_on_grain(splits["sft_train"], tokenizer)
+    sequences = tokenize_on_grain(splits["sft_train"], tokenizer, config.prompt)
     arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {
         SPLIT_FILES["sft_train"]: sft_npz_bytes(arrays),
         **{
-            SPLIT_FILES[split]: _jsonl([prompt_row(e) for e in splits[split]])
+            SPLIT_FILES[split]: _jsonl(
+                [prompt_row(e, config.prompt, tokenizer) for e in splits[split]]
+            )
             for split in PROMPT_SPLITS
             if split in splits
         },
@@ -354,6 +403,7 @@ def _write_dataset(
         quarantined=len(quarantine.rows),
         card=card,
         fingerprint=digest.hexdigest(),
+        prompt=config.prompt,
     )
     metrics = {
         "useful_token_fraction": card.useful_token_fraction,

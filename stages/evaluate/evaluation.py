@@ -35,7 +35,7 @@ from schemas.artifacts import (
     EvalReport,
     ModelScores,
 )
-from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
+from schemas.recipe import AnswerFormat, EvalConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core.checkpoints import saved_steps
 from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
@@ -105,12 +105,13 @@ def generate(
 
 
 def correctness(
-    rows: Sequence[dict[str, Any]], completions: Sequence[str], stats: rewards.SandboxStats
+    rows: Sequence[dict[str, Any]],
+    completions: Sequence[str],
+    stats: rewards.SandboxStats,
+    answer_format: AnswerFormat = "tags",
 ) -> tuple[list[float], list[float]]:
     """(exact, correct) per completion: code needs every test to pass."""
-    refs = rewards.references(
-        [r["answer"] for r in rows], [json.dumps(r.get("tests", [])) for r in rows]
-    )
+    refs = _references(rows, answer_format)
     exact = rewards.REGISTRY["answer_match"].score(completions, refs, stats)
     code = [i for i, r in enumerate(rows) if r.get("tests")]
     math = [i for i, r in enumerate(rows) if not r.get("tests")]
@@ -132,28 +133,30 @@ def score(
     samples: int,
     sandbox: rewards.SandboxStats | None = None,
     rewards_to_score: Sequence[str] = (),
+    answer_format: AnswerFormat = "tags",
 ) -> tuple[ModelScores, list[dict[str, Any]]]:
     """Scores over prompts x samples (completions are prompt-major), and per-sample rows.
 
     `sandbox` names the isolation level and pool size; its counters are this model's own.
     `rewards_to_score`: registered rewards scored on every sample too (`reward/<name>`).
+    `answer_format`: the dataset's (DatasetArtifact.prompt), which format and answers follow.
     """
     given = sandbox or rewards.SandboxStats()
     stats = rewards.SandboxStats(given.isolation, given.workers)
     expanded = [r for r in rows for _ in range(samples)]
     fmt = [
-        rewards.format_strict(c, rewards.Reference(r["answer"]))
+        rewards.format_strict(c, rewards.Reference(r["answer"], answer_format=answer_format))
         for c, r in zip(completions, expanded, strict=True)
     ]
-    exact, correct = correctness(expanded, completions, stats)
-    scored = extra_rewards(expanded, completions, rewards_to_score, stats)
+    exact, correct = correctness(expanded, completions, stats, answer_format)
+    scored = extra_rewards(expanded, completions, rewards_to_score, stats, answer_format)
     per_prompt = np.asarray(correct).reshape(len(rows), samples)
     metrics = {
         "samples": float(samples),
         "exact_accuracy": float(np.mean(exact)),
         "pass@1": float(per_prompt.mean()),
         **(headroom.headroom_metrics(per_prompt) if samples > 1 else {}),
-        "majority_accuracy": majority_accuracy(rows, completions, samples),
+        "majority_accuracy": majority_accuracy(rows, completions, samples, answer_format),
         **{key: float(np.mean(values)) for key, values in scored.items()},
         "sandbox_runs": float(stats.runs),
         "sandbox_failures": float(stats.failures),
@@ -204,22 +207,34 @@ def extra_rewards(
     completions: Sequence[str],
     names: Sequence[str],
     stats: rewards.SandboxStats,
+    answer_format: AnswerFormat = "tags",
 ) -> dict[str, list[float]]:
     """`reward/<name>` -> each completion's score under that registered reward."""
-    refs = rewards.references(
-        [r["answer"] for r in rows], [json.dumps(r.get("tests", [])) for r in rows]
-    )
+    refs = _references(rows, answer_format)
     return {
         REWARD_PREFIX + name: rewards.get_reward(name).score(completions, refs, stats)
         for name in names
     }
 
 
-def majority_accuracy(rows: Sequence[dict[str, Any]], completions: Sequence[str], k: int) -> float:
+def _references(
+    rows: Sequence[dict[str, Any]], answer_format: AnswerFormat
+) -> list[rewards.Reference]:
+    tests = [json.dumps(r.get("tests", [])) for r in rows]
+    return rewards.references([r["answer"] for r in rows], tests, answer_format)
+
+
+def majority_accuracy(
+    rows: Sequence[dict[str, Any]],
+    completions: Sequence[str],
+    k: int,
+    answer_format: AnswerFormat = "tags",
+) -> float:
     """Share of prompts whose most frequent extracted answer equals the reference."""
     hits = 0
     for i, row in enumerate(rows):
-        answers = [rewards.extract_answer(c) for c in completions[i * k : (i + 1) * k]]
+        found = completions[i * k : (i + 1) * k]
+        answers = [rewards.extract_answer(c, answer_format) for c in found]
         votes = Counter(a for a in answers if a is not None)
         if votes and rewards.answers_equal(votes.most_common(1)[0][0], row["answer"]):
             hits += 1
@@ -366,6 +381,7 @@ def _evaluate(
                     variant.config.samples,
                     sandbox,
                     config.rewards,
+                    dataset.prompt.answer_format,
                 )
                 all_scores.append(scores)
                 all_samples += sample_rows

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from schemas.recipe import AnswerFormat
 from stages import rewards
 
 ZERO_VARIANCE = "far/zero_variance_groups"
@@ -41,7 +42,9 @@ class StepObserver:
         samples_per_step: int,
         step_of: Callable[[], int],
         seed_of: Callable[[int], int | None],
+        answer_format: AnswerFormat = "tags",
     ) -> None:
+        self.answer_format = answer_format  # the dataset's: the format rate is judged in it
         self.num_generations = num_generations
         self.samples_per_step = samples_per_step
         self.step_of, self.seed_of = step_of, seed_of
@@ -66,7 +69,7 @@ class StepObserver:
                     "reward": float(scores[i]),
                 }
             )
-        strict = [rewards_format(c) for c in completions]
+        strict = [rewards_format(c, self.answer_format) for c in completions]
         flat = zero_variance_fraction(scores, self.num_generations)
         return {
             ZERO_VARIANCE: (flat, np.mean),
@@ -75,8 +78,8 @@ class StepObserver:
         }
 
 
-def rewards_format(completion: str) -> float:
-    return rewards.format_strict(completion, rewards.Reference(""))
+def rewards_format(completion: str, answer_format: AnswerFormat = "tags") -> float:
+    return rewards.format_strict(completion, rewards.Reference("", answer_format=answer_format))
 
 
 class MetricsHistory:

@@ -34,7 +34,7 @@ from tunix.rl.rollout import base_rollout
 from tunix.sft import metrics_logger
 
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
-from schemas.recipe import GRPOConfig, MeshSpec, ModelSpec
+from schemas.recipe import AnswerFormat, GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
@@ -185,11 +185,12 @@ def _learner(
     config: GRPOConfig,
     sandbox: rewards.SandboxStats,
     observer: metrics.StepObserver,
+    answer_format: AnswerFormat = "tags",
 ) -> grpo_learner.GRPOLearner:
     return _LEARNERS[config.algorithm](
         rl_cluster=cluster,
         algo_config=algorithm_config(config),
-        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox),
+        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox, answer_format),
         metric_fns=[observer],
     )
 
@@ -234,9 +235,11 @@ def build_session(
         config.samples_per_step,
         lambda: cluster.global_steps,
         lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
+        dataset.prompt.answer_format,
     )
     sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
-    learner = _learner(cluster, config, sandbox, observer)
+    # the rewards grade in the format the dataset was written in (data.prompt.answer_format)
+    learner = _learner(cluster, config, sandbox, observer, dataset.prompt.answer_format)
     return Session(
         cluster,
         learner,

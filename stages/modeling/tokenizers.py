@@ -13,13 +13,15 @@ encode/decode/bos_id/eos_id/pad_id surface Tunix's TokenizerAdapter accepts.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 import sentencepiece as spm
 
 from schemas.recipe import BYTE_TOKENIZER_VOCAB, ModelSpec
+from stages.core.errors import InputError
 from stages.core.shared import SharedBuilds
 
 SPECIAL_TOKENS = (
@@ -52,6 +54,7 @@ class ByteTokenizer:
     """UTF-8 bytes plus a few single-token markers; ids >= vocab are decoded as nothing."""
 
     name = "bytes-v1"
+    chat_template: str | None = None  # none: `data.prompt.template: tokenizer` is refused
 
     def __init__(self) -> None:
         self._special_ids = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -92,7 +95,8 @@ class ByteTokenizer:
 class SentencePieceTokenizer:
     """A Gemma sentencepiece model with the same surface as ByteTokenizer."""
 
-    def __init__(self, model_file: str) -> None:
+    def __init__(self, model_file: str, chat_template: str | None = None) -> None:
+        self.chat_template = chat_template  # the Jinja chat template the weights ship, if any
         with open(model_file, "rb") as f:
             proto = f.read()
         self.name = "sp-" + hashlib.sha256(proto).hexdigest()[:16]
@@ -134,4 +138,91 @@ def build_tokenizer(
     from stages.modeling import weight_sources  # deferred: resolving may convert a GGUF file once
 
     directory = weight_sources.resolve(spec, cache_dir)
-    return SentencePieceTokenizer(os.path.join(directory, "tokenizer.model"))
+    template = read_chat_template(directory)
+    return SentencePieceTokenizer(os.path.join(directory, "tokenizer.model"), template)
+
+
+def read_chat_template(directory: str) -> str | None:
+    """The chat template of a Hugging Face-layout directory: chat_template.jinja, else
+    tokenizer_config.json's `chat_template` (a string, or named templates: the 'default');
+    None when it ships none."""
+    jinja = os.path.join(directory, "chat_template.jinja")
+    if os.path.exists(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    config = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.exists(config):
+        return None
+    with open(config, encoding="utf-8") as f:
+        found = json.load(f).get("chat_template")
+    if isinstance(found, list):
+        named = {t.get("name"): t.get("template") for t in found if isinstance(t, dict)}
+        found = named.get("default")
+    return found if isinstance(found, str) and found.strip() else None
+
+
+class NoChatTemplate(InputError):
+    """`data.prompt.template: tokenizer` for a tokenizer that ships no chat template."""
+
+
+def has_chat_template(tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer` can render a chat (its own apply_chat_template, or a template)."""
+    own = getattr(tokenizer, "apply_chat_template", None)
+    return callable(own) or bool(getattr(tokenizer, "chat_template", None))
+
+
+def no_chat_template(tokenizer: Tokenizer, field: str = "data.prompt.template") -> NoChatTemplate:
+    """The error for a recipe asking `field` for the chat template `tokenizer` lacks."""
+    return NoChatTemplate(
+        f"{field}: 'tokenizer' needs the model's chat template, and tokenizer "
+        f"{tokenizer.name!r} ships none; expected template: gemma, or a model whose "
+        f"tokenizer_config.json (or chat_template.jinja) has a chat_template"
+    )
+
+
+def apply_chat_template(
+    tokenizer: Tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool
+) -> str:
+    """`messages` rendered by the tokenizer's chat template, as text. A Hugging Face tokenizer's
+    own apply_chat_template is used when it has one. BOS and EOS render empty: FAR adds them as
+    ids (stages/data_prep/build.py), so they are never doubled."""
+    special = {"bos_token": "", "eos_token": ""}
+    own = getattr(tokenizer, "apply_chat_template", None)
+    if callable(own):
+        return str(
+            own(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **special)
+        )
+    if not has_chat_template(tokenizer):
+        raise no_chat_template(tokenizer)
+    import jinja2  # deferred: only recipes with template: tokenizer render one
+
+    try:
+        compiled = _compiled(str(tokenizer.chat_template))  # type: ignore[attr-defined]
+        return str(
+            compiled.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **special
+            )
+        )
+    except jinja2.TemplateError as e:
+        raise InputError(
+            f"data.prompt.template: the chat template of tokenizer {tokenizer.name!r} refused "
+            f"the conversation ({e}); expected template: gemma, or data.prompt.system unset "
+            f"if the template has no system role"
+        ) from e
+
+
+def _compiled(template: str) -> Any:
+    """The template in a sandboxed Jinja environment set up as transformers sets up its own
+    (trim_blocks, lstrip_blocks, loop controls, raise_exception, a tojson that keeps text)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)

@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stages.rewards.answers import extract_answer, unbox
+from schemas.recipe import AnswerFormat
+from stages.rewards.answers import (
+    approx_format,
+    extract_answer,
+    reasoning_text,
+    strict_format,
+    unbox,
+)
 from stages.rewards.code_tests import (
     Check,
     CpuLimits,
@@ -47,6 +54,7 @@ _END_OF_TURN = "<end_of_turn>"
 class Reference:
     answer: str
     tests: tuple[str, ...] = ()
+    answer_format: AnswerFormat = "tags"  # where the completion should put it (the dataset's)
 
 
 @dataclass
@@ -80,7 +88,11 @@ def _pairwise(fn: Callable[[str, Reference], float]) -> Callable[..., list[float
 
 def format_strict(completion: str, ref: Reference) -> float:
     """1.0 when the completion is exactly <reasoning>...</reasoning><answer>...</answer>: each
-    tag once, nothing after the answer but the end-of-turn marker (and whitespace)."""
+    tag once, nothing after the answer but the end-of-turn marker (and whitespace). Under the
+    hashes or boxed answer format: reasoning, then one `#### answer` last line or one
+    `\\boxed{answer}` at the end (stages/rewards/answers.py)."""
+    if ref.answer_format != "tags":
+        return 1.0 if strict_format(completion, ref.answer_format) else 0.0
     match = _STRICT_FORMAT.match(completion)
     if match is None or any(completion.count(tag) != 1 for tag in _TAGS):
         return 0.0
@@ -88,7 +100,10 @@ def format_strict(completion: str, ref: Reference) -> float:
 
 
 def format_approx(completion: str, ref: Reference) -> float:
-    """0.25 per format tag that appears exactly once (partial credit while learning)."""
+    """0.25 per format tag that appears exactly once (partial credit while learning); under
+    hashes or boxed, 0.5 for the marker once, 0.25 each for reasoning and a final answer."""
+    if ref.answer_format != "tags":
+        return approx_format(completion, ref.answer_format)
     return sum(0.25 for tag in _TAGS if completion.count(tag) == 1)
 
 
@@ -104,16 +119,16 @@ def answers_equal(predicted: str, reference: str) -> bool:
 
 def answer_match(completion: str, ref: Reference) -> float:
     """1.0 when the extracted answer equals the reference (numerically or as text)."""
-    predicted = extract_answer(completion)
+    predicted = extract_answer(completion, ref.answer_format)
     return 1.0 if predicted is not None and answers_equal(predicted, ref.answer) else 0.0
 
 
 def reasoning_quality(completion: str, ref: Reference) -> float:
     """Trajectory shaping: reasoning present, in steps (up to 3 count), of sensible length."""
-    match = re.search(r"<reasoning>(.*?)</reasoning>", completion, re.DOTALL)
-    if not match or not match.group(1).strip():
+    found = reasoning_text(completion, ref.answer_format)
+    if not found or not found.strip():
         return 0.0
-    text = match.group(1).strip()
+    text = found.strip()
     steps = len([s for s in re.split(r"\n+|(?<=[.;])\s+", text) if len(s.strip()) > 2])
     length = 1.0 if 10 <= len(text) <= 2000 else 0.5
     return round(min(steps, 3) / 3 * length, 6)
@@ -134,7 +149,7 @@ def math_equivalent(
     """1.0 when the answer equals the reference numerically, else by math-verify (sandboxed)."""
     scores, pending = [], []
     for i, (completion, ref) in enumerate(zip(completions, refs, strict=True)):
-        predicted = extract_answer(completion)
+        predicted = extract_answer(completion, ref.answer_format)
         equal = predicted is not None and answers_equal(predicted, ref.answer)
         scores.append(1.0 if equal else 0.0)
         if predicted is not None and not equal and _worth_verifying(predicted, ref.answer):
@@ -149,9 +164,10 @@ def math_equivalent(
     return scores
 
 
-def extract_code(completion: str) -> str:
-    """The code in the answer (or the whole completion), without markdown fences."""
-    text = extract_answer(completion) if "<answer>" in completion else completion
+def extract_code(completion: str, answer_format: AnswerFormat = "tags") -> str:
+    """The code in the answer tag (or the whole completion), without markdown fences."""
+    tagged = answer_format == "tags" and "<answer>" in completion
+    text = extract_answer(completion) if tagged else completion
     fenced = _FENCE.search(text or "")
     return (fenced.group(1) if fenced else text or "").strip()
 
@@ -203,7 +219,7 @@ def code_pass_rate(
     for i, (completion, ref, checks) in enumerate(zip(completions, refs, plans, strict=True)):
         calls = [c.expression for group in checks if group for c in group]
         if calls:
-            code = extract_code(completion)
+            code = extract_code(completion, ref.answer_format)
             sources.append(harness(code, imports_of(ref.tests), calls, CALL_SECONDS))
             owners.append(i)
     results: list[SandboxResult | None] = [None] * len(completions)
@@ -239,11 +255,17 @@ def validate_names(weights: dict[str, float]) -> None:
         get_reward(name)
 
 
-def references(answers: Sequence[Any], tests: Sequence[Any] | None = None) -> list[Reference]:
-    """References from batch fields (tests travel JSON-encoded through Tunix's numpy batch)."""
+def references(
+    answers: Sequence[Any],
+    tests: Sequence[Any] | None = None,
+    answer_format: AnswerFormat = "tags",
+) -> list[Reference]:
+    """References from batch fields (tests travel JSON-encoded through Tunix's numpy batch),
+    graded in `answer_format` (the dataset's)."""
     encoded = tests if tests is not None else ["[]"] * len(answers)
     return [
-        Reference(str(a), tuple(json.loads(str(t)))) for a, t in zip(answers, encoded, strict=True)
+        Reference(str(a), tuple(json.loads(str(t))), answer_format)
+        for a, t in zip(answers, encoded, strict=True)
     ]
 
 
@@ -273,9 +295,12 @@ def require_isolation(isolation: Isolation) -> None:
 
 
 def tunix_reward_fns(
-    weights: dict[str, float], stats: SandboxStats | None = None
+    weights: dict[str, float],
+    stats: SandboxStats | None = None,
+    answer_format: AnswerFormat = "tags",
 ) -> list[Callable[..., list[float]]]:
-    """Batch callables in Tunix's shape: fn(prompts, completions, answer, tests, **kw)."""
+    """Batch callables in Tunix's shape: fn(prompts, completions, answer, tests, **kw),
+    grading in `answer_format` (the dataset's)."""
     validate_names(weights)
     counted = stats if stats is not None else SandboxStats()
     fns = []
@@ -291,7 +316,8 @@ def tunix_reward_fns(
             _weight: float = weight,
             **_: Any,
         ) -> list[float]:
-            scores = _reward.score(completions, references(answer, tests), counted)
+            refs = references(answer, tests, answer_format)
+            scores = _reward.score(completions, refs, counted)
             return [_weight * s for s in scores]
 
         batch_fn.__name__ = name
