@@ -215,14 +215,14 @@ class ColumnMap(Frozen):
     last assistant turn (if any) is the reasoning. A row with an assistant turn before the
     last one, or no user turn, is quarantined with that reason. With no `adapter`, rows count
     toward domain general unless the source sets `domain`. With `adapter`, only that preset's
-    own parts may be renamed (see PRESET_COLUMNS).
+    own parts may be renamed (each preset's columns: the "Your own task" page).
     """
 
     prompt: str | None = Field(default=None, min_length=1, exclude_if=_unset)
     """The column holding the question or instruction (text)."""
     answer: str | None = Field(default=None, min_length=1, exclude_if=_unset)
-    """The column holding the reference answer: text, or a message list whose last assistant
-    turn is the answer (a preference set's `chosen`)."""
+    """The column holding the reference answer: text, a number, or a message list whose last
+    assistant turn is the answer (a preference set's `chosen`)."""
     reasoning: str | None = Field(default=None, min_length=1, exclude_if=_unset)
     """The column holding a worked solution (text; empty or null: none)."""
     tests: str | None = Field(default=None, min_length=1, exclude_if=_unset)
