@@ -232,11 +232,17 @@ class ColumnMap(Frozen):
 
     @model_validator(mode="after")
     def _names_one(self) -> ColumnMap:
-        if not self.named():
+        named = self.named()
+        if not named:
             raise ValueError(
                 "columns is empty; expected at least one of prompt, answer, reasoning, tests, "
                 "messages naming a column"
             )
+        for column in set(named.values()):
+            if len(parts := [part for part, c in named.items() if c == column]) > 1:
+                raise ValueError(
+                    f"columns {parts} all name column {column!r}; expected one column per part"
+                )
         return self
 
     def named(self) -> dict[str, str]:

@@ -345,6 +345,7 @@ def test_a_column_map_source_runs_through_data_prep(tmp_path: Path) -> None:
         ({"prompt": "q"}, r"expected prompt and answer \(or messages"),
         ({"messages": "m", "prompt": "q"}, r"names both messages \('m'\) and prompt"),
         ({}, r"columns is empty"),
+        ({"prompt": "q", "answer": "q"}, r"columns \['prompt', 'answer'\] all name column 'q'"),
         ({"promt": "q", "answer": "a"}, r"columns\.promt\s+Extra inputs are not permitted"),
         ({"prompt": "", "answer": "a"}, r"columns\.prompt\s+String should have at least 1"),
     ],
