@@ -167,11 +167,11 @@ def test_grpo_metrics_land_in_mlflow_and_a_continued_stage_adds_to_its_run(
     assert stage.tracking_uri == f"sqlite:///{db}"
     first = grpo_logger(tmp_path / "s1", stage)
     for step, (reward, loss) in enumerate([(0.25, 2.0), (0.5, 1.5)], start=1):
-        first.log("", "rewards/sum", reward, "train", step=step)
-        first.log("", "loss", loss, "train", step=step)
+        first.log("rewards", "sum", reward, "train", step=step)
+        first.log("actor", "loss", loss, "train", step=step)
     close(first)
     second = grpo_logger(tmp_path / "s2", stage)  # the next session of the same stage
-    second.log("", "rewards/sum", 0.75, "train", step=3)
+    second.log("rewards", "sum", 0.75, "train", step=3)
     close(second)
     stage.log_once(str(tmp_path / "tb"), 3, {"far/tokens_per_second": 12.5})
 
@@ -185,8 +185,8 @@ def test_grpo_metrics_land_in_mlflow_and_a_continued_stage_adds_to_its_run(
     def history(key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
 
-    assert history("train/rewards/sum") == [(1, 0.25), (2, 0.5), (3, 0.75)]
-    assert history("train/loss") == [(1, 2.0), (2, 1.5)]
+    assert history("rewards/train/sum") == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert history("actor/train/loss") == [(1, 2.0), (2, 1.5)]
     assert history("far/tokens_per_second") == [(3, 12.5)]
 
 
