@@ -4,8 +4,8 @@ The flow (flows/far_flow.py) calls `run_node` once per node, in the DAG's order,
 outputs of the node's upstream nodes keyed by input name. Each stage decides from its records
 on storage whether it runs or is skipped; this module only finds the node's registration
 (stages/registry.py) and calls its entry point in the one shape every stage has,
-`run(inputs, config, ctx)`. The node id, the recipe's model and its mesh go into the
-RunContext, so a stage's directory is {node id}-{hash}.
+`run(inputs, config, ctx)`. The node id, the recipe's model, its mesh and its logging go into
+the RunContext, so a stage's directory is {node id}-{hash}.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def run_node(
         raise TypeError(
             f"node {node.id}: expected a {spec.config.__name__} config, got {type(config).__name__}"
         )
-    ctx = dataclasses.replace(ctx, node=node.id, model=recipe.model, mesh=recipe.mesh)
+    ctx = dataclasses.replace(
+        ctx, node=node.id, model=recipe.model, mesh=recipe.mesh, metrics_logging=recipe.logging
+    )
     outcome: StageOutcome[Any] = spec.entry_point()(inputs, config, ctx)
     return outcome

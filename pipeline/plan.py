@@ -21,7 +21,7 @@ from pipeline.nodes import Artifact, run_node
 from pipeline.recipes import load_recipe
 from schemas.recipe import Recipe, StageNode
 from stages import registry, rewards
-from stages.core import drift, storage
+from stages.core import drift, metrics_logging, storage
 from stages.core.errors import InputError
 from stages.core.runner import IDENTITY_NAME, Planned, RunContext
 from stages.core.shared import SharedBuilds
@@ -54,9 +54,12 @@ def plan_recipe(recipe: Recipe) -> RunPlan:
     """The plan for an already validated recipe (e.g. the one stored in a run's run.json).
 
     Raises rewards.IsolationUnavailable when this machine cannot sandbox the run's rewards
-    and evaluation at the recipe's isolation level (every run evaluates, so every run needs it).
+    and evaluation at the recipe's isolation level (every run evaluates, so every run needs it),
+    and metrics_logging.MissingBackendPackage when the recipe's logging: turns on W&B or MLflow
+    without its package.
     """
     rewards.require_isolation(recipe.sandbox.isolation)
+    metrics_logging.require_packages(recipe.logging)  # W&B or MLflow on but not installed
     budget = recipe.session_budget
     deadline = time.time() + budget.total_seconds() if budget is not None else None
     return RunPlan(recipe, storage.normalize(recipe.storage_root), deadline)

@@ -754,6 +754,36 @@ class SandboxConfig(Frozen):
     """sandboxes at a time; None: one per CPU"""
 
 
+class LoggingConfig(Frozen):
+    """Where training stages (sft, grpo, dpo, distill) send their curves as they train: loss,
+    learning rate, rewards, KL. FAR starts only the backends named here; Tunix's own default
+    (a W&B run whenever `wandb` is importable) never runs. The stage record keeps its own
+    history either way. Not part of any stage hash and not drift: where curves are shown
+    never changes what a stage computes.
+    """
+
+    tensorboard: bool = True
+    """TensorBoard event files in each training stage directory, {run}/{node}-{hash}/tensorboard/"""
+    mlflow: bool = False
+    """MLflow: one MLflow run per training stage directory, in the experiment below."""
+    mlflow_tracking_uri: Annotated[str, Field(min_length=1)] | None = None
+    """Where MLflow writes: a tracking URI (sqlite:///abs/path.db, http://host:5000) or a plain
+    path to a SQLite file; None: {storage_root}/{name}/mlflow/mlflow.db (a local root only)."""
+    wandb: bool = False
+    """Weights & Biases; needs the `wandb` package, which FAR does not install."""
+    experiment: Annotated[str, Field(min_length=1)] | None = None
+    """The MLflow experiment and W&B project; None: the run's name. Runs are named by node."""
+
+    @model_validator(mode="after")
+    def _uri_needs_mlflow(self) -> LoggingConfig:
+        if self.mlflow_tracking_uri is not None and not self.mlflow:
+            raise ValueError(
+                f"logging.mlflow_tracking_uri is {self.mlflow_tracking_uri!r} but logging.mlflow "
+                f"is false, so nothing would be written there; set mlflow: true or drop the URI"
+            )
+        return self
+
+
 class HardSubsetConfig(Frozen):
     """Which prompts an evaluation says are still hard, kept as a dataset to train on again.
 
@@ -1121,6 +1151,8 @@ class Recipe(Frozen):
     """The evaluation's config (and the default of evaluate nodes)."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     """How rewards run model-written code and math (see SandboxConfig); not drift."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Where training curves go: TensorBoard, MLflow, W&B (see LoggingConfig); not drift."""
     pipeline: list[StageNode] | None = Field(default=None, min_length=1)
     """The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate."""
     allow_negative_reward_weights: bool = False
@@ -1145,6 +1177,17 @@ class Recipe(Frozen):
         if value is not None and value.total_seconds() <= 0:
             raise ValueError(f"session_budget must be positive, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _mlflow_store_reachable(self) -> Recipe:
+        local = "://" not in self.storage_root or self.storage_root.startswith("file://")
+        if self.logging.mlflow and self.logging.mlflow_tracking_uri is None and not local:
+            raise ValueError(
+                f"logging.mlflow: MLflow's default store is a SQLite file under the run, which "
+                f"needs a local storage_root, got {self.storage_root!r}; set "
+                f"logging.mlflow_tracking_uri (e.g. sqlite:////abs/path/mlflow.db or a server)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _negative_weights_said(self) -> Recipe:

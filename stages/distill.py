@@ -31,10 +31,11 @@ from tunix.sft import utils as sft_utils
 
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
-from stages.core import storage
+from stages.core import metrics_logging, storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
+from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -94,7 +95,13 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> Any:
 
 
 def build_trainer(
-    student: Any, teacher: Any, config: DistillConfig, vocab: int, ckpt_dir: str, log_dir: str
+    student: Any,
+    teacher: Any,
+    config: DistillConfig,
+    vocab: int,
+    ckpt_dir: str,
+    log_dir: str,
+    sinks: MetricsSinks = DEFAULT_SINKS,
 ) -> distillation_trainer.DistillationTrainer:
     strategy = logit.LogitStrategy(
         student_forward_fn=logits,
@@ -112,7 +119,7 @@ def build_trainer(
             max_to_keep=config.keep_checkpoints or None,
         ),
         metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-            log_dir=log_dir, flush_every_n_steps=10
+            log_dir=log_dir, flush_every_n_steps=10, backend_kwargs=sinks.tunix_backends(log_dir)
         ),
         pbar_description="distill",
     )
@@ -129,6 +136,7 @@ def _distill(
     mesh_spec: MeshSpec,
     ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    sinks = metrics_logging.for_stage(ctx.metrics_logging, ctx.run, ctx.run_uri, directory)
     mesh = models.build_mesh(mesh_spec)
     teacher_net = models.policy_network(teacher, mesh, ctx.model_cache, ctx.shared)
     private = config.lora is None  # full-weight training changes its base network
@@ -137,7 +145,7 @@ def _distill(
     vocab = models.tunix_config(student_spec).num_embed
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
-    trainer = build_trainer(student, teacher_net, config, vocab, local_ckpt, local_logs)
+    trainer = build_trainer(student, teacher_net, config, vocab, local_ckpt, local_logs, sinks)
     start_step = trainer.train_steps
     stream = guarded(
         in_memory_stream(batches(load_sft_arrays(dataset), config.batch_size, config.seed)),

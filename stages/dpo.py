@@ -28,10 +28,11 @@ from tunix.sft.dpo import dpo_trainer
 
 from schemas.artifacts import Artifact, CheckpointArtifact, PreferenceDataset
 from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
-from stages.core import storage
+from stages.core import metrics_logging, storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import in_memory_stream
 from stages.core.errors import InputError, MissingInput
+from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -97,7 +98,12 @@ def batches(records: list[dict[str, np.ndarray]], batch_size: int, seed: int) ->
 
 
 def build_trainer(
-    network: Any, reference: Any, config: DPOConfig, ckpt_dir: str, log_dir: str
+    network: Any,
+    reference: Any,
+    config: DPOConfig,
+    ckpt_dir: str,
+    log_dir: str,
+    sinks: MetricsSinks = DEFAULT_SINKS,
 ) -> dpo_trainer.DPOTrainer:
     training = dpo_trainer.DPOTrainingConfig(
         algorithm=config.algorithm,
@@ -111,7 +117,7 @@ def build_trainer(
             max_to_keep=config.keep_checkpoints or None,
         ),
         metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-            log_dir=log_dir, flush_every_n_steps=10
+            log_dir=log_dir, flush_every_n_steps=10, backend_kwargs=sinks.tunix_backends(log_dir)
         ),
         pbar_description=config.algorithm.upper(),
     )
@@ -128,6 +134,7 @@ def _optimize(
     mesh_spec: MeshSpec,
     ctx: RunContext,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    sinks = metrics_logging.for_stage(ctx.metrics_logging, ctx.run, ctx.run_uri, directory)
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     text = storage.read_text(preferences.uri)
@@ -141,7 +148,7 @@ def _optimize(
         reference = models.policy_network(policy, mesh, ctx.model_cache, ctx.shared, base)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
-    trainer = build_trainer(network, reference, config, local_ckpt, local_logs)
+    trainer = build_trainer(network, reference, config, local_ckpt, local_logs, sinks)
     start_step = trainer.train_steps
     stream = guarded(
         in_memory_stream(batches(records, config.batch_size, config.seed)),

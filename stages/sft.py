@@ -30,10 +30,11 @@ from tunix.sft import metrics_logger, peft_trainer
 
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
-from stages.core import storage
+from stages.core import metrics_logging, storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
+from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
 from stages.core.progress import reporting
 from stages.core.runner import (
     RunContext,
@@ -112,10 +113,16 @@ def checkpoint_options(config: SFTConfig) -> ocp.CheckpointManagerOptions:
 
 
 def build_trainer(
-    model: Any, config: SFTConfig, checkpoint_dir: str, log_dir: str, keep: int
+    model: Any,
+    config: SFTConfig,
+    checkpoint_dir: str,
+    log_dir: str,
+    keep: int,
+    sinks: MetricsSinks = DEFAULT_SINKS,
 ) -> peft_trainer.PeftTrainer:
     """Tunix's PeftTrainer with FAR's inputs and its loss projected at the `keep` loss
-    positions a row can hold (tunix_compat.target_positions_loss)."""
+    positions a row can hold (tunix_compat.target_positions_loss); its curves go to `sinks`
+    (the recipe's logging: backends) and nowhere else."""
     accumulate = config.gradient_accumulation_steps
     training_config = peft_trainer.TrainingConfig(
         eval_every_n_steps=10**9,  # no intermediate eval: it spikes TPU memory mid-training
@@ -124,7 +131,7 @@ def build_trainer(
         checkpoint_root_directory=checkpoint_dir,
         checkpointing_options=checkpoint_options(config),
         metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-            log_dir=log_dir, flush_every_n_steps=10
+            log_dir=log_dir, flush_every_n_steps=10, backend_kwargs=sinks.tunix_backends(log_dir)
         ),
         pbar_description="SFT",
     )
@@ -150,6 +157,7 @@ def _train(
     ctx: RunContext,
     policy: CheckpointArtifact | None,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+    sinks = metrics_logging.for_stage(ctx.metrics_logging, ctx.run, ctx.run_uri, directory)
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     # full-weight training changes the base network: it gets its own, never the run's shared one
@@ -159,7 +167,7 @@ def _train(
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
     arrays = load_sft_arrays(dataset)
     keep = tunix_compat.loss_positions(arrays["input_mask"])
-    trainer = build_trainer(model, config, local_ckpt, local_logs, keep)
+    trainer = build_trainer(model, config, local_ckpt, local_logs, keep, sinks)
     start_step, clock = trainer.train_steps, StepClock()
     stream = reporting(
         guarded(
@@ -198,7 +206,8 @@ def _train(
     artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, config.lora)
     metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)
     metrics["train_step_compilations"] = float(compiles.count)
-    write_scalars(local_logs, trainer.train_steps, metrics)
+    stage_level = ("tokens_per_second", "useful_token_fraction", "train_step_compilations")
+    sinks.log_once(local_logs, trainer.train_steps, {f"far/{n}": metrics[n] for n in stage_level})
     storage.publish_local_directory(local_logs, log_uri)
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
@@ -238,18 +247,6 @@ def latest_loss(trainer: peft_trainer.PeftTrainer) -> dict[str, float]:
         return {}
     losses = logged.get_metric_history("", "loss", "train")
     return {"loss": float(np.asarray(losses[-1]))} if len(losses) else {}
-
-
-def write_scalars(log_dir: str, step: int, metrics: dict[str, float]) -> None:
-    """Stage-level metrics (tokens/s, useful tokens, compilations) beside Tunix's curves."""
-    from tensorboardX import SummaryWriter
-
-    writer = SummaryWriter(log_dir)
-    try:
-        for name in ("tokens_per_second", "useful_token_fraction", "train_step_compilations"):
-            writer.add_scalar(f"far/{name}", metrics[name], step)
-    finally:
-        writer.close()
 
 
 def training_metrics(

@@ -28,7 +28,7 @@ from typing import Any
 from stages.core.errors import InputError
 
 # Settings that say where or for how long a run happens, never what it computes.
-NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox")
+NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox", "logging")
 # Changes after which a training stage can continue from its previous checkpoints.
 CONTINUABLE = (
     "max_steps",

@@ -31,7 +31,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import SecretStr, ValidationError
 
 from schemas.artifacts import EvalReport, StageOutput
-from schemas.recipe import MeshSpec, ModelSpec
+from schemas.recipe import LoggingConfig, MeshSpec, ModelSpec
 from schemas.record import (
     ArtifactRef,
     CodeVersion,
@@ -110,6 +110,8 @@ class RunContext:
     # the recipe's model and mesh, set by the node runner (pipeline/nodes.py) for a stage's run
     model: ModelSpec | None = None
     mesh: MeshSpec = field(default_factory=MeshSpec)
+    # the recipe's logging: section (which metrics backends training stages start), ditto
+    metrics_logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def require_model(self) -> ModelSpec:
         """The recipe's model; a stage entry point that needs one is run with it."""

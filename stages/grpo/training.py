@@ -36,9 +36,10 @@ from tunix.sft import metrics_logger
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import AnswerFormat, GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
-from stages.core import storage
+from stages.core import metrics_logging, storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, load_prompts
+from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
 from stages.core.progress import report_end, reporting
 from stages.core.runner import (
     RunContext,
@@ -98,6 +99,7 @@ def _cluster_config(
     log_dir: str,
     meshes: tuple[Any, Any],
     eos: list[int],
+    sinks: MetricsSinks = DEFAULT_SINKS,
 ) -> rl_cluster_lib.ClusterConfig:
     """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
     updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
@@ -113,7 +115,7 @@ def _cluster_config(
             max_to_keep=config.keep_checkpoints or None,
         ),
         metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-            log_dir=log_dir, flush_every_n_steps=1
+            log_dir=log_dir, flush_every_n_steps=1, backend_kwargs=sinks.tunix_backends(log_dir)
         ),
         pbar_description="GRPO",
     )
@@ -210,6 +212,7 @@ def build_session(
     `rollout_mesh` puts the rollout model apart from the actor, with Tunix's own engine (a
     copy of the weights synced every step, one sampling seed for all steps); the stage runs
     everything on one mesh, the tests use it to show Tunix's stale-rollout resume defect."""
+    sinks = metrics_logging.for_stage(ctx.metrics_logging, ctx.run, ctx.run_uri, directory)
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     tunix_compat.project_completion_only()  # no vocabulary logits over the prompt
@@ -223,7 +226,13 @@ def build_session(
         reference=reference,
         tokenizer=tokenizer,
         cluster_config=_cluster_config(
-            config, dataset.prompt_len, local_ckpt, local_logs, (mesh, rollout_mesh or mesh), eos
+            config,
+            dataset.prompt_len,
+            local_ckpt,
+            local_logs,
+            (mesh, rollout_mesh or mesh),
+            eos,
+            sinks,
         ),
     )
     seeds: list[tuple[int, int]] = []

@@ -74,9 +74,10 @@ def test_where_and_how_long_a_run_happens_is_not_drift() -> None:
         "session_budget": None,
         "mesh": {"fsdp": 2, "tp": 1},
         "sandbox": {"isolation": "process", "workers": 1},
+        "logging": {"tensorboard": False, "mlflow": True, "wandb": True, "experiment": "x"},
     }
     assert drift.recipe_changes(base, moved) == []
-    older = {k: v for k, v in base.items() if k != "sandbox"}  # a run.json from before it
+    older = {k: v for k, v in base.items() if k not in ("sandbox", "logging")}  # from before
     assert drift.recipe_changes(older, base) == []
     changed = recipe_with("/tmp/a", sft={"learning_rate": 1e-4}).model_dump(mode="json")
     assert [c.path for c in drift.recipe_changes(base, changed)] == ["sft.learning_rate"]

@@ -1,0 +1,251 @@
+"""Training curves where users look: TensorBoard, MLflow, W&B, as the recipe's `logging:` asks.
+
+Tunix's MetricsLogger, given no backends of its own, starts TensorBoard and also a W&B run
+whenever the `wandb` package is importable (tunix 0.1.7 MetricsLoggerOptions.create_backends),
+an unnamed, anonymous run nobody asked for. So FAR always hands Tunix its own list through the
+public `backend_kwargs={"custom_backend": [factories]}`, built here from the recipe: only the
+backends it names, never an empty list (Tunix reads an empty list as "use the defaults").
+
+Each backend has the shape Tunix and jax.monitoring call: `log_scalar(event, value, step=)`
+and `close()`. Tunix creates them on process 0 only. A backend is a jax.monitoring listener,
+so it also hears JAX's own scalars (compile durations, without a step): those are dropped;
+every metric Tunix or FAR logs carries its step. One MLflow run per stage directory
+({node}-{hash}), found again by its tag when the stage continues in a later session; the
+experiment is the run's name unless `logging.experiment` says otherwise. Nothing here is part
+of a stage's identity: where curves are shown never changes what a stage computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import posixpath
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from schemas.recipe import LoggingConfig
+from stages.core import storage
+from stages.core.errors import InputError
+
+MLFLOW_DIR = "mlflow"  # {run}/mlflow/mlflow.db: the default store (a folder, not a stage)
+MLFLOW_DB = "mlflow.db"
+STAGE_TAG = "far.stage_dir"  # the MLflow tag that finds a stage directory's run again
+_MLFLOW_KEY = re.compile(r"[^A-Za-z0-9_\-. :/]")  # what MLflow refuses in a metric name
+
+
+class Backend(Protocol):
+    """A metrics backend as Tunix's MetricsLogger and jax.monitoring call it."""
+
+    def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MissingBackendPackage(InputError):
+    """The recipe turns on a backend whose package is not installed."""
+
+
+def require_packages(config: LoggingConfig) -> None:
+    """Refuse, before any compute, a backend the recipe turns on whose package is missing."""
+    wanted = {"wandb": config.wandb, "mlflow": config.mlflow}
+    for package, on in wanted.items():
+        if on and importlib.util.find_spec(package) is None:
+            hint = "pip install wandb" if package == "wandb" else "pip install mlflow-skinny"
+            raise MissingBackendPackage(
+                f"logging.{package} is true but the {package!r} package is not installed; "
+                f"install it ({hint}) or set logging.{package}: false"
+            )
+
+
+def _step(kwargs: dict[str, Any]) -> int | None:
+    """The training step of a metric; None for JAX's own stepless scalars (not a metric)."""
+    step = kwargs.get("step")
+    return None if step is None else int(step)
+
+
+def _scalar(value: Any) -> float:
+    return float(np.asarray(value))
+
+
+class Silent:
+    """No backend at all (every backend off): keeps Tunix from falling back to its defaults."""
+
+    def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None:
+        del event, value, kwargs
+
+    def close(self) -> None:
+        return None
+
+
+class TensorBoard:
+    """Event files under `log_dir`; tensorboardX flushes them every `flush_secs` seconds."""
+
+    def __init__(self, log_dir: str, flush_secs: int = 30) -> None:
+        from tensorboardX import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir, flush_secs=flush_secs)
+
+    def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None:
+        if (step := _step(kwargs)) is not None:
+            self._writer.add_scalar(event.lstrip("/"), _scalar(value), step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MLflow:
+    """One MLflow run per stage directory, through MlflowClient (no global active run).
+
+    Metrics are buffered and written one batch per step (and at close), so a remote tracking
+    server sees one request per step rather than one per scalar."""
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str]):
+        from mlflow.tracking import MlflowClient
+
+        try:
+            self._client = MlflowClient(tracking_uri=tracking_uri)
+            self.run_id = _open_run(self._client, experiment, run_name, tags)
+        except Exception as e:  # any store error (bad URI, file store refused, server down)
+            raise InputError(
+                f"logging.mlflow_tracking_uri: MLflow cannot write to {tracking_uri!r}: "
+                f"{type(e).__name__}: {e}; expected a sqlite:/// path, a reachable server, or "
+                f"no URI (the run's own {MLFLOW_DIR}/{MLFLOW_DB})"
+            ) from e
+        self._pending: list[Any] = []
+        self._pending_step: int | None = None
+
+    def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None:
+        from mlflow.entities import Metric
+
+        step = _step(kwargs)
+        if step is None:
+            return
+        if self._pending_step is not None and step != self._pending_step:
+            self.flush()
+        key = _MLFLOW_KEY.sub("_", event.lstrip("/"))
+        self._pending.append(Metric(key, _scalar(value), int(time.time() * 1000), step))
+        self._pending_step = step
+
+    def flush(self) -> None:
+        if self._pending:
+            self._client.log_batch(self.run_id, metrics=self._pending)
+        self._pending, self._pending_step = [], None
+
+    def close(self) -> None:
+        self.flush()
+        self._client.set_terminated(self.run_id)
+
+
+def _open_run(client: Any, experiment: str, run_name: str, tags: dict[str, str]) -> str:
+    """The id of the experiment's run tagged with this stage directory, reopened; else a new
+    run (a stage that continues in a later session adds to the curves it started)."""
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    query = f"tags.`{STAGE_TAG}` = '{tags[STAGE_TAG]}'"
+    runs = client.search_runs([experiment_id], filter_string=query, max_results=1)
+    if runs:
+        client.update_run(runs[0].info.run_id, status="RUNNING")
+        return str(runs[0].info.run_id)
+    return str(client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id)
+
+
+class WandB:
+    """A W&B run per stage directory (id = the directory's name, resumed on a continuation).
+
+    `wandb` is optional and not installed with FAR: it is imported by name at run time, only
+    when the recipe turns it on (require_packages refused a missing one before compute)."""
+
+    def __init__(self, project: str, run_name: str, run_id: str) -> None:
+        wandb = importlib.import_module("wandb")
+        self._run = wandb.init(project=project, name=run_name, id=run_id, resume="allow")
+
+    def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None:
+        if (step := _step(kwargs)) is not None:
+            self._run.log({event.lstrip("/"): _scalar(value)}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+@dataclass(frozen=True)
+class MetricsSinks:
+    """The backends one training stage directory writes its curves to."""
+
+    config: LoggingConfig = field(default_factory=LoggingConfig)
+    experiment: str = "far"  # the MLflow experiment and W&B project
+    run_name: str = "stage"  # the node id
+    stage_dir: str = ""  # {node}-{hash}: tags the MLflow run, names the W&B run id
+    tracking_uri: str | None = None  # MLflow's, resolved (None when MLflow is off)
+
+    def factories(self, log_dir: str) -> list[Callable[[], Backend]]:
+        """A fresh-backend factory per backend the recipe turns on (TensorBoard into
+        `log_dir`); never empty."""
+        out: list[Callable[[], Backend]] = []
+        if self.config.tensorboard:
+            out.append(lambda: TensorBoard(log_dir))
+        if self.config.mlflow and self.tracking_uri is not None:
+            uri, tags = self.tracking_uri, {STAGE_TAG: self.stage_dir}
+            out.append(lambda: MLflow(uri, self.experiment, self.run_name, tags))
+        if self.config.wandb:
+            out.append(lambda: WandB(self.experiment, self.run_name, self.stage_dir))
+        return out or [Silent]
+
+    def tunix_backends(self, log_dir: str) -> dict[str, Any]:
+        """`backend_kwargs` for Tunix's MetricsLoggerOptions: these backends and no others."""
+        return {"custom_backend": self.factories(log_dir)}
+
+    def log_once(self, log_dir: str, step: int, metrics: dict[str, float]) -> None:
+        """Stage-level numbers (throughput, compilations) beside the curves, at `step`."""
+        backends = [make() for make in self.factories(log_dir)]
+        try:
+            for backend in backends:
+                for name, value in metrics.items():
+                    backend.log_scalar(name, value, step=step)
+        finally:
+            for backend in backends:
+                backend.close()
+
+
+def tracking_uri(config: LoggingConfig, run_uri: str) -> str | None:
+    """MLflow's tracking URI: the recipe's (a plain path is a SQLite file), else a SQLite
+    file under the run; None when MLflow is off."""
+    if not config.mlflow:
+        return None
+    uri = config.mlflow_tracking_uri
+    if uri is None:
+        if storage.protocol(run_uri) != "file":
+            raise InputError(
+                f"logging.mlflow: the default store is a SQLite file under the run, which "
+                f"needs a local run directory, got {run_uri!r}; set logging.mlflow_tracking_uri"
+            )
+        folder = os.path.join(storage.normalize(run_uri), MLFLOW_DIR)
+        os.makedirs(folder, exist_ok=True)
+        return f"sqlite:///{os.path.join(folder, MLFLOW_DB)}"
+    if "://" in uri or uri == "databricks":
+        return uri
+    path = os.path.abspath(os.path.expanduser(uri))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def for_stage(config: LoggingConfig, run: str, run_uri: str, directory: str) -> MetricsSinks:
+    """The sinks of the stage directory `directory` ({run_uri}/{node}-{hash}) of run `run`."""
+    require_packages(config)
+    stage_dir = posixpath.basename(directory.rstrip("/"))
+    return MetricsSinks(
+        config=config,
+        experiment=config.experiment or run,
+        run_name=stage_dir.rsplit("-", 1)[0],
+        stage_dir=stage_dir,
+        tracking_uri=tracking_uri(config, run_uri),
+    )
+
+
+DEFAULT_SINKS = MetricsSinks()
+"""TensorBoard only: for a trainer built outside a run (tests, notebooks)."""
