@@ -9,8 +9,9 @@ root: deploy/kaggle/run_session.sh with the smallest budget `far run` accepts (e
 data-prep committed and the run unfinished; the smoke recipe with SFT long enough that no
 machine finishes the run inside that budget: the plain smoke run fits in it on an idle one),
 a far-tpu-vm run through the worker (CPU, through a job-variable override) that skips what
-the session committed and ends COMPLETED with every record on storage, and run_session.sh again (exit 0, all skipped).
-The three share one run to stay in the CI time budget (each alone would run the smoke flow).
+the session committed and ends COMPLETED with every record on storage, and run_session.sh
+again (exit 0, all skipped). The three share one run to stay in the CI time budget (each
+alone would run the smoke flow).
 
 Nothing runs on GKE here (no cluster, no TPU): only the far-gke registration is exercised.
 """
