@@ -27,8 +27,9 @@ from typing import Any
 
 from stages.core.errors import InputError
 
-# Settings that say where or for how long a run happens, never what it computes.
-NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox")
+# Settings that say where or for how long a run happens, never what it computes (`plugins`
+# says which modules are imported; a stage using a plugin's reward hashes its code itself).
+NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox", "plugins")
 # Changes after which a training stage can continue from its previous checkpoints.
 CONTINUABLE = (
     "max_steps",
