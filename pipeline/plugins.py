@@ -42,18 +42,28 @@ class Registered:
         return " and ".join(said) or "nothing"
 
 
+LOADED: dict[str, Registered] = {}
+"""What each plugin module registered when this process imported it (as sys.modules holds
+the modules): a module whose kinds or rewards live in other modules of the user's is still
+known as a plugin when --plugin, the recipe's plugins and run.json name it again."""
+
+
 def load_plugin(module: str, where: str | None = None) -> Registered:
     """Import `module`, which registers its stage kinds and rewards as it is imported; what it
     added. `where` names it in errors (default `--plugin MODULE`). A module imported already
     (by an earlier --plugin, or the recipe's plugins too) is not imported again: it counts
-    when a kind or reward it (or a module under it) registered is in the registries."""
+    when this process imported it as a plugin before (LOADED), or when a kind or reward of
+    it (or of a module under it) is registered."""
     where = where or f"--plugin {module}"
     if not module.strip():
         raise PluginError(
             f"{where}: empty module name; expected a dotted module on the Python path that "
             f"registers a stage kind or a reward ({GUIDE})"
         )
-    found = _registered_by(module) if module in sys.modules else _import_new(module, where)
+    if module in sys.modules:
+        found = LOADED.get(module) or _registered_by(module)
+    else:
+        found = _import_new(module, where)
     if not found.kinds and not found.rewards:
         raise PluginError(
             f"{where}: importing it registered no stage kind and no reward (kinds: "
@@ -82,10 +92,22 @@ def recorded_modules(recipe: Recipe) -> list[str]:
     `plugins`, the modules of the stage kinds FAR does not ship and of the user's rewards its
     nodes name."""
     dag = build_dag(recipe)
-    kinds = registry.plugin_modules(node.kind for node in dag.nodes)
+    builtin = {spec.kind for spec in registry.BUILTIN}
+    kinds = {n.kind for n in dag.nodes if n.kind in registry.REGISTRY} - builtin
     names = {n for node in dag.nodes for n in reward_names(node_config(recipe, node))}
-    used = {rewards.REGISTRY[n].module for n in names if n in rewards.REGISTRY}
-    return sorted({*recipe.plugins, *kinds, *(m for m in used if m != rewards.__name__)})
+    names = {n for n in names if n in rewards.REGISTRY} - rewards.BUILTIN
+    found = {_loaded_by(k, "kinds") or registry.REGISTRY[k].module for k in kinds}
+    found |= {_loaded_by(n, "rewards") or rewards.REGISTRY[n].module for n in names}
+    return sorted({*recipe.plugins, *found})
+
+
+def _loaded_by(name: str, what: str) -> str | None:
+    """The plugin module whose import registered kind or reward `name` (it may be defined in
+    another module of the user's, which alone would not register it)."""
+    for module, found in LOADED.items():
+        if name in getattr(found, what) and module in sys.modules:
+            return module
+    return None
 
 
 def reward_names(config: object) -> list[str]:
@@ -119,6 +141,7 @@ def _import_new(module: str, where: str) -> Registered:
         )
         for kind in found.kinds:
             registry.check_entry(where, registry.REGISTRY[kind])
+        LOADED[module] = found
     except PluginError:
         for kind in set(registry.REGISTRY) - kinds:  # a refused plugin leaves nothing behind
             registry.REGISTRY.pop(kind)

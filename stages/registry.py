@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -295,13 +295,6 @@ def unregister(kind: str) -> None:
     if kind in {s.kind for s in BUILTIN}:
         raise ValueError(f"stage kind {kind!r} is built in and cannot be unregistered")
     REGISTRY.pop(kind, None)
-
-
-def plugin_modules(kinds: Iterable[str]) -> list[str]:
-    """The modules of the registered kinds among `kinds` that FAR does not ship (what a run's
-    run.json records, so any later command can import them)."""
-    builtin = {s.kind for s in BUILTIN}
-    return sorted({REGISTRY[k].module for k in kinds if k not in builtin and k in REGISTRY})
 
 
 def check_entry(plugin: str, spec: StageSpec) -> None:

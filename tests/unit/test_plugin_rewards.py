@@ -54,6 +54,7 @@ def _forget_plugins() -> Iterator[None]:
     for module in set(sys.modules) - modules:
         if module.startswith("tests.plugins.") or module.startswith("far_user_"):
             sys.modules.pop(module)
+            plugins.LOADED.pop(module, None)
 
 
 def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> str:
@@ -141,6 +142,28 @@ def test_the_recipe_names_its_plugins(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "plugins[0] 'far_no_such_module': cannot import it" in line
     bad = _recipe(tmp_path, plugins=["not a module"])
     assert "is not a dotted module name" in _far(capsys, "validate", bad)[2]
+
+
+def test_a_plugin_whose_reward_lives_in_another_module_is_known_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plugin, then the recipe's plugins (and a resume's run.json) name the same module: it
+    was imported once, and is still known for the reward it registered from another module."""
+    _module(tmp_path, monkeypatch, "far_user_scores", "def short(c, r):\n    return 1.0\n")
+    plugin = _module(
+        tmp_path,
+        monkeypatch,
+        "far_user_plugin",
+        "from far_user_scores import short\n"
+        "from stages.rewards import register_reward\n"
+        "register_reward('concise_correct', short)\n",
+    )
+    recipe = _recipe(tmp_path, plugins=[plugin])
+    code, _, err = _far(capsys, "validate", recipe, "--plugin", plugin)
+    assert code == 0, err
+    assert rewards.REGISTRY["concise_correct"].module == "far_user_scores"
+    run_json = plugins.recorded_modules(load_recipe(_recipe(tmp_path)))  # by --plugin alone
+    assert run_json == ["far_user_plugin"]  # the module whose import registers it
 
 
 def test_the_recipe_plugins_field_leaves_stage_hashes_and_drift_alone(tmp_path: Path) -> None:
