@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel, SecretStr
 
 from flows import prefect_server
-from pipeline import lineage, manifest
+from pipeline import lineage, manifest, plugins
 from pipeline.lease import LeaseHeld
 from pipeline.plan import RunPlan, plan_recipe, plan_run, preview, render_preview
 from pipeline.recipes import BUNDLED, RecipeError, bundled_recipes, copy_bundled, parse_recipe
@@ -243,9 +243,10 @@ def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE first: a stage kind's module that registers the kind, so the\n"
-        "recipe can name it (docs/adding-a-stage.md); repeatable. A run records the modules\n"
-        "of the kinds it used (run.json), which status, audit, lineage and resume import",
+        help="import MODULE first: a module that registers stage kinds and/or rewards, so\n"
+        "the recipe can name them (docs/adding-a-stage.md, docs/your-own-task.md);\n"
+        "repeatable; a recipe's `plugins:` list does the same without the flag. A run\n"
+        "records the modules it used (run.json), which status, audit, lineage and resume import",
     )
 
 
@@ -664,7 +665,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "name": run_manifest.run,
             "session_budget": args.session_budget,
         }
-        registry.import_plugins(run_manifest.plugins)  # the kinds its recipe names
+        plugins.import_plugins(run_manifest.plugins)  # the kinds and rewards its recipe names
         recipe = parse_recipe(run_manifest.recipe, f"{run_uri}/run.json", overrides)
         plan = plan_recipe(recipe)
     except (FileNotFoundError, RecipeError, IsolationUnavailable) as e:
@@ -830,7 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
     for module in getattr(args, "plugin", []):  # before any recipe loads
         try:
-            log.info("--plugin %s: registered %s", module, registry.load_plugin(module))
+            log.info("--plugin %s: registered %s", module, plugins.load_plugin(module))
         except registry.PluginError as e:
             return report_input_error(e, verbose)
     handlers = {

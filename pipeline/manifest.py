@@ -16,10 +16,10 @@ from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
+from pipeline import plugins
 from pipeline.dag import build_dag
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
-from stages import registry
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput
 from stages.core.runner import (
@@ -90,13 +90,12 @@ def open_session(
         took_over=took_over,
         overrides=list(overrides),
     )
-    kinds = [node.kind for node in build_dag(recipe).nodes]
     updated = manifest.model_copy(
         update={
             "recipe": new,
             "recipe_source": recipe_source,
             "invocations": [*manifest.invocations, invocation],
-            "plugins": sorted({*manifest.plugins, *registry.plugin_modules(kinds)}),
+            "plugins": sorted({*manifest.plugins, *plugins.recorded_modules(recipe)}),
         }
     )
     write_manifest(ctx.run_uri, updated, ctx.audit_key)
@@ -159,7 +158,7 @@ class StageState:
 def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
     """The node ids of the run's DAG (from the recipe in run.json), in topological order;
     the plugin modules the run recorded are imported first, so their kinds are known."""
-    registry.import_plugins(manifest.plugins)
+    plugins.import_plugins(manifest.plugins)
     return build_dag(Recipe.model_validate(manifest.recipe)).ids
 
 

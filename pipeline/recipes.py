@@ -12,6 +12,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pipeline import plugins
 from pipeline.dag import DagError, build_dag
 from schemas.recipe import Recipe
 from stages.core import storage
@@ -97,6 +98,7 @@ def parse_recipe(data: Any, source: str, overrides: dict[str, Any] | None = None
         recipe = Recipe.model_validate(merged)
     except ValidationError as e:
         raise RecipeError(f"recipe {source} is invalid:\n{describe(e)}") from e
+    plugins.load_plugins(recipe.plugins, f"recipe {source}: plugins")  # before its kinds are read
     try:
         build_dag(recipe)
     except DagError as e:

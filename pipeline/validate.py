@@ -1,12 +1,13 @@
 """Everything about a run that can be checked before any compute, checked at once.
 
 `far run`, `far validate` and the scheduled deployment call `validate_run` after the recipe
-parsed and before the flow starts, so a wrong reward name (in the `grpo` section or any `grpo`
-node), a `self_teach` node verifying with an unknown reward, a `preferences` node given both a
-file and samples, a mesh larger than the machine, an unreachable model, a missing data file (of
-any node) or evaluation checkpoint, or a storage root that cannot be written is refused in
-seconds with one line naming the node, field or file, instead of after the stages before it
-spent their compute. Each check raises stages.core.errors.InputError.
+parsed and before the flow starts, so a wrong reward name (in the `grpo` or `eval` section,
+any `grpo` or `evaluate` node), a `self_teach` node verifying with an unknown reward, a
+`preferences` node given both a file and samples, a mesh larger than the machine, an
+unreachable model, a missing data file (of any node) or evaluation checkpoint, or a storage
+root that cannot be written is refused in seconds with one line naming the node, field or
+file, instead of after the stages before it spent their compute. Each check raises
+stages.core.errors.InputError.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def check_nodes(recipe: Recipe) -> None:
             check_data_files(config, f"{where}" if explicit else "data.")
         elif isinstance(config, EvalConfig):
             check_eval_checkpoints(config, f"{where}models" if explicit else "eval.models")
+            check_reward_names(config.rewards, f"{where}rewards" if explicit else "eval.rewards")
         elif isinstance(config, HardSubsetConfig):
             check_hard_subset(recipe, dag, node, config)
 
@@ -157,13 +159,15 @@ def check_rewards(config: GRPOConfig, field: str = "grpo.rewards") -> None:
 
 
 def check_reward_names(names: list[str], field: str) -> None:
-    from stages.rewards import REGISTRY
+    """Each name is a registered reward (FAR's own, or a plugin's imported by --plugin or the
+    recipe's plugins); UnknownReward names the field, the registered ones and a close one."""
+    from stages.rewards import UnknownReward, get_reward
 
     for name in names:
-        if name not in REGISTRY:
-            raise InputError(
-                f"{field}: unknown reward {name!r}; expected one of {sorted(REGISTRY)}"
-            )
+        try:
+            get_reward(name)
+        except UnknownReward as e:
+            raise UnknownReward(f"{field}: {e}") from e
 
 
 def check_preferences(node: StageNode, config: PreferencesConfig, field: str) -> None:

@@ -24,6 +24,7 @@ STORAGE_SCHEMES = ("", "file", "memory", "gs")
 EvalModel = Literal["base", "sft", "grpo"]
 EVAL_MODELS: tuple[EvalModel, ...] = ("base", "sft", "grpo")
 _NODE_ID = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # no '-': stage dirs are {node id}-{hash}
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")  # a dotted module
 
 
 def parse_duration(value: object) -> object:
@@ -1157,6 +1158,11 @@ class Recipe(Frozen):
     """The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate."""
     allow_negative_reward_weights: bool = False
     """A negative reward weight turns a reward into a penalty; refused unless said here."""
+    plugins: list[str] = Field(default_factory=list)
+    """Python modules imported before the rest of the recipe is read, as `--plugin MODULE`
+    does: each registers stage kinds and/or rewards the recipe names (docs/your-own-task.md),
+    so a scheduled deployment needs no flag. Not drift, and in no stage hash: a stage that
+    uses a plugin's reward hashes the reward's source file instead."""
 
     @field_validator("storage_root")
     @classmethod
@@ -1169,6 +1175,20 @@ class Recipe(Frozen):
             )
         if not value.strip():
             raise ValueError("storage_root must not be empty")
+        return value
+
+    @field_validator("plugins")
+    @classmethod
+    def _module_names(cls, value: list[str]) -> list[str]:
+        for index, module in enumerate(value):
+            if not _MODULE.match(module):
+                raise ValueError(
+                    f"plugins[{index}]: {module!r} is not a dotted module name; expected one "
+                    f"such as my_task.rewards (a module on the Python path)"
+                )
+        repeated = sorted({m for m in value if value.count(m) > 1})
+        if repeated:
+            raise ValueError(f"plugins names {repeated} more than once; list each module once")
         return value
 
     @field_validator("session_budget")

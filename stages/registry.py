@@ -15,7 +15,8 @@ is named by "module:function" and imported only when a node of its kind runs: th
 imports no stage, so reading the registry (validating a recipe, drawing the DAG) stays cheap.
 
 Adding a stage kind is one module (its config model and `run`) plus one line: `register(...)`
-at the end of that module (a plugin's or a test's kind; a recipe's YAML then names it, read as
+at the end of that module (a plugin's or a test's kind, imported by `--plugin MODULE` or the
+recipe's `plugins:` through pipeline/plugins.py; a recipe's YAML then names it, read as
 a schemas.recipe.RegisteredNode whose config pipeline/dag.py validates against the registered
 model), or, for a kind shipped with FAR, its StageSpec in `BUILTIN` below. The steps are in
 docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows. `SHARED_LAYERS`
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -62,7 +63,8 @@ class UnknownStageKind(InputError):
 
 
 class PluginError(InputError):
-    """A --plugin module that cannot be imported or registers no stage kind."""
+    """A plugin module (--plugin, a recipe's plugins) that cannot be imported, or registers
+    neither a stage kind nor a reward (pipeline/plugins.py loads them)."""
 
 
 @dataclass(frozen=True)
@@ -298,84 +300,16 @@ def unregister(kind: str) -> None:
     REGISTRY.pop(kind, None)
 
 
-def load_plugin(module: str) -> list[str]:
-    """Import `module` (a stage kind's module, on the Python path), which registers its kinds
-    as it is imported; the kinds it added. `far run --plugin MODULE` calls this before the
-    recipe loads, so the recipe's YAML can name those kinds.
-
-    Anything that goes wrong while importing it (no such module, a syntax error, a kind it
-    registers twice, an exception or sys.exit on import) and an entry point of a kind it
-    added that cannot be imported is a PluginError naming the module: before any compute.
-    """
-    if not module.strip():
-        raise PluginError(
-            f"--plugin {module!r}: empty module name; expected a dotted module on the Python "
-            f"path whose last line registers a stage kind (docs/adding-a-stage.md)"
-        )
-    before = set(REGISTRY)
-    try:
-        _import_plugin(module)
-        added = sorted(set(REGISTRY) - before)
-        for kind in added:
-            _check_entry(module, REGISTRY[kind])
-    except PluginError:
-        for kind in set(REGISTRY) - before:  # a refused plugin leaves no kind behind
-            REGISTRY.pop(kind)
-        raise
-    if not added:
-        raise PluginError(
-            f"--plugin {module}: importing it registered no stage kind (registered: "
-            f"{sorted(REGISTRY)}); expected a module that calls stages.registry.register"
-        )
-    return added
-
-
-def _check_entry(module: str, spec: StageSpec) -> None:
+def check_entry(plugin: str, spec: StageSpec) -> None:
+    """The entry point of a kind `plugin` registered imports; else PluginError naming both."""
     try:
         spec.entry_point()
     except (Exception, SystemExit) as e:
         raise PluginError(
-            f"--plugin {module}: stage kind {spec.kind!r} names entry point {spec.entry!r}, "
+            f"{plugin}: stage kind {spec.kind!r} names entry point {spec.entry!r}, "
             f"which cannot be imported ({type(e).__name__}: {e}); expected 'module:function' "
             f"of a function in an importable module"
         ) from e
-
-
-def _import_plugin(module: str) -> None:
-    try:
-        importlib.import_module(module)
-    except PluginError as e:  # a kind it registers twice
-        raise PluginError(f"--plugin {module}: {e}") from e
-    except ImportError as e:
-        raise PluginError(
-            f"--plugin {module}: cannot import it ({e}); expected a module on the Python path "
-            f"whose last line registers a stage kind (docs/adding-a-stage.md)"
-        ) from e
-    except SyntaxError as e:
-        raise PluginError(
-            f"--plugin {module}: syntax error at {e.filename}:{e.lineno}: {e.msg}"
-        ) from e
-    except SystemExit as e:
-        raise PluginError(
-            f"--plugin {module}: importing it called sys.exit({e.code!r}); a plugin module "
-            f"must only define and register its stage kind"
-        ) from e
-    except Exception as e:
-        raise PluginError(f"--plugin {module}: importing it raised {type(e).__name__}: {e}") from e
-
-
-def plugin_modules(kinds: Iterable[str]) -> list[str]:
-    """The modules of the registered kinds among `kinds` that FAR does not ship (what a run's
-    run.json records, so any later command can import them)."""
-    builtin = {s.kind for s in BUILTIN}
-    return sorted({REGISTRY[k].module for k in kinds if k not in builtin and k in REGISTRY})
-
-
-def import_plugins(modules: Iterable[str]) -> None:
-    """Import a run's recorded plugin modules (each registers its kinds once; a module
-    already imported is not imported again); PluginError names one that fails."""
-    for module in modules:
-        _import_plugin(module)
 
 
 @contextmanager

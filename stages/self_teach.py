@@ -216,6 +216,7 @@ def identity(
         "model": model.model_dump(mode="json"),
     }
     inputs = {"dataset": dataset_fingerprint, "policy": policy_fingerprint}
+    inputs |= rewards.reward_sources(config.verify)  # a user's rewards: their code
     return StageIdentity("self_teach", STAGE_VERSION, hashed, inputs)
 
 

@@ -27,8 +27,10 @@ from typing import Any
 
 from stages.core.errors import InputError
 
-# Settings that say where or for how long a run happens, never what it computes.
-NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox", "logging")
+# Settings that say where or for how long a run happens, never what it computes (`plugins`
+# says which modules are imported; a stage using a plugin's reward hashes its code itself;
+# `logging` where the curves go).
+NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox", "logging", "plugins")
 # Changes after which a training stage can continue from its previous checkpoints.
 CONTINUABLE = (
     "max_steps",

@@ -606,13 +606,27 @@ def identity_changes(old: dict[str, Any], new: StageIdentity) -> list[drift.Chan
     changes = drift.diff(old["config"], new.config)
     if old["version"] != new.version:
         changes.append(drift.Change(f"code.{new.stage}_version", old["version"], new.version))
-    return changes + drift.diff(
-        _source_inputs(old["inputs"]), _source_inputs(new.inputs), "data.source_content"
-    )
+    old_sources, new_sources = _source_inputs(old["inputs"]), _source_inputs(new.inputs)
+    code = drift.diff(_code(old_sources), _code(new_sources), "code.rewards")
+    data = {k: v for k, v in old_sources.items() if not k.startswith(REWARD_SOURCE)}
+    now = {k: v for k, v in new_sources.items() if not k.startswith(REWARD_SOURCE)}
+    return changes + code + drift.diff(data, now, "data.source_content")
+
+
+REWARD_SOURCE = "reward:"  # "source:reward:NAME:MODULE": a user's reward's source file digest
+
+
+def _code(sources: dict[str, str]) -> dict[str, str]:
+    """A user's rewards' source digests among the identity's sources, by reward name."""
+    return {
+        k.removeprefix(REWARD_SOURCE).split(":", 1)[0]: v
+        for k, v in sources.items()
+        if k.startswith(REWARD_SOURCE)
+    }
 
 
 def _source_inputs(inputs: dict[str, str]) -> dict[str, str]:
-    """The identity's external data sources, by label (upstream artifacts left out)."""
+    """The identity's external sources, by label (upstream artifacts left out)."""
     return {
         k.removeprefix(SOURCE_PREFIX): v for k, v in inputs.items() if k.startswith(SOURCE_PREFIX)
     }

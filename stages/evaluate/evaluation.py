@@ -419,6 +419,7 @@ def identity(
     # hash_exempt_defaults): evaluations made before those fields existed keep their hash
     hashed = {"eval": hashed_config("evaluate", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
+    inputs |= rewards.reward_sources(config.rewards)  # a user's rewards: their code
     return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
 
 

@@ -444,6 +444,7 @@ def identity(
 ) -> StageIdentity:
     hashed = {"grpo": hashed_config("grpo", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, "sft": sft_fingerprint}
+    inputs |= rewards.reward_sources(list(config.rewards))  # a user's rewards: their code
     return StageIdentity("grpo", STAGE_VERSION, hashed, inputs)
 
 

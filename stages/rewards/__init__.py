@@ -5,19 +5,36 @@ Each reward scores a batch of completions against their references (answer and, 
 tests). Pure ones are plain functions of one pair; the verifiers that must execute untrusted
 text, math-verify on model-written math (stages/rewards/math_grading.py) and MBPP/HumanEval
 tests on model-written code (stages/rewards/code_tests.py), run in the sandbox
-(stages/rewards/sandbox.py). The sandbox only computes; every verdict is decided here from
-plain data, and a crash, refusal or timeout scores 0 and is counted, never raised.
+(stages/rewards/sandbox.py, through `run_sandboxed`). The sandbox only computes; every verdict
+is decided here from plain data, and a crash, refusal or timeout scores 0 and is counted,
+never raised.
+
+A reward is registered one way, FAR's own and a user's alike: `@reward("name")` on a function
+`(completion: str, ref: Reference) -> float` (or `batch=True` for one that scores a whole batch
+and may run code in the sandbox). A user's module is imported by `--plugin MODULE` or a
+recipe's `plugins:` list (pipeline/plugins.py); its rewards run here, in the trusted grader
+process, and receive model output as plain strings. A stage that uses a user's reward hashes
+the sha256 of the reward's source file into its identity (`reward_sources`), so changed reward
+code never reuses a stale result, and the digest shows in the stage's lineage.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
+import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from numbers import Real
+from pathlib import Path
+from typing import Any, TypeVar
 
 from schemas.recipe import AnswerFormat
+from stages.core.errors import InputError
+from stages.core.runner import REWARD_SOURCE, SOURCE_PREFIX
 from stages.rewards.answers import (
     approx_format,
     extract_answer,
@@ -70,14 +87,100 @@ class SandboxStats:
     ungradable: int = 0
 
 
+BatchScore = Callable[[Sequence[str], Sequence[Reference], SandboxStats], list[float]]
+PairScore = Callable[[str, Reference], float]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
 @dataclass(frozen=True)
 class Reward:
     name: str
-    score: Callable[[Sequence[str], Sequence[Reference], SandboxStats], list[float]]
+    score: BatchScore
     doc: str
+    module: str = __name__  # the module that defines the function
+    # sha256 of that module's source file; None for FAR's own (STAGE_VERSION covers those)
+    digest: str | None = None
 
 
-def _pairwise(fn: Callable[[str, Reference], float]) -> Callable[..., list[float]]:
+REGISTRY: dict[str, Reward] = {}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED = ("preset",)  # `rewards: {preset: NAME}` names a preset, not a reward
+
+
+class DuplicateReward(InputError):
+    """A reward name registered twice (two modules, or a plugin naming one of FAR's)."""
+
+
+class UnknownReward(InputError):
+    """A recipe names a reward no module registered."""
+
+
+class RewardFailed(InputError):
+    """A user's reward raised, or returned something other than one finite number per
+    completion: the reward module must be fixed (FAR's own never do)."""
+
+
+def reward(name: str, *, batch: bool = False) -> Callable[[F], F]:
+    """Register the decorated function as reward `name` (see `register_reward`); the function
+    is returned unchanged, so it can still be called and tested directly."""
+
+    def decorate(fn: F) -> F:
+        register_reward(name, fn, batch=batch)
+        return fn
+
+    return decorate
+
+
+def register_reward(name: str, fn: Callable[..., Any], *, batch: bool = False) -> Reward:
+    """Register `fn` as reward `name`: `fn(completion, ref) -> float` for one completion, or
+    with batch=True `fn(completions, refs, stats) -> list[float]` for a batch (what a reward
+    that runs code needs: `run_sandboxed(sources, stats)`). A name registered already is
+    refused (DuplicateReward names the module that has it)."""
+    if not isinstance(name, str) or not _NAME.match(name) or name in RESERVED:
+        raise ValueError(
+            f"reward name {name!r}: expected an identifier (letters, digits, _), not "
+            f"{list(RESERVED)}"
+        )
+    if not callable(fn):
+        raise TypeError(f"reward {name!r}: expected a function, got {type(fn).__name__}")
+    module = getattr(fn, "__module__", None) or "?"
+    if name in REGISTRY:
+        raise DuplicateReward(
+            f"reward {name!r} is registered already (by {REGISTRY[name].module}); {module} "
+            f"must give its reward another name"
+        )
+    shipped = module == __name__
+    scores = fn if batch else _pairwise(fn)
+    found = Reward(
+        name,
+        scores if shipped else _guarded(name, module, scores),
+        (fn.__doc__ or "").strip(),
+        module,
+        None if shipped else _source_digest(name, module),
+    )
+    REGISTRY[name] = found
+    return found
+
+
+def unregister_reward(name: str) -> None:
+    """Remove a reward registered by a plugin (a test's, when it ends); FAR's own stay."""
+    if name in BUILTIN:
+        raise ValueError(f"reward {name!r} is FAR's own and cannot be unregistered")
+    REGISTRY.pop(name, None)
+
+
+def _source_digest(name: str, module: str) -> str:
+    """sha256 of the source file of the module that defines a user's reward."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if path is None or not Path(path).is_file():
+        raise ValueError(
+            f"reward {name!r}: its module {module!r} has no source file to fingerprint; "
+            f"define the reward in a module file (imported with --plugin MODULE)"
+        )
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _pairwise(fn: PairScore) -> BatchScore:
     def score(
         completions: Sequence[str], refs: Sequence[Reference], _: SandboxStats
     ) -> list[float]:
@@ -86,6 +189,37 @@ def _pairwise(fn: Callable[[str, Reference], float]) -> Callable[..., list[float
     return score
 
 
+def _guarded(name: str, module: str, scores: BatchScore) -> BatchScore:
+    """A user's reward, refusing what would corrupt training silently (a NaN, a string, a
+    missing score) and naming the reward when it raises."""
+
+    def score(
+        completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
+    ) -> list[float]:
+        try:
+            got = scores(completions, refs, stats)
+        except Exception as e:
+            raise RewardFailed(
+                f"reward {name!r} ({module}) raised {type(e).__name__}: {e}; fix the reward "
+                f"(it must return a number for any completion, even an empty or garbled one)"
+            ) from e
+        if not isinstance(got, list | tuple) or len(got) != len(completions):
+            raise RewardFailed(
+                f"reward {name!r} ({module}) returned {type(got).__name__} for "
+                f"{len(completions)} completions; expected one number per completion"
+            )
+        for i, value in enumerate(got):
+            if not isinstance(value, Real) or not math.isfinite(value):
+                raise RewardFailed(
+                    f"reward {name!r} ({module}) scored completion {i} {value!r}; expected "
+                    f"a finite number"
+                )
+        return [float(v) for v in got]
+
+    return score
+
+
+@reward("format_strict")
 def format_strict(completion: str, ref: Reference) -> float:
     """1.0 when the completion is exactly <reasoning>...</reasoning><answer>...</answer>: each
     tag once, nothing after the answer but the end-of-turn marker (and whitespace). Under the
@@ -99,6 +233,7 @@ def format_strict(completion: str, ref: Reference) -> float:
     return 0.0 if _END_OF_TURN in match["reasoning"] + match["answer"] else 1.0
 
 
+@reward("format_approx")
 def format_approx(completion: str, ref: Reference) -> float:
     """0.25 per format tag that appears exactly once (partial credit while learning); under
     hashes or boxed, 0.5 for the marker once, 0.25 each for reasoning and a final answer."""
@@ -117,12 +252,14 @@ def answers_equal(predicted: str, reference: str) -> bool:
     return p == r
 
 
+@reward("answer_match")
 def answer_match(completion: str, ref: Reference) -> float:
     """1.0 when the extracted answer equals the reference (numerically or as text)."""
     predicted = extract_answer(completion, ref.answer_format)
     return 1.0 if predicted is not None and answers_equal(predicted, ref.answer) else 0.0
 
 
+@reward("reasoning_quality")
 def reasoning_quality(completion: str, ref: Reference) -> float:
     """Trajectory shaping: reasoning present, in steps (up to 3 count), of sensible length."""
     found = reasoning_text(completion, ref.answer_format)
@@ -143,6 +280,7 @@ def _worth_verifying(predicted: str, reference: str) -> bool:
     return not _NUMBER.match(unbox(p)) and any(c.isdigit() for c in p)
 
 
+@reward("math_equivalent", batch=True)
 def math_equivalent(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
@@ -209,6 +347,7 @@ def _score_tests(checks: list[list[Check] | None], result: SandboxResult | None)
     return passed / len(checks) if checks else 0.0
 
 
+@reward("code_pass_rate", batch=True)
 def code_pass_rate(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
@@ -223,36 +362,56 @@ def code_pass_rate(
             sources.append(harness(code, imports_of(ref.tests), calls, CALL_SECONDS))
             owners.append(i)
     results: list[SandboxResult | None] = [None] * len(completions)
-    ran = run_many(sources, CODE_LIMITS, stats.isolation, stats.workers)
-    for i, result in zip(owners, ran, strict=True):
+    for i, result in zip(owners, run_sandboxed(sources, stats), strict=True):
         results[i] = result
-        stats.runs += 1
-        stats.failures += 0 if result.ok else 1
     return [_score_tests(checks, result) for checks, result in zip(plans, results, strict=True)]
 
 
-REGISTRY: dict[str, Reward] = {
-    r.name: r
-    for r in (
-        Reward("format_strict", _pairwise(format_strict), format_strict.__doc__ or ""),
-        Reward("format_approx", _pairwise(format_approx), format_approx.__doc__ or ""),
-        Reward("answer_match", _pairwise(answer_match), answer_match.__doc__ or ""),
-        Reward("reasoning_quality", _pairwise(reasoning_quality), reasoning_quality.__doc__ or ""),
-        Reward("math_equivalent", math_equivalent, math_equivalent.__doc__ or ""),
-        Reward("code_pass_rate", code_pass_rate, code_pass_rate.__doc__ or ""),
-    )
-}
+BUILTIN = frozenset(REGISTRY)
+"""FAR's own rewards (registered above, as a plugin's are)."""
 
 
 def get_reward(name: str) -> Reward:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown reward {name!r}; registered rewards: {sorted(REGISTRY)}")
-    return REGISTRY[name]
+    """The reward registered as `name`; UnknownReward names the registered ones."""
+    found = REGISTRY.get(name)
+    if found is None:
+        close = difflib.get_close_matches(name, sorted(REGISTRY), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownReward(
+            f"unknown reward {name!r}; registered rewards: {sorted(REGISTRY)}; {hint}a reward "
+            f"of your own is registered by a module named by --plugin MODULE or the recipe's "
+            f"plugins (docs/your-own-task.md)"
+        )
+    return found
 
 
 def validate_names(weights: dict[str, float]) -> None:
     for name in weights:
         get_reward(name)
+
+
+def reward_sources(names: Sequence[str]) -> dict[str, str]:
+    """The stage-identity inputs of a user's rewards among `names`: "source:reward:NAME:MODULE"
+    -> sha256 of the reward's source file (FAR's own add nothing: their stage's STAGE_VERSION
+    covers them). Changed reward code changes the stage hash, and the record names the digest."""
+    found = {}
+    for name in names:
+        r = get_reward(name)
+        if r.digest is not None:
+            found[f"{SOURCE_PREFIX}{REWARD_SOURCE}{name}:{r.module}"] = r.digest
+    return found
+
+
+def run_sandboxed(
+    sources: Sequence[str], stats: SandboxStats, limits: Limits = CODE_LIMITS
+) -> list[SandboxResult]:
+    """Run each Python source (model-written code inside a harness) in its own sandbox, at the
+    run's isolation level, counted in `stats`; never raises for what the code does (a crash or
+    timeout is a result with ok False). The one way a reward may execute model output."""
+    results = run_many(sources, limits, stats.isolation, stats.workers)
+    stats.runs += len(results)
+    stats.failures += sum(0 if r.ok else 1 for r in results)
+    return results
 
 
 def references(
