@@ -103,17 +103,20 @@ def test_hash_is_stable_across_processes() -> None:
 
 
 def test_options_added_later_leave_default_hashes_alone() -> None:
-    """eval.split (default: eval), eval.greedy and eval.rewards, hard_subset.above and
+    """eval.split (default: eval), eval.greedy, eval.rewards and eval.steps, sft's
+    keep_checkpoints, hard_subset.above and
     hard_subset.by are not hashed at their defaults, and an sft without a policy
     has the inputs it always had, so stages made before either existed keep their
     directories; a policy to continue from moves the sft hash."""
     identity = evaluate.identity(BASE.eval, BASE.model, FP_DATA, {})
     assert "split" not in identity.config["eval"]
-    later = {"split", "greedy", "rewards"}
+    later = {"split", "greedy", "rewards", "steps"}
     assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - later
     headroom = BASE.eval.model_copy(update={"samples": 4, "temperature": 1.0, "greedy": True})
     moved = evaluate.identity(headroom, BASE.model, FP_DATA, {})
     assert moved.config["eval"]["greedy"] is True and moved.digest != identity.digest
+    every_step = BASE.eval.model_copy(update={"steps": "saved"})
+    assert evaluate.identity(every_step, BASE.model, FP_DATA, {}).digest != identity.digest
     scored = BASE.eval.model_copy(update={"rewards": ["format_strict"]})
     assert evaluate.identity(scored, BASE.model, FP_DATA, {}).digest != identity.digest
     plain = HardSubsetConfig(model="grpo")
@@ -124,6 +127,9 @@ def test_options_added_later_leave_default_hashes_alone() -> None:
         assert hard_subset.identity(banded, FP_DATA, FP_DATA).digest != hard.digest
     fresh = sft.identity(BASE.sft, BASE.model, FP_DATA)
     assert fresh.inputs == {"dataset": FP_DATA}
+    assert "keep_checkpoints" not in fresh.config["sft"]  # kept steps: hashed when not 2
+    keep_all = BASE.sft.model_copy(update={"keep_checkpoints": 0})
+    assert sft.identity(keep_all, BASE.model, FP_DATA).digest != fresh.digest
     assert fresh == sft.identity(BASE.sft, BASE.model, FP_DATA, None)
     continued = sft.identity(BASE.sft, BASE.model, FP_DATA, FP_SFT)
     assert continued.inputs == {"dataset": FP_DATA, "policy": FP_SFT}
