@@ -6,10 +6,6 @@ peft loads the adapter export onto the base's export with the merged export's lo
 from __future__ import annotations
 
 import json
-import logging
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +21,7 @@ from stages.modeling import models
 from stages.modeling.hf_export import ExportOptions, export_model
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import smoke_data
+from tests.load_checks import load_warnings
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -66,29 +63,6 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return merged, adapter
 
 
-@contextmanager
-def no_warnings() -> Iterator[list[str]]:
-    """Every Python warning and every transformers/peft log record at WARNING or above."""
-    caught: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            caught.append(f"{record.name}: {record.getMessage()}")
-
-    handler = Collect(logging.WARNING)
-    loggers = [logging.getLogger(name) for name in ("transformers", "peft", "huggingface_hub")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as records:
-            warnings.simplefilter("always")
-            yield caught
-        caught.extend(f"{w.category.__name__}: {w.message}" for w in records)
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
-
-
 def logits(model: Any) -> list[np.ndarray]:
     with torch.no_grad():
         return [model(torch.tensor([ids])).logits[0].numpy() for ids in PROMPTS]
@@ -100,7 +74,7 @@ def load(directory: Path) -> Any:
 
 def test_merged_export_loads_quietly_and_decodes_as_far(exports) -> None:
     merged, _ = exports
-    with no_warnings() as caught:
+    with load_warnings() as caught:
         model = load(merged)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(merged))
     assert caught == []
@@ -142,7 +116,7 @@ def test_adapter_export_on_the_base_export_equals_the_merged_logits(exports) -> 
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     assert not (adapter / "model.safetensors").exists()  # the adapter alone, the base beside it
-    with no_warnings() as caught:
+    with load_warnings() as caught:
         base = load(adapter / "base")
         base_logits = logits(base)
         model = peft.PeftModel.from_pretrained(base, str(adapter))
