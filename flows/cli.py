@@ -814,7 +814,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     storage.check_export_target(args.out_dir)  # before the seconds importing JAX and Tunix
-    find_checkpoint_record(args.checkpoint_uri)
+    _, record = find_checkpoint_record(args.checkpoint_uri)
+    if args.adapter and getattr(record.output, "lora", None) is None:
+        raise InputError(
+            f"--adapter: checkpoint {args.checkpoint_uri} holds full weights, not LoRA "
+            "adapters; export it without --adapter"
+        )
     from stages.modeling import export_card, hub_push  # no JAX: checked before any compute
 
     facts = export_card.gather(args.checkpoint_uri)
