@@ -146,9 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a checkpoint as a Hugging Face model directory",
         description=(
             "Merge a LoRA checkpoint into its base weights (or convert a full-weight one) and\n"
-            "write a Hugging Face directory (model.safetensors, config.json, tokenizer) that\n"
-            "transformers' AutoModelForCausalLM loads. CHECKPOINT_URI is an sft or grpo\n"
-            "output URI as `far run` prints it."
+            "write a Hugging Face directory that transformers' AutoModelForCausalLM loads:\n"
+            "model.safetensors, config.json, the tokenizer with FAR's chat template,\n"
+            "generation_config.json (greedy, stops at <end_of_turn>) and a model card\n"
+            "(README.md: recipe, data, stages, evaluations, ledger root). CHECKPOINT_URI is\n"
+            "an sft or grpo output URI as `far run` prints it."
         ),
         formatter_class=argparse.RawTextHelpFormatter,
     )
@@ -158,6 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-dir",
         default=os.environ.get("FAR_CACHE_DIR"),
         help="converted model weights cache (default ~/.cache/far)",
+    )
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="write a peft LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
+        "instead of merged weights, with the base's own export in OUT_DIR/base unless the\n"
+        "base is a hub repository",
+    )
+    export.add_argument(
+        "--push-to",
+        metavar="REPO",
+        help="also push the export to this hub repository (NAMESPACE/NAME); the token\n"
+        "comes from HF_TOKEN or `hf auth login`",
+    )
+    export.add_argument(
+        "--hub-endpoint",
+        metavar="URL",
+        default=os.environ.get("HF_ENDPOINT"),
+        help="the hub to push to (default HF_ENDPOINT, else huggingface.co)",
     )
     _add_common_options(export)
     return parser
@@ -794,12 +815,33 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     storage.check_export_target(args.out_dir)  # before the seconds importing JAX and Tunix
-    find_checkpoint_record(args.checkpoint_uri)
-    from stages.modeling.hf_export import export_checkpoint  # deferred: imports JAX and Tunix
+    _, record = find_checkpoint_record(args.checkpoint_uri)
+    if args.adapter and getattr(record.output, "lora", None) is None:
+        raise InputError(
+            f"--adapter: checkpoint {args.checkpoint_uri} holds full weights, not LoRA "
+            "adapters; export it without --adapter"
+        )
+    from stages.modeling import export_card, hub_push  # no JAX: checked before any compute
 
+    facts = export_card.gather(args.checkpoint_uri)
+    then = None
+    if args.push_to:
+        api = hub_push.hub_api(args.push_to, args.hub_endpoint)
+        message = f"far export {facts.stage} step {facts.step}"
+        then = lambda local: hub_push.push(api, args.push_to, local, message)  # noqa: E731
+    from stages.modeling.hf_export import ExportOptions, export_checkpoint  # imports JAX, Tunix
+
+    options = ExportOptions(
+        adapter=args.adapter,
+        card=export_card.model_card(facts, args.adapter),
+        max_new_tokens=export_card.eval_max_new_tokens(facts),
+        then=then,
+    )
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
-    out = export_checkpoint(args.checkpoint_uri, args.out_dir, cache_dir)
+    out = export_checkpoint(args.checkpoint_uri, args.out_dir, cache_dir, options)
     print(f"exported {args.checkpoint_uri} -> {out}")
+    if args.push_to:
+        print(f"pushed to {args.push_to} at {api.endpoint}")
     return 0
 
 

@@ -4,7 +4,9 @@ Gemma 3 and Gemma 2 checkpoints are supported. LoRA checkpoints are merged into 
 weights (Tunix's Gemma 3 merge); full-weight checkpoints are converted directly. The base
 weights come from the model's source directory (gguf/safetensors/hub) or, for random-init test
 models, are written from the network itself.
-Output: model.safetensors, config.json and, for sentencepiece models, the tokenizer files.
+Output: model.safetensors, config.json, the tokenizer, generation_config.json, the chat
+template and a model card (hf_package, export_card); or, with `adapter`, a peft adapter
+(peft_export) beside the base's own export.
 
 It is `far export`, no pipeline node, and a model-format concern: it reads a checkpoint back
 into a network (models, weight_sources, tunix_compat) and writes transformers' format
@@ -18,6 +20,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,15 +30,33 @@ from tunix.models.gemma import model as gemma2_model
 from tunix.models.gemma3 import params as gemma3_params
 
 from schemas.artifacts import CheckpointArtifact
-from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
+from schemas.recipe import EvalConfig, LoraSpec, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.errors import InputError
 from stages.core.runner import find_checkpoint_record, located_output
 from stages.core.storage import check_export_target
+from stages.modeling import (
+    export_card,
+    hf_package,
+    models,
+    peft_export,
+    tunix_compat,
+    weight_sources,
+)
 from stages.modeling import hf_config as hf
-from stages.modeling import models, tunix_compat, weight_sources
+from stages.modeling.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How `far export` writes a checkpoint beyond its weights."""
+
+    adapter: bool = False  # a peft adapter instead of merged weights
+    card: str | None = None  # README.md text (export_card.model_card)
+    max_new_tokens: int = EvalConfig().max_generation_tokens  # generation_config.json's
+    then: Callable[[str], object] | None = None  # run on the finished local directory (a push)
 
 
 def find_checkpoint(uri: str) -> CheckpointArtifact:
@@ -217,22 +239,74 @@ def export_network(
             _write_hf_dir(policy, spec, out_dir)
 
 
-def export_checkpoint(checkpoint_uri: str, out_uri: str, cache_dir: str) -> str:
+def export_model(
+    spec: ModelSpec,
+    base: Any,
+    policy: Any,
+    lora: LoraSpec | None,
+    cache_dir: str,
+    out_dir: str,
+    options: ExportOptions,
+) -> None:
+    """`export_network`, or (options.adapter) a peft adapter with the base's own export in
+    out_dir/base unless the base is a hub repository; then the files other tools read beside
+    the weights (generation config, chat template, tokenizer, model card)."""
+    tokenizer = build_tokenizer(spec, cache_dir)
+    if options.adapter:
+        if lora is None:
+            raise InputError("--adapter: the checkpoint holds full weights, not LoRA adapters")
+        hub_base = export_card.base_model(spec) if spec.source == "hub" else None
+        peft_export.write_adapter(policy, lora, hub_base, out_dir)
+        if hub_base is None:
+            base_dir = os.path.join(out_dir, "base")
+            export_network(spec, base, base, None, cache_dir, base_dir)
+            hf_package.write_package_files(base_dir, tokenizer, options.max_new_tokens)
+        _copy_tokenizer(spec, cache_dir, out_dir)
+    else:
+        export_network(spec, base, policy, lora, cache_dir, out_dir)
+    hf_package.write_package_files(out_dir, tokenizer, options.max_new_tokens)
+    if options.card is not None:
+        with open(os.path.join(out_dir, "README.md"), "w") as f:
+            f.write(options.card)
+
+
+def _copy_tokenizer(spec: ModelSpec, cache_dir: str, out_dir: str) -> None:
+    """The sentencepiece tokenizer files of the weights' source, beside an adapter."""
+    if spec.tokenizer != "sentencepiece":
+        return
+    source = weight_sources.resolve(spec, cache_dir)
+    for name in os.listdir(source):
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(source, name), out_dir)
+
+
+def export_checkpoint(
+    checkpoint_uri: str, out_uri: str, cache_dir: str, options: ExportOptions | None = None
+) -> str:
     """Write `checkpoint_uri` as an HF model directory at `out_uri`; returns `out_uri`.
 
-    A missing checkpoint, or an `out_uri` that is an existing file, is refused before any model
-    is built.
+    A missing checkpoint, an `out_uri` that is an existing file, or an adapter export of a
+    full-weight checkpoint is refused before any model is built. options.then (a push) runs
+    on the finished local directory.
     """
+    options = options or ExportOptions()
     check_export_target(out_uri)  # again, for callers other than `far export`
     artifact = find_checkpoint(checkpoint_uri)
+    if options.adapter and artifact.lora is None:
+        raise InputError(
+            f"--adapter: checkpoint {checkpoint_uri} holds full weights, not LoRA adapters; "
+            "export it without --adapter"
+        )
     spec = artifact.model
     mesh = models.build_mesh(MeshSpec())
     base = models.build_base_model(spec, mesh, cache_dir)
     policy = models.restore_policy(artifact, base, mesh)
     with tempfile.TemporaryDirectory() as scratch:
         merged = os.path.join(scratch, "merged")
-        export_network(spec, base, policy, artifact.lora, cache_dir, merged)
+        export_model(spec, base, policy, artifact.lora, cache_dir, merged, options)
         out_uri = storage.normalize(out_uri)
         storage.upload_tree(merged, out_uri)
+        if options.then is not None:
+            options.then(merged)
     log.info("exported %s (step %d) to %s", artifact.uri, artifact.step, out_uri)
     return out_uri

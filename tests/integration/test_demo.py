@@ -14,10 +14,12 @@ from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import MeshSpec
 from schemas.record import RunSummary, StageRecord
 from stages.core import storage
+from stages.data_prep.build import INSTRUCTION, chat_prompt
 from stages.modeling import models
 from stages.modeling.hf_export import export_checkpoint
 from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import recipe_with
+from tests.load_checks import load_warnings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 TINY_DEMO = {
@@ -67,7 +69,10 @@ def test_export_loads_in_transformers_with_matching_logits(
     checkpoint = _output(demo_run, stage)
     assert isinstance(checkpoint, CheckpointArtifact)
     out = export_checkpoint(checkpoint.uri, str(tmp_path / "hf"), model_cache)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with load_warnings() as caught:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert caught == []  # no rope-layout or "Mistral regex" warning
     mesh = models.build_mesh(MeshSpec())
     base = models.build_base_model(checkpoint.model, mesh, model_cache)
     policy = models.restore_policy(checkpoint, base, mesh)  # a LoRA clone: base unchanged
@@ -93,5 +98,9 @@ def test_export_loads_in_transformers_with_matching_logits(
         np.testing.assert_allclose(np.asarray(ours[0]), theirs, atol=1e-3, rtol=0)
         # ...and the adapters matter: exporting the base alone would fail the check above
         assert np.abs(np.asarray(ours[0]) - np.asarray(unmerged[0])).max() > 0.05
-    tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok("<start_of_turn>user", add_special_tokens=False)["input_ids"] == [105, 2364]
+    # FAR's prompt from chat messages, and generation ends with the model's turn
+    messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": "1+1?"}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert rendered == [tokenizer.bos_id(), *tokenizer.encode(chat_prompt("1+1?"))]
+    assert hf.generation_config.eos_token_id == [tokenizer.eos_id(), tokenizer.end_of_turn_id()]

@@ -5,24 +5,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
+from pipeline.manifest import write_manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
-from schemas.record import StageRecord
+from schemas.record import RunManifest, StageRecord
 from stages import sft
-from stages.core import storage
+from stages.core import ledger, storage
 from stages.core.progress import ProgressUpdate
 from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
 from stages.core.sessions import StopFlag
 from stages.data_prep import build as data_prep
 from stages.evaluate import evaluation as evaluate
-from stages.modeling import models
+from stages.modeling import export_card, models
 from stages.modeling.tokenizers import ByteTokenizer
-from tests.conftest import recipe_with
+from tests.conftest import REPO, _free_port, _wait_for_port, recipe_with
+from tests.hub_server import TOKEN
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
 
 pytestmark = pytest.mark.slow
 
@@ -137,16 +148,108 @@ def test_sampling_gives_pass_at_k(trained) -> None:
     assert len(storage.read_text(report.samples_uri).splitlines()) == 3 * recipe.data.eval.size
 
 
-def test_far_export_cli_on_the_tiny_checkpoint(trained, tmp_path: Path, capsys) -> None:
+@pytest.fixture
+def local_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """(endpoint, where its repositories' files are) of tests/hub_server.py on a free port;
+    HF_HOME is empty, so the only token is the one a test sets in HF_TOKEN."""
+    port, store = _free_port(), tmp_path / "hub"
+    store.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.hub_server", str(store), str(port)], cwd=REPO
+    )
+    try:
+        _wait_for_port(port, proc)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv("HF_ENDPOINT", raising=False)
+        yield f"http://127.0.0.1:{port}", store
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_far_export_cli_on_the_tiny_checkpoint(
+    trained, tmp_path: Path, capsys, local_hub, monkeypatch
+) -> None:
     from flows.cli import EXIT_INVALID, main
 
-    _, _, _, checkpoint = trained
+    recipe, ctx, _, checkpoint = trained
+    endpoint, store = local_hub
+    # the run's manifest as `far run` writes it: the card names the recipe from it
+    write_manifest(
+        ctx.run_uri,
+        RunManifest(
+            run=ctx.run,
+            recipe=recipe.model_dump(mode="json"),
+            recipe_source="smoke.yaml",
+            created_at=datetime.now(UTC),
+        ),
+    )
     out = tmp_path / "hf"
-    assert main(["export", checkpoint.uri, str(out), "--cache-dir", str(tmp_path)]) == 0
-    assert {"model.safetensors", "config.json"} <= {p.name for p in out.iterdir()}
+    far = ["export", checkpoint.uri, str(out), "--cache-dir", str(tmp_path)]
+    push = ["--push-to", "tester/smoke-sft", "--hub-endpoint", endpoint]
+    # no token, a hub that is not there, a bad token: one line naming the flag, nothing written
+    for env, flags, expected in [
+        ({}, push, "--push-to tester/smoke-sft: no Hugging Face token"),
+        ({"HF_TOKEN": TOKEN}, [*push[:3], "http://127.0.0.1:9"], "--hub-endpoint http://127."),
+        ({"HF_TOKEN": "hf_wrong"}, push, "refused the token (HTTP 401)"),
+    ]:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert main([*far, *flags]) == EXIT_INVALID
+        err = capsys.readouterr().err.strip()
+        assert expected in err and "\n" not in err, err
+        assert not out.exists()
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert main([*far, *push]) == 0
+    files = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "README.md"} <= files
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= files
     assert json.loads((out / "config.json").read_text())["model_type"] == "gemma3_text"
+    # the hub repository holds the same files, byte for byte, and transformers loads it
+    pushed = store / "tester" / "smoke-sft"
+    assert {p.name: p.read_bytes() for p in pushed.iterdir()} == {
+        p.name: p.read_bytes() for p in out.iterdir()
+    }
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(pushed))
+    assert hf.generation_config.eos_token_id == [1, 4]
+    check_card((out / "README.md").read_text(), recipe, checkpoint, ctx.run_uri)
+    # the adapter alone, with the base's export beside it: peft gives the merged logits
+    adapter = tmp_path / "adapter"
+    assert (
+        main(["export", checkpoint.uri, str(adapter), "--adapter", "--cache-dir", str(tmp_path)])
+        == 0
+    )
+    assert "library_name: peft" in (adapter / "README.md").read_text()
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(adapter / "base"))
+    peft_model = peft.PeftModel.from_pretrained(base, str(adapter))
+    ids = torch.tensor([[2, *ByteTokenizer().encode(data_prep.chat_prompt("1+2="))]])
+    with torch.no_grad():
+        gap = (peft_model(ids).logits - hf(ids).logits).abs().max().item()
+    assert gap < 1e-5
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == EXIT_INVALID
     assert "no committed FAR checkpoint" in capsys.readouterr().err
+
+
+def check_card(card: str, recipe: Recipe, checkpoint: CheckpointArtifact, run_uri: str) -> None:
+    """The model card's front matter and the run facts it states, each from storage."""
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["library_name"] == "transformers" and "sft" in front["tags"]
+    assert "license" not in front and "base_model" not in front  # a random-init model has none
+    digest = export_card.recipe_digest(recipe.model_dump(mode="json"))
+    assert f"- name: `{recipe.name}`" in card and digest in card
+    assert "reasoning_gym:basic_arithmetic" in card
+    record_uri, record = find_checkpoint_record(checkpoint.uri)
+    data_record = storage.read_json(f"{run_uri}/{record.input_artifacts['dataset'].record_uri}")
+    for digest in (record.digest, data_record["digest"]):
+        assert digest in card
+    assert f"Ledger root at export: `{ledger.root(run_uri)}`" in card
+    evaluations = read_evaluations(record_uri.rsplit("/", 1)[0])
+    for _, evaluation in evaluations:  # written by test_report_files_scores_and_records
+        row = f"| {evaluation.evaluation.rsplit('/', 1)[-1]} | "
+        assert row + f"{evaluation.scores['accuracy']:.3f} |" in card
+    if not evaluations:
+        assert "No evaluation of this checkpoint is recorded" in card
 
 
 def test_checkpoints_also_on_a_timer(tmp_path: Path) -> None:
