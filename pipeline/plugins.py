@@ -16,6 +16,7 @@ before any compute, and leaving nothing it registered behind.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -153,6 +154,12 @@ def _import_new(module: str, where: str) -> Registered:
 
 
 def _import(module: str, where: str) -> None:
+    """Import a plugin module from the Python path, or else from the directory `far` was
+    started in (as `python -m` would: a user's my_reward.py beside the recipe needs no
+    PYTHONPATH); that directory goes last on the path, so it never shadows an installed
+    package."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         importlib.import_module(module)
     except InputError as e:  # a kind or a reward it registers twice

@@ -199,7 +199,7 @@ def score(
     return scores, sample_rows
 
 
-REWARD_PREFIX = "reward/"  # per-sample scores of EvalConfig.rewards
+REWARD_PREFIX = reports.REWARD_PREFIX  # per-sample scores of EvalConfig.rewards
 
 
 def extra_rewards(

@@ -203,12 +203,17 @@ def headroom_section(scores: Sequence[ModelScores]) -> str:
     return "\n## Headroom\n\n" + headroom.headroom_table(rows)
 
 
+REWARD_PREFIX = "reward/"  # a metric holding the mean of one of EvalConfig.rewards
+
+
 def markdown_table(scores: Sequence[ModelScores]) -> str:
-    """Base vs SFT vs GRPO (and any other model) overall, then per domain."""
+    """Base vs SFT vs GRPO (and any other model) overall, with a column per reward the
+    evaluation also scored (`reward/<name>`, its mean), then per domain."""
+    extra = sorted({k for s in scores for k in s.metrics if k.startswith(REWARD_PREFIX)})
     lines = [
         "| model | prompts | format rate [95% CI] | accuracy [95% CI] | exact | pass@1 | "
-        "majority | mean completion chars |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "majority | mean completion chars |" + "".join(f" {k} |" for k in extra),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra),
     ]
     for s in scores:
         m = s.metrics
@@ -217,6 +222,7 @@ def markdown_table(scores: Sequence[ModelScores]) -> str:
             f"{_interval(s, 'accuracy')} | "
             f"{m.get('exact_accuracy', float('nan')):.3f} | {m.get('pass@1', float('nan')):.3f}"
             f" | {m.get('majority_accuracy', float('nan')):.3f} | {s.mean_completion_chars:.1f} |"
+            + "".join(f" {m.get(k, float('nan')):.3f} |" for k in extra)
         )
     domains = sorted({d for s in scores for d in s.by_domain})
     if domains:

@@ -270,3 +270,16 @@ def test_sampled_rows_are_compared_with_sampled_rows_and_greedy_with_greedy() ->
     table = reports.comparison_table(rows)
     assert "| grpo | sft | pass@1 (4 samples) | +0.375 [+0.324, +0.426] | 24 | 0 |" in table
     assert "| grpo@greedy | sft@greedy | accuracy | +0.500 | 12 | 0 | 0.000488 |" in table
+
+
+def test_a_reward_the_evaluation_scored_gets_a_column_of_its_means() -> None:
+    """eval.rewards' means (`reward/<name>` metrics) show in the table a run prints, a
+    column per reward; a model without one shows nan; no reward, no extra column."""
+    sft, grpo = _scores("sft", 1, [[1], [0]]), _scores("grpo", 1, [[1], [1]])
+    plain = reports.markdown_table([sft, grpo]).splitlines()
+    assert plain[0].endswith("| mean completion chars |")
+    grpo = grpo.model_copy(update={"metrics": {**grpo.metrics, "reward/plain_number": 0.75}})
+    lines = reports.markdown_table([sft, grpo]).splitlines()
+    assert lines[0].endswith("| mean completion chars | reward/plain_number |")
+    assert lines[1].count("|") == plain[1].count("|") + 1
+    assert lines[2].endswith("| 1.0 | nan |") and lines[3].endswith("| 1.0 | 0.750 |")
