@@ -280,8 +280,12 @@ class ProgressPrinter:
                     continue
                 console = getattr(handler, "console", None)  # Prefect's rich Console
                 console_file = getattr(console, "file", None)
-                self.redirected.append((handler, handler.stream, console_file))
-                handler.setStream(through)
+                stream = handler.stream
+                try:
+                    handler.setStream(through)
+                except AttributeError:  # logging's last resort: always the current sys.stderr
+                    continue
+                self.redirected.append((handler, stream, console_file))
                 if console is not None:
                     console.file = through
 

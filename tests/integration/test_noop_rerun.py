@@ -98,7 +98,10 @@ def test_anything_short_of_a_verified_complete_run_goes_the_runs_own_way(
     run = complete_root / "smoke"
     ledger_file = run / "ledger.jsonl"
     kept = ledger_file.read_bytes()
-    ledger_file.write_bytes(kept.replace(b'"seq":0', b'"seq":9', 1))
+    lines = kept.decode().splitlines()
+    entry = json.loads(lines[1])
+    entry["sha256"] = "sha256:" + "0" * 64  # a record's entry rewritten: the chain breaks
+    ledger_file.write_text("\n".join([lines[0], json.dumps(entry), *lines[2:]]) + "\n")
     assert settled(recipe, root) is None
     ledger_file.write_bytes(kept)
 

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import struct
+import sys
 import termios
 from collections.abc import Iterator
 
@@ -208,3 +209,20 @@ def test_a_resumed_bar_starts_at_the_resumed_step(terminal: tuple[io.TextIOWrapp
     printer.close()
     shown = [line for line in screen(read_all(stream, reader)) if line]
     assert len(shown) == 1 and shown[0].startswith("sft 101/150 |"), shown
+
+
+def test_a_handler_whose_stream_cannot_be_replaced_is_left_alone(
+    terminal: tuple[io.TextIOWrapper, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """logging's last-resort handler (a library attaches it) writes to whatever sys.stderr is
+    now: it has no stream to replace, and a bar must not fail the stage over it."""
+    stream, reader = terminal
+    monkeypatch.setattr(sys, "stderr", stream)
+    logger = logging.getLogger("test.progress.last_resort")
+    logger.addHandler(logging.lastResort or logging.StreamHandler())
+    try:
+        with ProgressPrinter(stream) as printer:
+            printer(ProgressUpdate("grpo", 1, 2, None))
+    finally:
+        logger.handlers.clear()
+    assert "grpo 1/2 |" in read_all(stream, reader)
