@@ -41,8 +41,6 @@ class ProgressUpdate:
     total: int
     seconds_per_step: float | None  # this session's steady rate, None before it is known
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. loss, reward
-    # kept for callers that say their library draws a bar too; FAR draws its own regardless
-    library_bar: bool = False
 
     @property
     def eta_seconds(self) -> float | None:
@@ -131,7 +129,6 @@ def reporting(
     total: int,
     items_per_step: int = 1,
     metrics: Callable[[], dict[str, float]] | None = None,
-    library_bar: bool = False,
     skip: int = 0,
     clock: Clock = time.perf_counter,
 ) -> Iterator[T]:
@@ -141,7 +138,7 @@ def reporting(
     `metrics` is read after each step (the latest loss or reward the stage has logged).
     `skip`: items the consumer reads and discards before its first step (Tunix's SFT
     trainer, resumed at `start_step`, re-reads the batches it already trained on), counted
-    as no step, so the resumed offset is counted once. `library_bar` is carried along.
+    as no step, so the resumed offset is counted once.
     """
     if callback is None:
         yield from items
@@ -158,7 +155,7 @@ def reporting(
         rate.step()
         latest = metrics() if metrics is not None else {}
         step = start_step + (consumed - skip) // items_per_step
-        callback(ProgressUpdate(stage, step, total, rate.seconds_per_step, latest, library_bar))
+        callback(ProgressUpdate(stage, step, total, rate.seconds_per_step, latest))
 
 
 def report_end(
@@ -169,7 +166,6 @@ def report_end(
     total: int,
     seconds: float,
     metrics: dict[str, float],
-    library_bar: bool = False,
 ) -> None:
     """The progress at the end of a training session, after the trainer returned: a trainer
     that reads its data ahead (Tunix's GRPO learner) never asks for the item after its last
@@ -177,7 +173,7 @@ def report_end(
     if callback is None:
         return
     per_step = seconds / (step - start_step) if step > start_step else None
-    callback(ProgressUpdate(stage, step, total, per_step, metrics, library_bar))
+    callback(ProgressUpdate(stage, step, total, per_step, metrics))
 
 
 class ProgressPrinter:

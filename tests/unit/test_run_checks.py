@@ -190,9 +190,10 @@ def test_overrides_may_follow_options_on_the_command_line() -> None:
         cli.parse_arguments(parser, ["status", "runs/x", "a.b=1"])
 
 
-def test_far_draws_its_bar_where_the_library_was_said_to_draw_one() -> None:
-    """Tunix's own bar never appeared under `far run` (with or without -v): FAR draws."""
-    stream = io.StringIO()
-    printer = ProgressPrinter(stream, tty=True)
-    printer(ProgressUpdate("sft", 1, 2, 0.25, {"loss": 0.5}, library_bar=True))
-    assert "sft 1/2 |" in stream.getvalue()
+def test_far_draws_the_bar_of_every_stage_that_reports_progress() -> None:
+    """SFT and GRPO too (FAR left them to Tunix's bar, which counts the compiling first step
+    in its ETA; tunix_compat.hide_progress_bar keeps it from drawing a second one)."""
+    for stage in ("sft", "grpo", "evaluate"):
+        stream = io.StringIO()
+        ProgressPrinter(stream, tty=True)(ProgressUpdate(stage, 1, 2, 0.25, {"loss": 0.5}))
+        assert f"{stage} 1/2 |" in stream.getvalue()
