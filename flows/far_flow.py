@@ -34,7 +34,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import Completed, State
 from pydantic import SecretStr
 
-from flows.progress import with_stage_progress
+from flows.progress import stage_progress
 from flows.ui_artifacts import publish_ledger, publish_stage
 from pipeline import lease, manifest, nodes
 from pipeline.dag import build_dag, node_config
@@ -122,9 +122,11 @@ def stage_task(
     recipe: Recipe, node: StageNode, config: Any, inputs: dict[str, Artifact], ctx: RunContext
 ) -> State[tuple[Artifact, StageSummary]]:
     """One pipeline node; the flow names each task after its node id."""
-    if registry.spec(node.kind).progress:  # long stages report progress to the UI
-        ctx = with_stage_progress(ctx, recipe.name, node.id)
-    outcome = nodes.run_node(recipe, node, config, inputs, ctx)
+    if registry.spec(node.kind).progress:  # long stages report progress (terminal, UI)
+        with stage_progress(ctx, recipe.name, node.id) as reporting:
+            outcome = nodes.run_node(recipe, node, config, inputs, reporting)
+    else:
+        outcome = nodes.run_node(recipe, node, config, inputs, ctx)
     return _finish(ctx, node.id, outcome)
 
 

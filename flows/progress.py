@@ -1,8 +1,8 @@
 """Stage progress for the two audiences of a run: the terminal and the Prefect UI.
 
 Stages report per-step progress through the plain callable RunContext.progress (they never
-import Prefect). `with_stage_progress` sets that callable inside a stage's task run: it
-prints (a bar on a terminal where the library draws none, a log line every 30 s elsewhere)
+import Prefect). `stage_progress` sets that callable inside a stage's task run: it
+prints (one bar per stage on a terminal, a log line every 30 s elsewhere)
 and keeps one Prefect progress artifact per stage up to date, so the UI shows step/total,
 loss or reward and the ETA while the stage runs.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from uuid import UUID
 
 import httpx
@@ -73,13 +75,16 @@ class PrefectProgress:
             )
 
 
-def with_stage_progress(ctx: RunContext, run: str, stage: str) -> RunContext:
-    """`ctx` whose progress callback prints and mirrors `stage` into the Prefect UI; call it
-    inside the stage's task run."""
-    printer, ui = ProgressPrinter(), PrefectProgress(run, stage)
+@contextmanager
+def stage_progress(ctx: RunContext, run: str, stage: str) -> Iterator[RunContext]:
+    """`ctx` whose progress callback prints and mirrors `stage` into the Prefect UI; enter it
+    inside the stage's task run. Leaving it ends the stage's terminal bar where it stands (a
+    stage stopped early) and gives the log handlers their streams back."""
+    ui = PrefectProgress(run, stage)
+    with ProgressPrinter() as printer:
 
-    def report(update: ProgressUpdate) -> None:
-        printer(update)
-        ui(update)
+        def report(update: ProgressUpdate) -> None:
+            printer(update)
+            ui(update)
 
-    return dataclasses.replace(ctx, progress=report)
+        yield dataclasses.replace(ctx, progress=report)

@@ -11,19 +11,31 @@ from __future__ import annotations
 import ast
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import SecretStr
 
 from pipeline import manifest
 from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact, run_node
 from pipeline.recipes import load_recipe
-from schemas.recipe import Recipe, StageNode
+from schemas.recipe import DataPrepConfig, Recipe, SourceSpec, StageNode
+from schemas.record import ArtifactRef, StageRecord
 from stages import registry, rewards
-from stages.core import drift, metrics_logging, storage
-from stages.core.errors import InputError
-from stages.core.runner import IDENTITY_NAME, Planned, RunContext
+from stages.core import drift, ledger, metrics_logging, storage
+from stages.core.errors import InputError, TamperedStage
+from stages.core.runner import (
+    IDENTITY_NAME,
+    RECORD_NAME,
+    SOURCE_PREFIX,
+    Planned,
+    RunContext,
+    located_output,
+    read_record,
+    verify_before_reuse,
+)
 from stages.core.shared import SharedBuilds
 
 
@@ -247,6 +259,137 @@ def _says(refused: list[drift.Change]) -> str:
     shown = "; ".join(str(c) for c in refused)
     flags = " ".join(f"--allow-change {c.path}" for c in refused)
     return f"refused by the drift guard: {shown} (start a new run with --name, or {flags})"
+
+
+@dataclass(frozen=True)
+class SettledNode:
+    """One node of a complete run, as its committed record shows it."""
+
+    node: str
+    kind: str
+    record_uri: str
+    output_uri: str
+
+    @property
+    def stage_hash(self) -> str:
+        return _hash(self.record_uri.rsplit("/", 1)[0])
+
+
+def settled(
+    recipe: Recipe, root: str, allow_changes: Sequence[str] = (), key: SecretStr | None = None
+) -> list[SettledNode] | None:
+    """Every node of the recipe's DAG, when the run is complete and a run would skip them all,
+    shown from storage alone (no stage module, so no JAX): `far run` on a finished run and
+    `far validate` answer from it in a second. None whenever any part is not shown, and the
+    run's own path (each stage's entry point) decides as before.
+
+    Complete means: run.json holds this very recipe (no change at all, allowed or not) and its
+    last session ended complete; the ledger's chain is unbroken (signed, with `key`) and every
+    record and run.json match their latest entries; and each node's current directory holds
+    a committed record that `run_stage` would reuse: sealed, its files unaltered, the stage
+    code version and hashed config the node has now, built on its upstream nodes' current
+    records (unchanged since it read them), and its external sources (data files, packages)
+    with the fingerprints it recorded.
+    """
+    run_uri = storage.join(root, recipe.name)
+    if not storage.exists(manifest.manifest_uri(run_uri)):
+        return None
+    run_manifest = manifest.read_manifest(run_uri)
+    try:
+        if manifest.recipe_drift(recipe, run_manifest, allow_changes):
+            return None
+    except drift.DriftError:
+        return None
+    last = run_manifest.invocations[-1] if run_manifest.invocations else None
+    if last is None or last.outcome != "complete":
+        return None
+    states = {s.stage: s for s in manifest.run_status(run_uri) if s.state != "superseded"}
+    dag = build_dag(recipe)
+    directories = {n.id: states[n.id].directory for n in dag.nodes if n.id in states}
+    complete = all(states[n].state == "complete" for n in directories)
+    if not complete or len(directories) < len(dag.nodes) or None in directories.values():
+        return None  # before any file is hashed: a run that continues reads them itself
+    found: dict[str, SettledNode] = {}
+    for node in dag.nodes:
+        record_uri = storage.join(str(directories[node.id]), RECORD_NAME)
+        record = read_record(record_uri)
+        upstream = [found[up].record_uri for up in dag.upstream(node.id)]
+        if record is None or not _reusable(recipe, node, run_uri, record_uri, record, upstream):
+            return None
+        output = located_output(record_uri, record).uri
+        found[node.id] = SettledNode(node.id, node.kind, record_uri, output)
+    return list(found.values()) if _ledger_holds(run_uri, found.values(), key) else None
+
+
+def _reusable(
+    recipe: Recipe,
+    node: StageNode,
+    run_uri: str,
+    record_uri: str,
+    record: StageRecord,
+    upstream: list[str],
+) -> bool:
+    """Whether `run_stage` would skip `node` on this record (see `settled`)."""
+    try:
+        verify_before_reuse(record_uri, record)
+    except TamperedStage:
+        return False  # the run's own path refuses it, naming what differs
+    config = node_config(recipe, node)
+    if (
+        record.stage != node.kind
+        or (record.node or record.stage) != node.id
+        or record.code.stage_version != stage_version(node.kind)
+        or registry.hashed_config(node.kind, config) not in record.config.values()
+        or set(record.inputs) != set(record.input_artifacts)
+    ):
+        return False
+    read = {_in_run(run_uri, ref.record_uri) for ref in record.input_artifacts.values()}
+    if not set(upstream) <= read:
+        return False
+    return all(
+        _unchanged_input(run_uri, name, ref, config) for name, ref in record.input_artifacts.items()
+    )
+
+
+def _in_run(run_uri: str, uri: str | None) -> str | None:
+    if uri is None or "://" in uri or uri.startswith("/"):
+        return uri
+    return storage.join(run_uri, uri)
+
+
+def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) -> bool:
+    """An upstream record as the stage read it (same bytes), or an external source of a
+    data_prep node with the fingerprint it had; any other input is not shown here."""
+    uri = _in_run(run_uri, ref.record_uri)
+    if uri is not None:
+        if ref.record_digest is None or not storage.exists(uri):
+            return False
+        return storage.sha256_bytes(storage.read_bytes(uri)) == ref.record_digest
+    if not (isinstance(config, DataPrepConfig) and name.startswith(SOURCE_PREFIX)):
+        return False
+    from stages.data_prep.sources import source_fingerprint  # reads no model, imports no JAX
+
+    kind, _, source = name.removeprefix(SOURCE_PREFIX).partition(":")
+    specs = [s for s in _sources(config) if s.kind == kind and s.name == source]
+    return bool(specs) and all(source_fingerprint(s) == ref.fingerprint for s in specs)
+
+
+def _sources(config: DataPrepConfig) -> list[SourceSpec]:
+    splits = [config.eval, config.grpo, config.sft, config.validation]
+    return [source for split in splits if split is not None for source in split.sources]
+
+
+def _ledger_holds(run_uri: str, nodes: Iterable[SettledNode], key: SecretStr | None) -> bool:
+    """The run's ledger chain is whole (signed, with `key`) and every record and run.json
+    match their latest entries, as `far audit` checks them."""
+    entries, unreadable = ledger.scan(run_uri)
+    present = {ledger.relative(run_uri, n.record_uri) for n in nodes}
+    problems = [
+        *unreadable,
+        *ledger.verify(run_uri, entries, key),
+        *ledger.check_files(run_uri, entries, present),
+    ]
+    return not problems
 
 
 def render_preview(plans: list[NodePlan]) -> str:

@@ -38,13 +38,16 @@ from stages.data_prep.sources import check_file_columns
 GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (EvalConfig.greedy)
 
 
-def validate_run(recipe: Recipe, root: str, cache_dir: str) -> None:
-    """Every check below, cheapest first; the first failure raises InputError."""
+def validate_run(recipe: Recipe, root: str, cache_dir: str, computes: bool = True) -> None:
+    """Every check below, cheapest first; the first failure raises InputError. A session that
+    `computes` nothing (every stage complete: pipeline.plan.settled) needs no devices and no
+    model, so their checks are left out."""
     check_nodes(recipe)
     check_storage_writable(root)
-    check_mesh(recipe.mesh)
-    check_model(recipe.model, cache_dir)
-    check_prompt_templates(recipe, cache_dir)
+    if computes:
+        check_mesh(recipe.mesh)
+        check_model(recipe.model, cache_dir)
+        check_prompt_templates(recipe, cache_dir)
 
 
 def check_session_budget(recipe: Recipe) -> None:
@@ -238,6 +241,10 @@ def check_eval_checkpoints(config: EvalConfig, field: str = "eval.models") -> No
 
 
 def check_mesh(spec: MeshSpec) -> None:
+    """A mesh of one device fits every machine JAX runs on: only a larger one imports JAX
+    (seconds) to count the devices."""
+    if spec.fsdp * spec.tp == 1:
+        return
     import jax  # deferred: the rest of validation needs no accelerator runtime
 
     needed, present = spec.fsdp * spec.tp, jax.device_count()

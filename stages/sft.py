@@ -168,6 +168,8 @@ def _train(
     arrays = load_sft_arrays(dataset)
     keep = tunix_compat.loss_positions(arrays["input_mask"])
     trainer = build_trainer(model, config, local_ckpt, local_logs, keep, sinks)
+    if ctx.progress is not None:  # FAR draws the stage's bar: not Tunix's too
+        tunix_compat.hide_progress_bar(trainer)
     start_step, clock = trainer.train_steps, StepClock()
     stream = reporting(
         guarded(
@@ -185,7 +187,6 @@ def _train(
         config.max_steps,
         items_per_step=config.gradient_accumulation_steps,
         metrics=lambda: latest_loss(trainer),
-        library_bar=True,  # Tunix's trainer draws step/total and loss on a terminal
         # a resumed trainer re-reads (and skips) the micro-batches of its first start_step steps
         skip=start_step * config.gradient_accumulation_steps,
     )

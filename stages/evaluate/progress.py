@@ -14,10 +14,11 @@ seed depends only on its number, so a resumed evaluation equals an uninterrupted
 from __future__ import annotations
 
 import hashlib
+import statistics
 import time
 
 from stages.core import storage
-from stages.core.progress import ProgressCallback, ProgressUpdate
+from stages.core.progress import Clock, ProgressCallback, ProgressUpdate, StepRate
 from stages.core.runner import SessionExpired
 from stages.core.sessions import StopFlag
 
@@ -25,22 +26,29 @@ PROGRESS_DIR = "progress"
 
 
 class BatchTally:
-    """Batches done over all rows of an evaluation, reported as its progress (s/step is the
-    mean time per generated batch, model loading included; batches read back count as done)."""
+    """Batches done over all rows of an evaluation, reported as its progress (batches read
+    back count as done). s/step is the mean time of the generated batches after the first
+    (which compiles; each later model's loading recurs, so it stays in), as StepRate keeps
+    it; `clock` is passed in so a test drives it."""
 
-    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
+    def __init__(
+        self, callback: ProgressCallback | None, total: int, clock: Clock = time.perf_counter
+    ) -> None:
         self.callback, self.total = callback, total
         self.done, self.generated = 0, 0
-        self._started = time.perf_counter()
+        self.rate = StepRate(clock, window=None, steady=statistics.fmean)
 
     def batch_done(self, generated: bool) -> None:
         self.done += 1
         self.generated += int(generated)
+        if generated:
+            self.rate.step()
+        else:
+            self.rate.restart()  # read back from storage: no time of a generated batch
         if self.callback is None:
             return
-        elapsed = time.perf_counter() - self._started
-        per_batch = elapsed / self.generated if self.generated else None
-        self.callback(ProgressUpdate("evaluate", self.done, self.total, per_batch))
+        update = ProgressUpdate("evaluate", self.done, self.total, self.rate.seconds_per_step)
+        self.callback(update)
 
 
 class EvalProgress:

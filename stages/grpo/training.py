@@ -323,6 +323,8 @@ def _reinforce(
     if start_step:
         tunix_compat.resync_after_restore(session.cluster, session.learner, start_step)
     tunix_compat.skip_tunix_fast_forward(session.learner)
+    if ctx.progress is not None:  # FAR draws the stage's bar: not Tunix's actor bar too
+        tunix_compat.hide_progress_bar(session.cluster.actor_trainer)
     timing.instrument(session.cluster, session.learner)  # far/seconds/<phase> per step
     compilations = compilation_metrics(None)  # a session that trains no step compiles nothing
     if start_step < config.max_steps:  # Tunix would train one more step on a finished run
@@ -346,7 +348,6 @@ def _reinforce(
             start_step,
             config.max_steps,
             metrics=history.latest_reward,
-            library_bar=True,  # Tunix's learner draws step/total and loss on a terminal
         )
         started = time.perf_counter()
         first_batch_and_rest = nonempty(stream)
@@ -363,7 +364,6 @@ def _reinforce(
             config.max_steps,
             time.perf_counter() - started,
             history.latest_reward(),
-            library_bar=True,
         )
     for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
         # else they keep writing into this stage's directory

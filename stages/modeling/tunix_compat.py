@@ -32,6 +32,31 @@ from stages.modeling import projection, tunix_version
 tunix_version.check_installed()
 
 
+# --- progress bar ---------------------------------------------------------------------------
+
+
+class _NoBar:
+    """Stands in for Tunix's ProgressBar: what PeftTrainer calls on it does nothing."""
+
+    def update_metrics(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def hide_progress_bar(trainer: peft_trainer.PeftTrainer) -> None:
+    """Tunix 0.1.7's PeftTrainer (GRPO's actor trainer too) draws its own tqdm bar on a
+    terminal, built in train() when `_pbar` is None; its ETA counts the compiling first step.
+    Where FAR draws the stage's bar (stages/core/progress.py) that would be a second bar: a
+    stand-in `_pbar` keeps Tunix's from drawing (close() sets it back to None). Test:
+    tests/integration/test_tunix_progress_bar.py (Tunix's bar on a terminal without it)."""
+    trainer._pbar = _NoBar()
+
+
 # --- GRPO resume ----------------------------------------------------------------------------
 
 
