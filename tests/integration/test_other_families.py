@@ -30,7 +30,8 @@ from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import recipe_with
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama3": "LlamaForCausalLM"}
-PROMPTS = ["<start_of_turn>user\nCalculate 2 + 3.<end_of_turn>\n<start_of_turn>model\n", "Hi"]
+# one prompt: each length is another set of eager-op compilations on three networks
+PROMPT = "<start_of_turn>user\nCalculate 2 + 3.<end_of_turn>\n<start_of_turn>model\nThe sky"
 
 
 def _tiny_run(family: str, ctx: RunContext) -> CheckpointArtifact:
@@ -66,6 +67,7 @@ def _logits(network: nnx.Module, ids: list[int]) -> np.ndarray:
     return np.asarray(logits[0])
 
 
+@pytest.mark.slow  # ~45 CPU-s a family: the compilations of every stage (make test runs it)
 @pytest.mark.parametrize("family", sorted(ARCHITECTURES))
 def test_family_runs_every_stage_and_exports_transformers_logits(
     family: str, tmp_path: Path, model_cache: str, caplog: pytest.LogCaptureFixture
@@ -103,17 +105,16 @@ def test_family_runs_every_stage_and_exports_transformers_logits(
     with mesh:  # the export read back by Tunix's own params module (a real checkpoint's path)
         reloaded = load(out, config, mesh=mesh, dtype=jnp.float32)
     assert isinstance(reloaded, network_class)
-    for prompt in PROMPTS:
-        ids = [tokenizer.bos_id(), *tokenizer.encode(prompt)]
-        with mesh:
-            ours, unmerged, back = (_logits(m, ids) for m in (policy, base, reloaded))
-        with torch.no_grad():
-            theirs = hf(torch.tensor([ids])).logits[0].numpy()
-        # f32 on both sides, 2 layers: the gap measured ~2e-6 (gemma's test allows 1e-3)
-        np.testing.assert_allclose(ours, theirs, atol=1e-3, rtol=0)
-        np.testing.assert_allclose(back, ours, atol=1e-4, rtol=0)
-        # ...and training moved the policy: exporting the base alone would fail the check
-        assert np.abs(ours - unmerged).max() > 1e-3
+    ids = [tokenizer.bos_id(), *tokenizer.encode(PROMPT)]
+    with mesh:
+        ours, unmerged, back = (_logits(m, ids) for m in (policy, base, reloaded))
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits[0].numpy()
+    # f32 on both sides, 2 layers: the gap measured ~2e-6 (gemma's test allows 1e-3)
+    np.testing.assert_allclose(ours, theirs, atol=1e-3, rtol=0)
+    np.testing.assert_allclose(back, ours, atol=1e-4, rtol=0)
+    # ...and training moved the policy: exporting the base alone would fail the check
+    assert np.abs(ours - unmerged).max() > 1e-3
 
 
 def test_default_lora_targets_each_family_projections(model_cache: str) -> None:
