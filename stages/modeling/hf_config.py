@@ -1,4 +1,4 @@
-"""The Hugging Face `config.json` of Gemma 3 text and Gemma 2 models, in one place.
+"""The Hugging Face `config.json` of the model families FAR exports, in one place.
 
 Two paths write Hugging Face directories: converting the packaged GGUF file into safetensors
 (weight_sources) and exporting a trained checkpoint (export). Both describe the same
@@ -127,4 +127,72 @@ def gemma2_config(shape: Gemma2Shape) -> dict[str, Any]:
         "final_logit_softcapping": shape.final_logit_softcapping,
         "attn_logit_softcapping": shape.attn_logit_softcapping,
         "torch_dtype": "float32",
+    }
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """A Qwen 3 or Llama 3 decoder: every layer global attention, SiLU-gated MLP."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int = 32768
+    # FAR's byte tokenizer's ids (stages/modeling/tokenizers.py): <pad> 0, <eos> 1, <bos> 2
+    bos_token_id: int = 2
+    eos_token_id: int = 1
+    pad_token_id: int = 0
+
+
+def _decoder_config(shape: DecoderShape) -> dict[str, Any]:
+    return {
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_parameters": rope(shape.rope_theta),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "vocab_size": shape.vocab_size,
+        "bos_token_id": shape.bos_token_id,
+        "eos_token_id": shape.eos_token_id,
+        "pad_token_id": shape.pad_token_id,
+        "tie_word_embeddings": shape.tie_word_embeddings,
+        "torch_dtype": "float32",
+    }
+
+
+def qwen3_config(shape: DecoderShape) -> dict[str, Any]:
+    """A transformers Qwen3ForCausalLM (model_type qwen3) config, f32 weights."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        **_decoder_config(shape),
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": shape.num_layers,
+        "layer_types": ["full_attention"] * shape.num_layers,
+    }
+
+
+def llama_config(shape: DecoderShape) -> dict[str, Any]:
+    """A transformers LlamaForCausalLM (model_type llama) config, f32 weights."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **_decoder_config(shape),
+        "mlp_bias": False,
+        "pretraining_tp": 1,
     }

@@ -1,9 +1,10 @@
 """Export a FAR checkpoint as a Hugging Face model directory that `transformers` loads.
 
-Gemma 3 and Gemma 2 checkpoints are supported. LoRA checkpoints are merged into their base
-weights (Tunix's Gemma 3 merge); full-weight checkpoints are converted directly. The base
-weights come from the model's source directory (gguf/safetensors/hub) or, for random-init test
-models, are written from the network itself.
+Gemma 3, Gemma 2, Qwen 3 and Llama 3 checkpoints are supported (the last two's names and
+config in families.py). LoRA checkpoints are merged into their base weights (Tunix's merges);
+full-weight checkpoints are converted directly. The base weights come from the model's source
+directory (gguf/safetensors/hub) or, for random-init test models, are written from the network
+itself.
 Output: model.safetensors, config.json, the tokenizer, generation_config.json, the chat
 template and a model card (hf_package, export_card); or, with `adapter`, a peft adapter
 (peft_export) beside the base's own export.
@@ -37,6 +38,7 @@ from stages.core.runner import find_checkpoint_record, located_output
 from stages.core.storage import check_export_target
 from stages.modeling import (
     export_card,
+    families,
     hf_package,
     models,
     peft_export,
@@ -136,7 +138,10 @@ def _gemma2_layer(layer: Any, config: Any) -> dict[str, np.ndarray]:
 
 def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
     """Tunix Gemma 3 or Gemma 2 parameters -> Hugging Face Gemma3ForCausalLM /
-    Gemma2ForCausalLM tensors (inverse of the mapping in Tunix's params_safetensors)."""
+    Gemma2ForCausalLM tensors (inverse of the mapping in Tunix's params_safetensors); Qwen 3
+    and Llama 3 networks by families.hf_tensors."""
+    if families.family_of(network) is not None:
+        return families.hf_tensors(network, config)
     layer_tensors = _gemma2_layer if _is_gemma2(config) else _gemma3_layer
     out = {
         "model.embed_tokens.weight": _arr(network.embedder.input_embedding),
@@ -160,7 +165,9 @@ def _is_gemma2(config: Any) -> bool:
 
 
 def hf_config(config: Any) -> dict[str, Any]:
-    """A transformers config (gemma3_text or gemma2) for a Tunix Gemma ModelConfig."""
+    """A transformers config (gemma3_text, gemma2, qwen3 or llama) for a Tunix ModelConfig."""
+    if families.family_of_config(config) is not None:
+        return families.hf_config(config)
     if _is_gemma2(config):
         return _gemma2_hf_config(config)
     shape = hf.Gemma3TextShape(
@@ -225,7 +232,9 @@ def export_network(
     map them to the same Hugging Face tensor names."""
     with tempfile.TemporaryDirectory() as scratch:
         base_dir = _base_directory(spec, base, cache_dir, scratch)
-        if lora is not None:
+        if lora is not None and families.family_of(base) is not None:
+            families.merge_lora(base_dir, out_dir, policy, rank=lora.rank, alpha=lora.alpha)
+        elif lora is not None:
             if hasattr(base.layers[0].attn, "qkv_einsum"):
                 raise InputError(
                     "exporting LoRA on a fused-qkv model (num_heads == num_kv_heads) is not "

@@ -29,7 +29,7 @@ from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
 from stages.core import drift, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.shared import SharedBuilds
-from stages.modeling import tunix_compat, weight_sources
+from stages.modeling import families, tunix_compat, weight_sources
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -59,8 +59,17 @@ _FAMILIES: dict[str, tuple[type[nnx.Module], Callable[..., nnx.Module]]] = {
 }
 
 
+def network_modules(family: str) -> tuple[type[nnx.Module], Callable[..., nnx.Module]]:
+    """The family's Tunix network class and its safetensors loader."""
+    if family in families.FAMILIES:
+        return families.modules(family)
+    return _FAMILIES[family]
+
+
 def tunix_config(spec: ModelSpec) -> Any:
-    """Tunix's ModelConfig for `spec`: gemma3.ModelConfig or gemma (v1/v2) ModelConfig."""
+    """Tunix's ModelConfig for `spec`: gemma3, gemma (v1/v2), qwen3 or llama3 ModelConfig."""
+    if spec.preset in families.PRESETS:
+        return families.preset_config(spec.preset, _DTYPES[spec.dtype])
     if spec.preset is not None:
         preset = _PRESETS[spec.preset]()
         if spec.family == "gemma3":
@@ -71,6 +80,8 @@ def tunix_config(spec: ModelSpec) -> Any:
         raise ValueError("model spec has neither preset nor architecture")
     if spec.family == "gemma2":
         return _tiny_gemma2_config(arch)
+    if spec.family in families.FAMILIES:
+        return families.tiny_config(spec.family, arch, _DTYPES[spec.dtype])
     return gemma3.ModelConfig(**arch.model_dump(), param_dtype=_DTYPES[spec.dtype])
 
 
@@ -91,12 +102,15 @@ def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
     """The base network on `mesh`: random init, or real weights via an HF-layout directory."""
     config = tunix_config(spec)
     dtype = _DTYPES[spec.dtype]
-    model_class, from_safetensors = _FAMILIES[spec.family]
+    model_class, from_safetensors = network_modules(spec.family)
     if spec.source == "random":
-        return dummy_model_creator.create_dummy_model(
+        network = dummy_model_creator.create_dummy_model(
             model_class, config, mesh=mesh, dtype=dtype, random_seed=spec.init_seed
         )
+        return families.random_network(network) if spec.family in families.FAMILIES else network
     directory = weight_sources.resolve(spec, cache_dir)
+    if spec.family in families.FAMILIES:
+        families.check_rope(spec.family, directory)
     with mesh:
         return from_safetensors(directory, config, mesh=mesh, dtype=dtype)
 
@@ -143,7 +157,8 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
     gradients, bit for bit, without XLA CPU's transposed copies).
     """
     tunix_compat.lora_backward_positions_major()
-    provider = qwix.LoraProvider(module_path=lora.module_path, rank=lora.rank, alpha=lora.alpha)
+    module_path = families.lora_module_path(base, lora.module_path)
+    provider = qwix.LoraProvider(module_path=module_path, rank=lora.rank, alpha=lora.alpha)
     model_input = base.get_model_input()  # type: ignore[attr-defined]
     with mesh:
         lora_model = qwix.apply_lora_to_model(
@@ -152,6 +167,11 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
         # Place only the new adapters: resharding the whole state would copy the base
         # weights and break the sharing that lets `base` serve as GRPO's reference.
         adapters = nnx.state(lora_model, nnx.LoRAParam)
+        if not jax.tree.leaves(adapters):
+            raise InputError(
+                f"lora.module_path {module_path!r} matched no module of this "
+                f"{type(base).__name__} network; give a regex over its projections' paths"
+            )
         sharded = jax.lax.with_sharding_constraint(adapters, nnx.get_partition_spec(adapters))
         nnx.update(lora_model, sharded)
     return lora_model
