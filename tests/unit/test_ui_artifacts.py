@@ -55,3 +55,25 @@ def test_metrics_rows_show_status_then_every_recorded_metric(tmp_path: Path) -> 
     for row in rows[2:]:
         assert row["value"] == pytest.approx(record.metrics[row["metric"]], rel=1e-5)
     assert metrics_rows(record, skipped=False)[0]["value"] == "ran"
+
+
+def test_the_keys_the_docs_name_are_the_keys_far_makes() -> None:
+    """Every `far-...` key docs/prefect-ui.md and docs/recipes.md give as an example is a key
+    FAR publishes for the smoke or smoke-dag run (issue 38: the pages named keys that did not
+    exist)."""
+    from tests.conftest import REPO
+
+    made = {
+        artifact_key(run, node, what)
+        for run, nodes in (
+            ("smoke", ("data_prep", "sft", "grpo", "evaluate")),
+            ("smoke-dag", ("data_prep", "sft", "grpo", "evaluate", "evaluate_val", "pick")),
+        )
+        for node in nodes
+        for what in ("summary", "metrics", "progress", "data-card", "checkpoint", "report")
+    } | {artifact_key(run, "run", "ledger") for run in ("smoke", "smoke-dag")}
+    named = set()
+    for page in ("prefect-ui.md", "recipes.md"):
+        named |= set(re.findall(r"`(far-[a-z0-9-]+)`", (REPO / "docs" / page).read_text()))
+    assert len(named) >= 8
+    assert named <= made, sorted(named - made)
