@@ -1,10 +1,12 @@
 """Run the SFT stage of a small recipe in its own process (tests kill it with SIGKILL).
 
 usage: python -m tests.integration._sft_child ROOT MAX_STEPS [DEADLINE_SECONDS] [--die-in-save STEP]
+    [--checkpoint-every STEPS]
 
 --die-in-save STEP is fault injection: the process SIGKILLs itself after Orbax has written
 checkpoint STEP into its temporary directory and before the rename that commits it, the
-torn save a preemption during a checkpoint write leaves behind.
+torn save a preemption during a checkpoint write leaves behind. --checkpoint-every replaces the
+recipe's cadence of 5 (every session of one run must pass the same: it is in the stage's hash).
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from tests.conftest import recipe_with, use_session_compile_cache
 EXIT_SESSION_ENDED = 3
 
 
-def child_recipe(root: str, max_steps: int) -> object:
+def child_recipe(root: str, max_steps: int, checkpoint_every: int = 5) -> object:
     return recipe_with(
-        root, sft={"max_steps": max_steps, "checkpoint_every_steps": 5, "save_margin_seconds": 0.5}
+        root,
+        sft={
+            "max_steps": max_steps,
+            "checkpoint_every_steps": checkpoint_every,
+            "save_margin_seconds": 0.5,
+        },
     )
 
 
@@ -49,9 +56,14 @@ def main(argv: list[str]) -> int:
         at = argv.index("--die-in-save")
         die_in_save(int(argv[at + 1]))
         argv = argv[:at] + argv[at + 2 :]
+    checkpoint_every = 5
+    if "--checkpoint-every" in argv:
+        at = argv.index("--checkpoint-every")
+        checkpoint_every = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     root, max_steps = argv[0], int(argv[1])
     deadline = time.time() + float(argv[2]) if len(argv) > 2 else None
-    recipe = child_recipe(root, max_steps)
+    recipe = child_recipe(root, max_steps, checkpoint_every)
     ctx = RunContext(root=root, run="child", deadline=deadline)
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output  # type: ignore[attr-defined]
     try:

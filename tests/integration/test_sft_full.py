@@ -131,7 +131,11 @@ def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: P
 
 
 def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path: Path) -> None:
-    first = run_child(tmp_path / "sessions", 1000, "25")  # a 25-second session
+    # No periodic checkpoint before step 1000: the only one the first session leaves is the
+    # save its deadline stop made, and the second session (the rest of the 1000 steps)
+    # writes one checkpoint, not one every 5 steps
+    cadence = ("--checkpoint-every", "1000")
+    first = run_child(tmp_path / "sessions", 1000, "25", *cadence)  # a 25-second session
     output = first.communicate(timeout=300)[0]
     assert first.returncode == EXIT_SESSION_ENDED, output
     assert "SESSION ENDED" in output
@@ -140,10 +144,10 @@ def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path
         for p in (tmp_path / "sessions").glob("child/sft-*/checkpoints/*")
         if p.name.isdigit()
     )
-    assert saved and 0 < saved[-1] < 1000
-    second = run_child(tmp_path / "sessions", 1000)
+    assert len(saved) == 1 and 0 < saved[0] < 1000, saved
+    second = run_child(tmp_path / "sessions", 1000, *cadence)
     assert second.wait(timeout=600) == 0
-    assert record_of(tmp_path / "sessions").metrics["resumed_from_step"] == saved[-1]
+    assert record_of(tmp_path / "sessions").metrics["resumed_from_step"] == saved[0]
 
 
 def test_stop_flag_saves_and_stops(tmp_path: Path) -> None:

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from pipeline.recipes import parse_recipe
-from tests.scaled_recipes import SCALED, TPU_RECIPES, devices_needed, recipe_data, scaled
+from tests.scaled_recipes import (
+    SCALED,
+    TPU_RECIPES,
+    TRAINED_RECIPES,
+    devices_needed,
+    recipe_data,
+    scaled,
+)
 
 
 def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -49,3 +56,17 @@ def test_the_scaled_recipes_keep_the_production_shapes() -> None:
         assert recipe.mesh.fsdp == devices_needed(name) and recipe.mesh.fsdp in (8, 16)
         # a checkpoint cadence that leaves an update without a checkpoint (stop tests need it)
         assert recipe.sft.max_steps > recipe.sft.checkpoint_every_steps > 1
+
+
+def test_the_untrained_tpu_recipe_is_a_trained_one_on_another_mesh() -> None:
+    """tpu-gemma3-1b-v5e8 is not trained on CPU: it is the v5e16 recipe on half the chips
+    (every other field equal), and its fsdp 8 mesh is trained by the Kaggle recipe."""
+    untrained = set(TPU_RECIPES) - set(TRAINED_RECIPES)
+    assert untrained == {"tpu-gemma3-1b-v5e8"}
+    v5e8 = leaves(parse_recipe(recipe_data("tpu-gemma3-1b-v5e8"), "v5e8").model_dump(mode="json"))
+    v5e16 = leaves(
+        parse_recipe(recipe_data("tpu-gemma3-1b-v5e16-multihost"), "v5e16").model_dump(mode="json")
+    )
+    changed = {p for p in v5e8.keys() | v5e16.keys() if v5e8.get(p) != v5e16.get(p)}
+    assert changed == {"name", "mesh.fsdp"}, changed
+    assert {scaled(name, "/tmp/unused").mesh.fsdp for name in TRAINED_RECIPES} == {8, 16}
