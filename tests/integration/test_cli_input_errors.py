@@ -134,7 +134,8 @@ def test_the_far_executable_with_its_temporary_server(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert [line for line in done.stderr.splitlines() if line.startswith("far: ")] == [
-        f"far: data source {tmp_path / 'not-json.json'} is not valid JSON at line 1 column 1: "
+        f"far: data.eval.sources[0]: data source {tmp_path / 'not-json.json'} is not valid JSON "
+        "at line 1 column 1: "
         "Expecting value; expected a JSON list of objects (use .jsonl for one object per line)"
     ]
     for unwanted in ("Traceback", "ERROR", "database is locked", "Failed"):
