@@ -23,6 +23,8 @@ from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import smoke_data
 from tests.load_checks import load_warnings
 
+pytestmark = pytest.mark.slow  # the exports fixture builds, exports and loads: ~35 CPU-s
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 PROMPTS = [[2, 17, 300, 45, 45, 9, 511, 3, 88, 120, 7], [2, 3, 90, 91, 4, 5, 60, 61, 8]]
