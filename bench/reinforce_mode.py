@@ -1,0 +1,137 @@
+"""The reinforce-mode results file (docs/results/reinforce-mode.json) from its runs' records.
+
+Each run is `far run recipes/reinforce-mode.yaml` with one data seed (see docs/log.md). Its
+`evaluate` node scores every arm greedily on the held-out prompts; this reads that node's
+samples and writes, per run and arm, the greedy accuracy with its Wilson 95% interval, the
+strict format rate, and the exact McNemar comparison with the control (continued SFT, the same
+optimizer steps) and with the starting SFT policy. It adds what the pick node chose on the
+validation split, how many prompts the mode selection kept, and each node's seconds, so the
+README's table and the log's come from one file a command regenerates:
+
+    python bench/reinforce_mode.py --runs /work/exp/s13/rm/reinforce-mode \
+        /work/exp/s14/rm/reinforce-mode-d0 --out docs/results/reinforce-mode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from stages.evaluate import stats
+
+CONTROL = "control"
+START = "sft"
+
+
+def records(run: Path) -> dict[str, dict[str, Any]]:
+    """Each committed node's stage.json, by node id (a directory is `<node id>-<hash>`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in run.glob("*/stage.json"):
+        record = json.loads(path.read_text())
+        if record.get("status") == "complete":
+            out[path.parent.name.rsplit("-", 1)[0]] = record | {"_dir": str(path.parent)}
+    return out
+
+
+def greedy_outcomes(node_dir: str, key: str) -> dict[str, dict[str, float]]:
+    """model -> prompt id -> the `key` outcome (correct or format) of its one greedy sample."""
+    out: dict[str, dict[str, float]] = {}
+    for line in Path(node_dir, "samples.jsonl").read_text().splitlines():
+        if line:
+            row = json.loads(line)
+            out.setdefault(row["model"], {}).setdefault(str(row["id"]), float(row[key]))
+    return out
+
+
+def compare(base: dict[str, float], other: dict[str, float], names: tuple[str, str]) -> dict:
+    ids = sorted(base)
+    paired = stats.paired_comparison(
+        names[0], [base[i] for i in ids], names[1], [other[i] for i in ids]
+    )
+    return {
+        "difference": round(paired.difference, 4),
+        "wins": paired.candidate_only,
+        "losses": paired.baseline_only,
+        "p_value": paired.p_value,
+    }
+
+
+def arms(evaluate_dir: str) -> list[dict[str, Any]]:
+    """Every model the evaluate node scored, against the control and the starting SFT."""
+    correct = greedy_outcomes(evaluate_dir, "correct")
+    fmt = greedy_outcomes(evaluate_dir, "format")
+    rows = []
+    for name, outcomes in correct.items():
+        values = list(outcomes.values())
+        low, high = stats.rate_interval(values)
+        rows.append(
+            {
+                "model": name,
+                "prompts": len(values),
+                "greedy_accuracy": round(sum(values) / len(values), 4),
+                "ci95": [round(low, 4), round(high, 4)],
+                "format_rate": round(sum(fmt[name].values()) / len(values), 4),
+                "vs_control": compare(correct[CONTROL], outcomes, (CONTROL, name)),
+                "vs_sft": compare(correct[START], outcomes, (START, name)),
+            }
+        )
+    return rows
+
+
+def summary(run: Path) -> dict[str, Any] | None:
+    """One run's results, or None when its evaluate node has not committed yet."""
+    nodes = records(run)
+    if "evaluate" not in nodes:
+        return None
+    config = nodes["sft"]["config"]
+    choice = json.loads(Path(nodes["pick"]["_dir"], "choice.json").read_text())
+    return {
+        "run": run.name,
+        "data_seed": config["data"]["seed"],
+        "sft_steps": config["sft"]["max_steps"],
+        "git_commit": nodes["evaluate"]["code"]["git_commit"],
+        "mode_prompts": nodes["mode"]["metrics"],
+        "pick": {
+            "chosen": choice["chosen"],
+            "validation": {c["name"]: round(c["accuracy"], 4) for c in choice["candidates"]},
+        },
+        "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},
+        "total_seconds": round(sum(r["seconds"] for r in nodes.values()), 1),
+        "held_out": arms(nodes["evaluate"]["_dir"]),
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """The held-out rows of one run as a markdown table."""
+    lines = [
+        "| model | greedy [95% CI] | format | vs control (won/lost, p) | vs sft (won/lost, p) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in result["held_out"]:
+        c, s = r["vs_control"], r["vs_sft"]
+        lines.append(
+            f"| {r['model']} | {r['greedy_accuracy']:.3f} [{r['ci95'][0]:.2f}, "
+            f"{r['ci95'][1]:.2f}] | {r['format_rate']:.3f} | {c['difference']:+.3f} "
+            f"({c['wins']}/{c['losses']}, {c['p_value']:.2g}) | {s['difference']:+.3f} "
+            f"({s['wins']}/{s['losses']}, {s['p_value']:.2g}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", required=True, help="run directories")
+    parser.add_argument("--out", default="docs/results/reinforce-mode.json")
+    args = parser.parse_args()
+    results = [r for run in args.runs if (r := summary(Path(run)))]
+    Path(args.out).write_text(json.dumps({"runs": results}, indent=2) + "\n")
+    for r in results:
+        print(f"\n{r['run']} (data seed {r['data_seed']}, pick chose {r['pick']['chosen']})")
+        print(table(r))
+    print(f"\n{len(results)} runs -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
