@@ -88,7 +88,7 @@ class StageSpec:
     """Everything the pipeline needs to know about one kind of stage."""
 
     kind: str  # the node's `kind` in a recipe; also its stage name in records
-    config: type[BaseModel]  # the node's config model (schemas/recipe.py)
+    config: type[BaseModel]  # the node's config model (schemas/recipe/)
     entry: str  # "module:function", the uniform run(inputs, config, ctx) -> StageOutcome
     produces: ArtifactKind
     ports: Mapping[str, Port] = field(default_factory=dict)
