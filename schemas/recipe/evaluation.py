@@ -16,6 +16,7 @@ from schemas.recipe.common import (
     MAX_SAMPLING_TEMPERATURE,
     PositiveInt,
 )
+from schemas.recipe.kinds import Port, StageSpec
 
 
 class EvalConfig(Frozen):
@@ -85,3 +86,18 @@ class EvalConfig(Frozen):
                 f"decoding gives the same completion every time)"
             )
         return self
+
+
+EVALUATE_KIND = StageSpec(
+    "evaluate",
+    EvalConfig,
+    "stages.evaluate.evaluation:run",
+    "eval_report",
+    {"dataset": Port(("dataset",), frozenset({"eval"}), split_field="split")},
+    any_other_input=Port(("checkpoint",)),
+    section="eval",
+    progress=True,
+    hash_exempt_defaults=("split", "greedy", "rewards", "steps"),
+    summary="Format rate and accuracy of each model compared.",
+)
+"""The evaluate kind (stages/evaluate/evaluation.py)."""

@@ -1,93 +1,110 @@
-"""The recipe's `pipeline:` nodes: one class per shipped stage kind, and RegisteredNode for
-a kind a plugin or a test registers.
+"""The recipe's `pipeline:` nodes, assembled from the shipped kinds' declarations.
+
+Each shipped kind is one StageSpec beside its config model (kinds.py says why there); its node
+class here is made from that declaration, not written by hand: `kind: Literal["<kind>"]` and
+`config: <its config model>` (optional, None meaning the recipe section the kind reads, when
+it reads one; else its defaults when every config field has one; else required). The union
+StageNode tags each class with its kind, so a YAML node is read by its kind's class and an
+error's path names the kind (`pipeline.1.sft.config.max_steps`); a kind registered anywhere
+else (a plugin's, a test's) is a RegisteredNode, whose config the DAG check validates against
+its registration. stages/registry.py registers exactly SHIPPED_KINDS as its BUILTIN kinds, so
+the schema's node union and the registry name the same kinds with the same config models.
 
 Part of the recipe schema (schemas/recipe/__init__.py says how the package is laid out).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, create_model, field_validator
 
 from schemas.base import Frozen
 from schemas.recipe.common import NodeId
-from schemas.recipe.data import DataPrepConfig
-from schemas.recipe.evaluation import EvalConfig
-from schemas.recipe.subsets import (
-    HardSubsetConfig,
-    PickConfig,
-    PreferencesConfig,
-    SelfTeachConfig,
+from schemas.recipe.data import DATA_PREP_KIND
+from schemas.recipe.evaluation import EVALUATE_KIND
+from schemas.recipe.kinds import StageSpec
+from schemas.recipe.subsets import HARD_SUBSET_KIND, PICK_KIND, PREFERENCES_KIND, SELF_TEACH_KIND
+from schemas.recipe.training import DISTILL_KIND, DPO_KIND, GRPO_KIND, SFT_KIND
+
+SHIPPED_KINDS: tuple[StageSpec, ...] = (
+    DATA_PREP_KIND,
+    SFT_KIND,
+    GRPO_KIND,
+    EVALUATE_KIND,
+    HARD_SUBSET_KIND,
+    SELF_TEACH_KIND,
+    PREFERENCES_KIND,
+    DPO_KIND,
+    DISTILL_KIND,
+    PICK_KIND,
 )
-from schemas.recipe.training import DistillConfig, DPOConfig, GRPOConfig, SFTConfig
+"""The kinds FAR ships, in the order the stage table lists them; the registry's BUILTIN."""
 
 
 class Node(Frozen):
     """One stage of a pipeline: its id (names its directory), and input name -> node id.
 
     Each shipped stage kind's node class adds `kind: Literal["<kind>"]` and `config: <its
-    config model>`; its registration (stages/registry.py) declares the rest. A kind registered
-    anywhere else is a RegisteredNode."""
+    config model>`, made from its declaration (SHIPPED_KINDS). A kind registered anywhere
+    else is a RegisteredNode."""
 
     id: NodeId
     """The node's id: names its directory, {id}-{hash}; lowercase, digits, '_'."""
     inputs: dict[str, NodeId] = Field(default_factory=dict)
     """Input name -> the id of the node whose output feeds it."""
 
-
-class DataPrepNode(Node):
-    kind: Literal["data_prep"]
-    config: DataPrepConfig | None = None
-    """None: the recipe's `data`"""
+    if TYPE_CHECKING:  # every node class declares both (RegisteredNode's config: a mapping)
+        kind: str
+        config: Any
 
 
-class SFTNode(Node):
-    kind: Literal["sft"]
-    config: SFTConfig | None = None
-    """None: the recipe's `sft`"""
+def _node_name(spec: StageSpec) -> str:
+    """The class name: its config model's (DPOConfig: DPONode) when that spells the kind, else
+    the kind's words (evaluate: EvaluateNode)."""
+    prefix = spec.config.__name__.removesuffix("Config")
+    if prefix.lower() != spec.kind.replace("_", ""):
+        prefix = "".join(word.capitalize() for word in spec.kind.split("_"))
+    return f"{prefix}Node"
 
 
-class GRPONode(Node):
-    kind: Literal["grpo"]
-    config: GRPOConfig | None = None
-    """None: the recipe's `grpo`"""
+def _config_field(spec: StageSpec) -> tuple[Any, Any]:
+    config = spec.config
+    if spec.section is not None:  # evaluate (any other input: a model) compares the inputs
+        said = ", models 'base' + the inputs" if spec.any_other_input is not None else ""
+        described = f"None: the recipe's `{spec.section}`{said}"
+        return config | None, Field(default=None, description=described)
+    if any(field.is_required() for field in config.model_fields.values()):
+        return config, ...
+    return config, Field(default_factory=config)
 
 
-class EvaluateNode(Node):
-    kind: Literal["evaluate"]
-    config: EvalConfig | None = None
-    """None: the recipe's `eval`, models 'base' + the inputs"""
+def node_class(spec: StageSpec) -> type[Node]:
+    """The node class of a shipped kind, made from its declaration."""
+    kind: Any = Literal[spec.kind]  # a Literal of the declared kind: the union's tag
+    made = create_model(
+        _node_name(spec),
+        __base__=Node,
+        __module__=__name__,
+        kind=(kind, ...),
+        config=_config_field(spec),
+    )
+    return cast(type[Node], made)
 
 
-class HardSubsetNode(Node):
-    kind: Literal["hard_subset"]
-    config: HardSubsetConfig
-
-
-class SelfTeachNode(Node):
-    kind: Literal["self_teach"]
-    config: SelfTeachConfig = Field(default_factory=SelfTeachConfig)
-
-
-class PreferencesNode(Node):
-    kind: Literal["preferences"]
-    config: PreferencesConfig = Field(default_factory=PreferencesConfig)
-
-
-class DPONode(Node):
-    kind: Literal["dpo"]
-    config: DPOConfig
-
-
-class DistillNode(Node):
-    kind: Literal["distill"]
-    config: DistillConfig
-
-
-class PickNode(Node):
-    kind: Literal["pick"]
-    config: PickConfig
+SHIPPED_NODES: dict[str, type[Node]] = {spec.kind: node_class(spec) for spec in SHIPPED_KINDS}
+"""Shipped kind -> its node class."""
+# by name, for the code that reads one kind's nodes (pipeline/dag.py, the recipe's checks)
+DataPrepNode = SHIPPED_NODES["data_prep"]
+SFTNode = SHIPPED_NODES["sft"]
+GRPONode = SHIPPED_NODES["grpo"]
+EvaluateNode = SHIPPED_NODES["evaluate"]
+HardSubsetNode = SHIPPED_NODES["hard_subset"]
+SelfTeachNode = SHIPPED_NODES["self_teach"]
+PreferencesNode = SHIPPED_NODES["preferences"]
+DPONode = SHIPPED_NODES["dpo"]
+DistillNode = SHIPPED_NODES["distill"]
+PickNode = SHIPPED_NODES["pick"]
 
 
 class RegisteredNode(Node):
@@ -123,25 +140,12 @@ def _node_tag(value: Any) -> str:
 
 
 # A shipped kind's node is tagged with its kind (so an error's path reads pipeline.1.sft.config);
-# any other kind is a RegisteredNode. tests/unit/test_registry.py checks that each tag is its
-# class's kind and that the shipped kinds are exactly the registry's BUILTIN ones.
-StageNode = Annotated[
-    Annotated[DataPrepNode, Tag("data_prep")]
-    | Annotated[SFTNode, Tag("sft")]
-    | Annotated[GRPONode, Tag("grpo")]
-    | Annotated[EvaluateNode, Tag("evaluate")]
-    | Annotated[HardSubsetNode, Tag("hard_subset")]
-    | Annotated[SelfTeachNode, Tag("self_teach")]
-    | Annotated[PreferencesNode, Tag("preferences")]
-    | Annotated[DPONode, Tag("dpo")]
-    | Annotated[DistillNode, Tag("distill")]
-    | Annotated[PickNode, Tag("pick")]
-    | Annotated[RegisteredNode, Tag(REGISTERED)],
-    Discriminator(_node_tag),
-]
-SHIPPED_NODES: dict[str, type[Node]] = {
-    get_args(tagged)[1].tag: get_args(tagged)[0]
-    for tagged in get_args(get_args(StageNode)[0])
-    if get_args(tagged)[1].tag != REGISTERED
-}
-"""Shipped kind -> its node class, read off StageNode."""
+# any other kind is a RegisteredNode.
+if TYPE_CHECKING:
+    StageNode = Node
+else:
+    _TAGGED = tuple(Annotated[node, Tag(kind)] for kind, node in SHIPPED_NODES.items())
+    StageNode = Annotated[
+        Union[(*_TAGGED, Annotated[RegisteredNode, Tag(REGISTERED)])],
+        Discriminator(_node_tag),
+    ]

@@ -17,6 +17,7 @@ from schemas.recipe.common import (
     PositiveInt,
     SamplingTemperature,
 )
+from schemas.recipe.kinds import ALL_SPLITS, DATASET_FOR, Port, StageSpec
 
 
 class HardSubsetConfig(Frozen):
@@ -172,3 +173,54 @@ class PickConfig(Frozen):
         if len(set(value)) != len(value):
             raise ValueError(f"pick.candidates must be distinct, got {value}")
         return value
+
+
+HARD_SUBSET_KIND = StageSpec(
+    "hard_subset",
+    HardSubsetConfig,
+    "stages.hard_subset:run",
+    "dataset",
+    {  # the dataset: the evaluated one (its grpo_train) and its eval split
+        "evaluation": Port(("eval_report",), producers=("evaluate",), trains_on_scored=True),
+        "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
+    },
+    splits=frozenset({"grpo_train", "eval"}),
+    hash_exempt_defaults=("above", "by", "select", "right_share"),
+    summary="The training prompts an evaluation says are still hard.",
+)
+"""The hard_subset kind (stages/hard_subset.py)."""
+SELF_TEACH_KIND = StageSpec(
+    "self_teach",
+    SelfTeachConfig,
+    "stages.self_teach:run",
+    "dataset",
+    {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+    splits=ALL_SPLITS,
+    summary="SFT rows from a policy's own completions that the rewards verify.",
+)
+"""The self_teach kind (stages/self_teach.py)."""
+PREFERENCES_KIND = StageSpec(
+    "preferences",
+    PreferencesConfig,
+    "stages.preferences:run",
+    "preferences",
+    {  # none: pairs from config.file
+        "samples": Port(
+            ("eval_report", "checkpoint"), required=False, producers=("evaluate", "grpo")
+        ),
+        "dataset": Port(("dataset",), frozenset({"eval"}), required=False),
+    },
+    hash_exempt_defaults=("pairing",),
+    summary="Preference pairs from a file or from sampled completions.",
+)
+"""The preferences kind (stages/preferences.py)."""
+PICK_KIND = StageSpec(
+    "pick",
+    PickConfig,
+    "stages.pick:run",
+    "checkpoint",
+    {"evaluation": Port(("eval_report",), producers=("evaluate",))},
+    any_other_input=Port(("checkpoint",)),
+    summary="The policy with the best greedy accuracy on the validation split.",
+)
+"""The pick kind (stages/pick.py)."""

@@ -22,6 +22,7 @@ from schemas.recipe.common import (
     PositiveInt,
     SamplingTemperature,
 )
+from schemas.recipe.kinds import DATASET_FOR, Port, StageSpec
 
 
 class SFTConfig(Frozen):
@@ -287,3 +288,49 @@ class DistillConfig(Frozen):
     """Kept free before a deadline."""
     seed: int = 0
     """Seeds the data order."""
+
+
+SFT_KIND = StageSpec(
+    "sft",
+    SFTConfig,
+    "stages.sft:run",
+    "checkpoint",
+    {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
+    section="sft",
+    progress=True,
+    hash_exempt_defaults=("keep_checkpoints",),
+    summary="Supervised format training (LoRA), from the base or a `policy`.",
+)
+"""The sft kind (stages/sft.py)."""
+GRPO_KIND = StageSpec(
+    "grpo",
+    GRPOConfig,
+    "stages.grpo.training:run",
+    "checkpoint",
+    {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+    section="grpo",
+    progress=True,
+    hash_exempt_defaults=("flat_groups", "keep_checkpoints"),
+    summary="Reinforcement on the rewards (GRPO and its variants).",
+)
+"""The grpo kind (stages/grpo/training.py)."""
+DPO_KIND = StageSpec(
+    "dpo",
+    DPOConfig,
+    "stages.dpo:run",
+    "checkpoint",
+    {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
+    hash_exempt_defaults=("keep_checkpoints",),
+    summary="DPO or ORPO on preference pairs.",
+)
+"""The dpo kind (stages/dpo.py)."""
+DISTILL_KIND = StageSpec(
+    "distill",
+    DistillConfig,
+    "stages.distill:run",
+    "checkpoint",
+    {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
+    hash_exempt_defaults=("keep_checkpoints",),
+    summary="Logit distillation of a teacher into a student.",
+)
+"""The distill kind (stages/distill.py)."""

@@ -13,7 +13,17 @@ from pathlib import Path
 import schemas.recipe
 
 PACKAGE = Path(schemas.recipe.__file__).parent
-ORDER = ["common", "data", "training", "evaluation", "subsets", "runtime", "nodes", "recipe"]
+ORDER = [
+    "common",
+    "kinds",
+    "data",
+    "training",
+    "evaluation",
+    "subsets",
+    "runtime",
+    "nodes",
+    "recipe",
+]
 MAX_LINES = 400
 
 
