@@ -47,7 +47,7 @@ def recipe_page() -> str:
         GENERATED,
         "# Recipe reference",
         "",
-        "Every field a recipe YAML can set, from the schema in `schemas/recipe.py` (each model",
+        "Every field a recipe YAML can set, from the schema in `schemas/recipe/` (each model",
         "rejects unknown fields). Dotted paths are what `far run RECIPE KEY=VALUE` and",
         "`--allow-change` take, e.g. `grpo.rewards` or `sft.max_steps`.",
         "",

@@ -188,7 +188,7 @@ def _produced_splits(source: StageNode, recipe: Recipe) -> frozenset[str]:
     return splits
 
 
-def _check_pick(node: PickNode, by_id: dict[str, StageNode], recipe: Recipe) -> None:
+def _check_pick(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) -> None:
     """A pick node chooses between its candidate inputs by an evaluation of the validation
     split that scored the very same nodes under the same names."""
     missing = [name for name in node.config.candidates if name not in node.inputs]

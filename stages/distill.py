@@ -40,9 +40,9 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models
@@ -186,9 +186,9 @@ def _distill(
 def identity(
     config: DistillConfig, student: ModelSpec, dataset_fingerprint: str, teacher_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"distill": hashed_config("distill", config), "model": student.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, "teacher": teacher_fingerprint}
-    return StageIdentity("distill", STAGE_VERSION, hashed, inputs)
+    hashed = hashed_config("distill", config)
+    return stage_identity("distill", STAGE_VERSION, hashed, inputs, model=student)
 
 
 def distill(
@@ -210,13 +210,10 @@ def distill(
             f"distill: the student's vocabulary ({vocab} embeddings) must equal the "
             f"teacher's ({teacher_vocab}): the KL compares their logits token by token"
         )
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, student, dataset.fingerprint, teacher.fingerprint),
-            dataset=dataset.uri,
-            teacher=teacher.uri,
-        ),
+        identity(config, student, dataset.fingerprint, teacher.fingerprint),
+        {"dataset": dataset, "teacher": teacher},
         lambda directory: _distill(directory, dataset, teacher, config, student, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )

@@ -38,9 +38,9 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models
@@ -195,9 +195,8 @@ def _metrics(trainer: dpo_trainer.DPOTrainer, pairs: int, start_step: int) -> di
 def identity(
     config: DPOConfig, model: ModelSpec, policy_fingerprint: str, pairs_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"dpo": hashed_config("dpo", config), "model": model.model_dump(mode="json")}
     inputs = {"policy": policy_fingerprint, "preferences": pairs_fingerprint}
-    return StageIdentity("dpo", STAGE_VERSION, hashed, inputs)
+    return stage_identity("dpo", STAGE_VERSION, hashed_config("dpo", config), inputs, model=model)
 
 
 def optimize(
@@ -215,13 +214,10 @@ def optimize(
             f"preference pairs {preferences.uri} are not committed (no stage record); "
             f"expected the output of a preferences node"
         )
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, model, policy.fingerprint, preferences.fingerprint),
-            policy=policy.uri,
-            preferences=preferences.uri,
-        ),
+        identity(config, model, policy.fingerprint, preferences.fingerprint),
+        {"policy": policy, "preferences": preferences},
         lambda directory: _optimize(directory, policy, preferences, config, model, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )

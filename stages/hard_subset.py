@@ -36,9 +36,9 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.core.samples import ModeView, mode_view, read_samples
 from stages.registry import hashed_config
@@ -232,9 +232,10 @@ def identity(
 ) -> StageIdentity:
     # `above` and `by` are hashed only when set (the registration's hash_exempt_defaults):
     # subsets made before those fields existed keep their hash and directory
-    hashed = {"hard_subset": hashed_config("hard_subset", config)}
     inputs = {"evaluation": evaluation_fingerprint, "dataset": dataset_fingerprint}
-    return StageIdentity("hard_subset", STAGE_VERSION, hashed, inputs)
+    return stage_identity(
+        "hard_subset", STAGE_VERSION, hashed_config("hard_subset", config), inputs
+    )
 
 
 def check_evaluated_on(evaluation: EvalReport, dataset: DatasetArtifact) -> None:
@@ -276,13 +277,10 @@ def select(
 ) -> StageOutcome[DatasetArtifact]:
     """The prompts of `dataset`'s grpo_train split that `evaluation` says are still hard."""
     check_evaluated_on(evaluation, dataset)
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, evaluation.fingerprint, dataset.fingerprint),
-            evaluation=evaluation.uri,
-            dataset=dataset.uri,
-        ),
+        identity(config, evaluation.fingerprint, dataset.fingerprint),
+        {"evaluation": evaluation, "dataset": dataset},
         lambda directory: _select(directory, evaluation, dataset, config),
     )
 

@@ -36,9 +36,9 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.core.samples import read_samples
 from stages.registry import hashed_config
@@ -196,9 +196,8 @@ def _say(chosen: str, incumbent: str, accuracy: dict[str, float]) -> None:
 def identity(
     config: PickConfig, evaluation_fingerprint: str, candidate_fingerprints: dict[str, str]
 ) -> StageIdentity:
-    hashed = {"pick": hashed_config("pick", config)}
     inputs = {"evaluation": evaluation_fingerprint, **dict(sorted(candidate_fingerprints.items()))}
-    return StageIdentity("pick", STAGE_VERSION, hashed, inputs)
+    return stage_identity("pick", STAGE_VERSION, hashed_config("pick", config), inputs)
 
 
 def pick(
@@ -209,13 +208,10 @@ def pick(
 ) -> StageOutcome[CheckpointArtifact]:
     """The candidate with the best greedy validation accuracy (the incumbent on a tie)."""
     fingerprints = {name: a.fingerprint for name, a in candidates.items()}
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, evaluation.fingerprint, fingerprints),
-            evaluation=evaluation.uri,
-            **{name: a.uri for name, a in candidates.items()},
-        ),
+        identity(config, evaluation.fingerprint, fingerprints),
+        {"evaluation": evaluation, **candidates},
         lambda directory: _pick(directory, evaluation, candidates, config),
     )
 

@@ -37,13 +37,12 @@ from stages.core.errors import InputError
 from stages.core.runner import (
     SOURCE_PREFIX,
     RunContext,
-    StageIdentity,
     StageOutcome,
     find_record,
     record_directory,
-    run_stage,
+    run_on,
+    stage_identity,
     take_optional,
-    with_uris,
 )
 from stages.core.samples import mode_view, read_samples
 from stages.registry import hashed_config
@@ -202,8 +201,8 @@ def _sources(
     samples: EvalReport | CheckpointArtifact | None,
     dataset: DatasetArtifact | None,
     config: PreferencesConfig,
-) -> tuple[list[dict[str, Any]], str, dict[str, str], dict[str, str]]:
-    """(pairs, where from, identity inputs, their URIs)."""
+) -> tuple[list[dict[str, Any]], str, dict[str, str], dict[str, Artifact]]:
+    """(pairs, where from, identity inputs, the upstream artifacts among them)."""
     if config.file is not None:
         if samples is not None:
             raise InputError("preferences: give either config.file or a samples input, not both")
@@ -217,7 +216,7 @@ def _sources(
             raise InputError("preferences from an evaluation need its `dataset` input (prompts)")
         pairs = pairs_from_evaluation(samples, dataset, config)
         inputs = {"samples": samples.fingerprint, "dataset": dataset.fingerprint}
-        return pairs, samples.samples_uri, inputs, {"samples": samples.uri, "dataset": dataset.uri}
+        return pairs, samples.samples_uri, inputs, {"samples": samples, "dataset": dataset}
     if isinstance(samples, CheckpointArtifact):
         if config.pairing == "mode":
             raise InputError(
@@ -229,7 +228,7 @@ def _sources(
             raise InputError(f"preferences: {samples.uri} is not a committed GRPO checkpoint")
         samples_uri = storage.join(record_directory(found[0]), GRPO_SAMPLES_FILE)
         pairs = pairs_from_grpo(samples_uri, config)
-        return pairs, samples_uri, {"samples": samples.fingerprint}, {"samples": samples.uri}
+        return pairs, samples_uri, {"samples": samples.fingerprint}, {"samples": samples}
     raise InputError("preferences need config.file or a samples input (evaluation or GRPO)")
 
 
@@ -240,13 +239,12 @@ def build(
     ctx: RunContext,
 ) -> StageOutcome[PreferenceDataset]:
     """Preference pairs from a file or from sampled completions (or the committed ones)."""
-    pairs, source, inputs, uris = _sources(samples, dataset, config)
-    stage_identity = StageIdentity(
-        "preferences", STAGE_VERSION, {"preferences": hashed_config("preferences", config)}, inputs
-    )
-    return run_stage(
+    pairs, source, inputs, artifacts = _sources(samples, dataset, config)
+    hashed = hashed_config("preferences", config)
+    return run_on(
         ctx,
-        with_uris(stage_identity, **uris),
+        stage_identity("preferences", STAGE_VERSION, hashed, inputs),
+        artifacts,
         lambda directory: _build(directory, pairs, source, config),
     )
 

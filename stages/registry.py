@@ -14,11 +14,14 @@ upstream artifacts keyed by port name, `config` the node's config (an instance o
 is named by "module:function" and imported only when a node of its kind runs: this module
 imports no stage, so reading the registry (validating a recipe, drawing the DAG) stays cheap.
 
-Adding a stage kind is one module (its config model and `run`) plus one line: `register(...)`
-at the end of that module (a plugin's or a test's kind, imported by `--plugin MODULE` or the
-recipe's `plugins:` through pipeline/plugins.py; a recipe's YAML then names it, read as
-a schemas.recipe.RegisteredNode whose config pipeline/dag.py validates against the registered
-model), or, for a kind shipped with FAR, its StageSpec in `BUILTIN` below. The steps are in
+Adding a stage kind is one declaration (a StageSpec: config model, ports, entry point)
+registered once. A plugin's or a test's kind declares it in its own module, whose last line is
+`register(...)` (imported by `--plugin MODULE` or the recipe's `plugins:` through
+pipeline/plugins.py; a recipe's YAML then names it, read as a schemas.recipe.RegisteredNode
+whose config pipeline/dag.py validates against the registered model). A kind shipped with FAR
+declares the same StageSpec beside its config model in the recipe schema
+(schemas/recipe/kinds.py says why there), listed once in schemas.recipe.SHIPPED_KINDS, from
+which the schema assembles its node union and this module takes BUILTIN. The steps are in
 docs/adding-a-stage.md, which tests/integration/test_toy_stage.py follows. `SHARED_LAYERS`
 declares what else sits under stages/.
 """
@@ -26,36 +29,23 @@ declares what else sits under stages/.
 from __future__ import annotations
 
 import difflib
-import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-from schemas.recipe import (
-    DataPrepConfig,
-    DistillConfig,
-    DPOConfig,
-    EvalConfig,
-    GRPOConfig,
-    HardSubsetConfig,
-    PickConfig,
-    PreferencesConfig,
-    SelfTeachConfig,
-    SFTConfig,
-)
-from stages.core.errors import InputError
+from schemas.recipe import SHIPPED_KINDS
 
-ArtifactKind = Literal["dataset", "checkpoint", "eval_report", "preferences"]
-SAYS: dict[str, str] = {  # how an error (and the stage table) names an artifact kind
-    "dataset": "a dataset",
-    "checkpoint": "a checkpoint",
-    "eval_report": "an eval report",
-    "preferences": "preference pairs",
-}
-Section = Literal["data", "sft", "grpo", "eval"]
+# the declaration's parts, defined with the shipped kinds' declarations (one import for a plugin)
+from schemas.recipe.kinds import ALL_SPLITS as ALL_SPLITS
+from schemas.recipe.kinds import DATASET_FOR as DATASET_FOR
+from schemas.recipe.kinds import SAYS as SAYS
+from schemas.recipe.kinds import ArtifactKind as ArtifactKind
+from schemas.recipe.kinds import Port as Port
+from schemas.recipe.kinds import Section as Section
+from schemas.recipe.kinds import StageSpec
+from stages.core.errors import InputError
 
 
 class UnknownStageKind(InputError):
@@ -67,178 +57,9 @@ class PluginError(InputError):
     neither a stage kind nor a reward (pipeline/plugins.py loads them)."""
 
 
-@dataclass(frozen=True)
-class Port:
-    """One input of a kind of node: the artifact kinds it accepts, the dataset splits it reads."""
-
-    accepts: tuple[ArtifactKind, ...]
-    splits: frozenset[str] = frozenset()
-    required: bool = True
-    producers: tuple[str, ...] = ()  # when set, only these node kinds may feed it
-    # when set, the port reads the one split this field of the node's config names (evaluate's
-    # `split`), not `splits` (the split when the config is left at its default)
-    split_field: str | None = None
-    # an eval report whose scored prompts the node trains on (hard_subset): the evaluation must
-    # not score the held-out eval split, and must have evaluated the node's own `dataset`
-    trains_on_scored: bool = False
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """Everything the pipeline needs to know about one kind of stage."""
-
-    kind: str  # the node's `kind` in a recipe; also its stage name in records
-    config: type[BaseModel]  # the node's config model (schemas/recipe.py)
-    entry: str  # "module:function", the uniform run(inputs, config, ctx) -> StageOutcome
-    produces: ArtifactKind
-    ports: Mapping[str, Port] = field(default_factory=dict)
-    splits: frozenset[str] = frozenset()  # a dataset producer: the splits its output holds
-    any_other_input: Port | None = None  # evaluate: any other input name is a model to compare
-    section: Section | None = None  # the recipe section a node without a config reads
-    progress: bool = False  # long stages report per-step progress to the Prefect UI
-    # config fields added after runs existed: hashed only when set to other than their default,
-    # so stages hashed before the field existed keep their hash (and their directory)
-    hash_exempt_defaults: tuple[str, ...] = ()
-    summary: str = ""  # one line for the generated stage table
-
-    @property
-    def module(self) -> str:
-        """The module holding the entry point (what the import contract lists as a stage)."""
-        return self.entry.partition(":")[0]
-
-    def entry_point(self) -> Callable[..., Any]:
-        """The entry point, imported now (a stage module imports JAX and Tunix: seconds)."""
-        module, _, name = self.entry.partition(":")
-        function: Callable[..., Any] = getattr(importlib.import_module(module), name)
-        return function
-
-    def hashed_config(self, config: BaseModel) -> dict[str, Any]:
-        """The config as its stage hash sees it: `hash_exempt_defaults` left out at default."""
-        dumped = config.model_dump(mode="json")
-        fields = type(config).model_fields
-        for name in self.hash_exempt_defaults:
-            if getattr(config, name) == fields[name].get_default(call_default_factory=True):
-                del dumped[name]
-        return dumped
-
-
-DATASET_FOR = {
-    "sft": Port(("dataset",), frozenset({"sft_train"})),
-    "grpo": Port(("dataset",), frozenset({"grpo_train"})),
-    "eval": Port(("dataset",), frozenset({"eval"})),
-}
-ALL_SPLITS = frozenset({"sft_train", "grpo_train", "eval", "validation"})
-
-# The built-in stage kinds, one registration each, in the order the stage table lists them.
-BUILTIN: tuple[StageSpec, ...] = (
-    StageSpec(
-        "data_prep",
-        DataPrepConfig,
-        "stages.data_prep.build:run",
-        "dataset",
-        splits=ALL_SPLITS,  # validation only when the config sets it (pipeline/dag.py)
-        section="data",
-        hash_exempt_defaults=("validation", "prompt"),
-        summary="Draws, tokenizes and splits the examples.",
-    ),
-    StageSpec(
-        "sft",
-        SFTConfig,
-        "stages.sft:run",
-        "checkpoint",
-        {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
-        section="sft",
-        progress=True,
-        hash_exempt_defaults=("keep_checkpoints",),
-        summary="Supervised format training (LoRA), from the base or a `policy`.",
-    ),
-    StageSpec(
-        "grpo",
-        GRPOConfig,
-        "stages.grpo.training:run",
-        "checkpoint",
-        {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
-        section="grpo",
-        progress=True,
-        hash_exempt_defaults=("flat_groups", "keep_checkpoints"),
-        summary="Reinforcement on the rewards (GRPO and its variants).",
-    ),
-    StageSpec(
-        "evaluate",
-        EvalConfig,
-        "stages.evaluate.evaluation:run",
-        "eval_report",
-        {"dataset": Port(("dataset",), frozenset({"eval"}), split_field="split")},
-        any_other_input=Port(("checkpoint",)),
-        section="eval",
-        progress=True,
-        hash_exempt_defaults=("split", "greedy", "rewards", "steps"),
-        summary="Format rate and accuracy of each model compared.",
-    ),
-    StageSpec(
-        "hard_subset",
-        HardSubsetConfig,
-        "stages.hard_subset:run",
-        "dataset",
-        {  # the dataset: the evaluated one (its grpo_train) and its eval split
-            "evaluation": Port(("eval_report",), producers=("evaluate",), trains_on_scored=True),
-            "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
-        },
-        splits=frozenset({"grpo_train", "eval"}),
-        hash_exempt_defaults=("above", "by", "select", "right_share"),
-        summary="The training prompts an evaluation says are still hard.",
-    ),
-    StageSpec(
-        "self_teach",
-        SelfTeachConfig,
-        "stages.self_teach:run",
-        "dataset",
-        {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
-        splits=ALL_SPLITS,
-        summary="SFT rows from a policy's own completions that the rewards verify.",
-    ),
-    StageSpec(
-        "preferences",
-        PreferencesConfig,
-        "stages.preferences:run",
-        "preferences",
-        {  # none: pairs from config.file
-            "samples": Port(
-                ("eval_report", "checkpoint"), required=False, producers=("evaluate", "grpo")
-            ),
-            "dataset": Port(("dataset",), frozenset({"eval"}), required=False),
-        },
-        hash_exempt_defaults=("pairing",),
-        summary="Preference pairs from a file or from sampled completions.",
-    ),
-    StageSpec(
-        "dpo",
-        DPOConfig,
-        "stages.dpo:run",
-        "checkpoint",
-        {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
-        hash_exempt_defaults=("keep_checkpoints",),
-        summary="DPO or ORPO on preference pairs.",
-    ),
-    StageSpec(
-        "distill",
-        DistillConfig,
-        "stages.distill:run",
-        "checkpoint",
-        {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
-        hash_exempt_defaults=("keep_checkpoints",),
-        summary="Logit distillation of a teacher into a student.",
-    ),
-    StageSpec(
-        "pick",
-        PickConfig,
-        "stages.pick:run",
-        "checkpoint",
-        {"evaluation": Port(("eval_report",), producers=("evaluate",))},
-        any_other_input=Port(("checkpoint",)),
-        summary="The policy with the best greedy accuracy on the validation split.",
-    ),
-)
+# The kinds shipped with FAR: each declared beside its config model in the recipe schema
+# (schemas/recipe/kinds.py says why there), from which the schema's node union is assembled too.
+BUILTIN: tuple[StageSpec, ...] = SHIPPED_KINDS
 
 # What else sits directly under stages/ beside the stage kinds: the layers every stage shares,
 # which import no stage (the import contract in pyproject.toml enforces it), and this registry.

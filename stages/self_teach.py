@@ -39,9 +39,9 @@ from stages.core.runner import (
     SessionExpired,
     StageIdentity,
     StageOutcome,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.modeling import generation, models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
@@ -211,13 +211,10 @@ def _teach(
 def identity(
     config: SelfTeachConfig, model: ModelSpec, dataset_fingerprint: str, policy_fingerprint: str
 ) -> StageIdentity:
-    hashed = {
-        "self_teach": hashed_config("self_teach", config),
-        "model": model.model_dump(mode="json"),
-    }
+    hashed = hashed_config("self_teach", config)
     inputs = {"dataset": dataset_fingerprint, "policy": policy_fingerprint}
-    inputs |= rewards.reward_sources(config.verify)  # a user's rewards: their code
-    return StageIdentity("self_teach", STAGE_VERSION, hashed, inputs)
+    code = rewards.reward_sources(config.verify)  # a user's rewards: their code
+    return stage_identity("self_teach", STAGE_VERSION, hashed, inputs, model=model, code=code)
 
 
 def teach(
@@ -234,13 +231,10 @@ def teach(
     models.check_compatible(policy, model, tokenizer_name)
     for name in config.verify:
         rewards.get_reward(name)
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, model, dataset.fingerprint, policy.fingerprint),
-            dataset=dataset.uri,
-            policy=policy.uri,
-        ),
+        identity(config, model, dataset.fingerprint, policy.fingerprint),
+        {"dataset": dataset, "policy": policy},
         lambda directory: _teach(directory, dataset, policy, config, model, mesh, ctx),
     )
 

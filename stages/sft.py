@@ -40,10 +40,10 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
     take_optional,
-    with_uris,
 )
 from stages.core.sessions import StepClock, guarded
 from stages.modeling import models, optim, tunix_compat
@@ -287,11 +287,10 @@ def identity(
     policy_fingerprint: str | None = None,
 ) -> StageIdentity:
     """The hashed config and inputs; without a policy, exactly the original identity."""
-    hashed = {"sft": hashed_config("sft", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint}
     if policy_fingerprint is not None:
         inputs["policy"] = policy_fingerprint
-    return StageIdentity("sft", STAGE_VERSION, hashed, inputs)
+    return stage_identity("sft", STAGE_VERSION, hashed_config("sft", config), inputs, model=model)
 
 
 def train(
@@ -305,15 +304,16 @@ def train(
     """Train (or reuse, if committed) the SFT checkpoint for `dataset`, from `policy` if given."""
     tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
-    uris = {"dataset": dataset.uri}
+    artifacts: dict[str, Artifact] = {"dataset": dataset}
     if policy is not None:
         models.check_compatible(policy, model, tokenizer_name)
         check_policy(policy, config)
-        uris["policy"] = policy.uri
+        artifacts["policy"] = policy
     fingerprint = None if policy is None else policy.fingerprint
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(identity(config, model, dataset.fingerprint, fingerprint), **uris),
+        identity(config, model, dataset.fingerprint, fingerprint),
+        artifacts,
         lambda directory: _train(directory, dataset, config, model, mesh, ctx, policy),
         carry_over=(CHECKPOINT_DIR,),
     )

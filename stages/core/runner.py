@@ -30,7 +30,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
-from schemas.artifacts import EvalReport, StageOutput
+from schemas.artifacts import Artifact, EvalReport, StageOutput
 from schemas.recipe import LoggingConfig, MeshSpec, ModelSpec
 from schemas.record import (
     ArtifactRef,
@@ -171,6 +171,49 @@ class StageIdentity:
 def with_uris(identity: StageIdentity, **uris: str) -> StageIdentity:
     """The identity with its inputs' URIs attached (for lineage; URIs are not hashed)."""
     return dataclasses.replace(identity, input_uris=uris)
+
+
+def stage_identity(
+    stage: StageName,
+    version: int,
+    config: dict[str, Any],
+    inputs: Mapping[str, str],
+    *,
+    model: ModelSpec | None = None,
+    key: str | None = None,
+    code: Mapping[str, str] | None = None,
+) -> StageIdentity:
+    """The identity of a stage that runs on upstream artifacts, built the one way every such
+    stage builds it: its hashed config (registry.hashed_config) under `key` (default: the
+    stage's name), then the recipe's `model` when the stage runs one; the fingerprints of its
+    `inputs` by name, then the digests of the user `code` it runs (rewards.reward_sources)."""
+    hashed = {key or stage: config}
+    if model is not None:
+        hashed["model"] = model.model_dump(mode="json")
+    return StageIdentity(stage, version, hashed, {**inputs, **(code or {})})
+
+
+def run_on(
+    ctx: RunContext,
+    identity: StageIdentity,
+    artifacts: Mapping[str, Artifact],
+    work: Callable[[str], tuple[T, dict[str, float], dict[str, list[float]]]],
+    carry_over: tuple[str, ...] = (),
+) -> StageOutcome[T]:
+    """`run_stage` for a stage whose identity hashes the upstream `artifacts` by name: their
+    URIs are recorded under the same names (for lineage), in the order given. An artifact the
+    identity does not hash under its name, by its fingerprint, is refused: its output would
+    not move when that input changes."""
+    for name, artifact in artifacts.items():
+        hashed = identity.inputs.get(name)
+        if hashed != artifact.fingerprint:
+            raise ValueError(
+                f"stage {identity.stage}: input {name!r} ({artifact.uri}) has fingerprint "
+                f"{artifact.fingerprint[:12]}, but the stage's identity hashes "
+                f"{str(hashed)[:12]} under that name; expected its identity built from it"
+            )
+    uris = {name: artifact.uri for name, artifact in artifacts.items()}
+    return run_stage(ctx, with_uris(identity, **uris), work, carry_over=carry_over)
 
 
 A = TypeVar("A")

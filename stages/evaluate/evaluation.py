@@ -45,9 +45,9 @@ from stages.core.runner import (
     StageOutcome,
     find_checkpoint_record,
     located_output,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.core.shared import SharedBuilds
 from stages.evaluate import fewshot, headroom, reports
@@ -417,10 +417,12 @@ def identity(
 ) -> StageIdentity:
     # split, greedy and rewards are hashed only when set (the registration's
     # hash_exempt_defaults): evaluations made before those fields existed keep their hash
-    hashed = {"eval": hashed_config("evaluate", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, **dict(sorted(checkpoint_fingerprints.items()))}
-    inputs |= rewards.reward_sources(config.rewards)  # a user's rewards: their code
-    return StageIdentity("evaluate", STAGE_VERSION, hashed, inputs)
+    code = rewards.reward_sources(config.rewards)  # a user's rewards: their code
+    hashed = hashed_config("evaluate", config)
+    return stage_identity(
+        "evaluate", STAGE_VERSION, hashed, inputs, model=model, key="eval", code=code
+    )
 
 
 def resolve_checkpoints(
@@ -481,13 +483,10 @@ def evaluate(
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
     scored_config, scored = with_saved_steps(config, resolved)
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, model, dataset.fingerprint, fingerprints),
-            dataset=dataset.uri,
-            **{n: a.uri for n, a in resolved.items()},
-        ),
+        identity(config, model, dataset.fingerprint, fingerprints),
+        {"dataset": dataset, **resolved},
         lambda directory: _evaluate(
             directory, dataset, scored, scored_config, model, mesh, sandbox, ctx
         ),

@@ -45,9 +45,9 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    run_stage,
+    run_on,
+    stage_identity,
     take,
-    with_uris,
 )
 from stages.core.sessions import StepClock, guarded, nonempty
 from stages.grpo import advantages, metrics, rollouts, timing
@@ -442,10 +442,10 @@ def save_samples(uri: str, samples: list[dict[str, Any]], start_step: int) -> No
 def identity(
     config: GRPOConfig, model: ModelSpec, dataset_fingerprint: str, sft_fingerprint: str
 ) -> StageIdentity:
-    hashed = {"grpo": hashed_config("grpo", config), "model": model.model_dump(mode="json")}
     inputs = {"dataset": dataset_fingerprint, "sft": sft_fingerprint}
-    inputs |= rewards.reward_sources(list(config.rewards))  # a user's rewards: their code
-    return StageIdentity("grpo", STAGE_VERSION, hashed, inputs)
+    code = rewards.reward_sources(list(config.rewards))  # a user's rewards: their code
+    hashed = hashed_config("grpo", config)
+    return stage_identity("grpo", STAGE_VERSION, hashed, inputs, model=model, code=code)
 
 
 def reinforce(
@@ -461,13 +461,10 @@ def reinforce(
     check_dataset(dataset, tokenizer_name)
     models.check_compatible(sft, model, tokenizer_name)
     rewards.validate_names(config.rewards)
-    return run_stage(
+    return run_on(
         ctx,
-        with_uris(
-            identity(config, model, dataset.fingerprint, sft.fingerprint),
-            dataset=dataset.uri,
-            sft=sft.uri,
-        ),
+        identity(config, model, dataset.fingerprint, sft.fingerprint),
+        {"dataset": dataset, "sft": sft},
         lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )

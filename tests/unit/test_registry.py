@@ -19,11 +19,13 @@ from pipeline.plan import stage_version
 from schemas.base import Frozen
 from schemas.recipe import (
     REGISTERED,
+    SHIPPED_KINDS,
     SHIPPED_NODES,
     EvalConfig,
     HardSubsetConfig,
     RegisteredNode,
     StageNode,
+    node_class,
 )
 from stages import registry
 from stages.core.runner import StageIdentity
@@ -188,3 +190,47 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
     ).items()
     subset = registry.hashed_config("hard_subset", HardSubsetConfig(model="sft", above=0.0))
     assert subset["above"] == 0.0 and "by" not in subset
+
+
+def test_a_shipped_kind_is_one_declaration_registered_once_like_a_plugged_in_one() -> None:
+    """Each shipped kind is one StageSpec (config model, ports, entry point), the same type a
+    plugin registers, declared beside its config model: the registry's BUILTIN is exactly
+    those declarations, registered through the same `register`, and the schema's node union
+    is assembled from them, so both name the same kinds with the same config models."""
+    assert registry.BUILTIN is SHIPPED_KINDS
+    for spec in SHIPPED_KINDS:
+        assert type(spec) is registry.StageSpec
+        assert registry.REGISTRY[spec.kind] is spec
+    tags = [typing.get_args(t)[1].tag for t in typing.get_args(typing.get_args(StageNode)[0])]
+    assert tags == [*(spec.kind for spec in SHIPPED_KINDS), REGISTERED]
+    for spec in SHIPPED_KINDS:
+        config = SHIPPED_NODES[spec.kind].model_fields["config"]
+        assert spec.config in (config.annotation, *typing.get_args(config.annotation))
+        if spec.section is not None:  # None: the recipe's section
+            assert config.default is None and f"`{spec.section}`" in str(config.description)
+        else:
+            assert config.is_required() == any(
+                f.is_required() for f in spec.config.model_fields.values()
+            ), spec.kind
+
+
+class _NewConfig(Frozen):
+    """A kind's config."""
+
+    keep: int = Field(default=4, gt=0)
+    """Rows kept."""
+
+
+def test_a_new_shipped_kind_needs_only_its_declaration() -> None:
+    """The node class a declaration makes reads a YAML node of its kind and names a bad
+    config's field, with nothing else written for it."""
+    spec = registry.StageSpec("first_rows", _NewConfig, "stages.first_rows:run", "dataset")
+    node = node_class(spec)
+    assert node.__name__ == "FirstRowsNode"
+    read = node.model_validate({"id": "first", "kind": "first_rows", "config": {"keep": 2}})
+    assert read.config == _NewConfig(keep=2)
+    assert node.model_validate({"id": "first", "kind": "first_rows"}).config == _NewConfig()
+    with pytest.raises(ValueError, match=r"config\.keep\n  Input should be greater than 0"):
+        node.model_validate({"id": "first", "kind": "first_rows", "config": {"keep": 0}})
+    with pytest.raises(ValueError, match="kind"):
+        node.model_validate({"id": "first", "kind": "sft", "config": {}})

@@ -1,0 +1,336 @@
+"""The training stages' configs: SFT, GRPO (with its reward presets), DPO / ORPO and
+logit distillation.
+
+Part of the recipe schema (schemas/recipe/__init__.py says how the package is laid out).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from schemas.base import Frozen
+from schemas.recipe.common import (
+    LearningRate,
+    LoraSpec,
+    ModelSpec,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    SamplingTemperature,
+)
+from schemas.recipe.kinds import DATASET_FOR, Port, StageSpec
+
+
+class SFTConfig(Frozen):
+    """Supervised format training with Tunix PeftTrainer."""
+
+    max_steps: PositiveInt
+    """optimizer steps"""
+    batch_size: PositiveInt
+    """the micro-batch: rows per forward/backward pass"""
+    gradient_accumulation_steps: PositiveInt = 1
+    """'fit to tile': 8 on a v5e-8"""
+    learning_rate: LearningRate = 1e-3
+    """the peak, with a schedule"""
+    lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    """constant, or warmup_cosine (warmup_steps, then a cosine decay)."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Optimizer steps of linear warmup (warmup_cosine)."""
+    weight_decay: NonNegativeFloat = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: PositiveFloat | None = 1.0
+    """Clip gradients to this global norm; null: no clipping."""
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    """null: train full weights"""
+    checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many optimizer steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
+    checkpoint_every_seconds: PositiveFloat | None = None
+    """also save on a timer"""
+    save_margin_seconds: NonNegativeFloat = 60.0
+    """kept free before a deadline"""
+    seed: int = 0
+    """Seeds the data order."""
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> SFTConfig:
+        if self.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"warmup_steps must be < max_steps, got {self.warmup_steps} >= {self.max_steps}"
+            )
+        return self
+
+
+# Named reward weightings a recipe can ask for with `rewards: {preset: NAME}`.
+REWARD_PRESETS: dict[str, dict[str, float]] = {
+    # A trajectory weighting: 60% reasoning (format + shaping), 40% correctness.
+    "trajectory_60_correctness_40": {
+        "format_strict": 0.3,
+        "reasoning_quality": 0.3,
+        "math_equivalent": 0.4,
+    },
+}
+
+
+def _expand_reward_preset(value: object) -> object:
+    """`{preset: NAME}` -> that preset's weights; any other value is left to validation."""
+    if not (isinstance(value, dict) and set(value) == {"preset"}):
+        return value
+    name = value["preset"]
+    if name not in REWARD_PRESETS:
+        raise ValueError(f"unknown reward preset {name!r}; presets: {sorted(REWARD_PRESETS)}")
+    return dict(REWARD_PRESETS[name])
+
+
+GRPOAlgorithm = Literal["grpo", "gspo-token", "dapo", "dr-grpo"]
+
+
+class OverlongPenalty(Frozen):
+    """DAPO's soft overlong punishment: a completion longer than `max_chars - buffer_chars`
+    loses up to `penalty` reward, linearly over the buffer. Tunix measures the length in
+    characters of the decoded completion, not in tokens."""
+
+    buffer_chars: PositiveInt
+    """Characters before max_chars over which the penalty grows linearly."""
+    max_chars: PositiveInt
+    """The completion length (characters) at which the full penalty applies."""
+    penalty: NonNegativeFloat = 1.0
+    """The most reward an overlong completion loses."""
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> OverlongPenalty:
+        if self.buffer_chars >= self.max_chars:
+            raise ValueError(
+                f"buffer_chars must be < max_chars, got {self.buffer_chars} >= {self.max_chars}"
+            )
+        return self
+
+
+class GRPOConfig(Frozen):
+    """Reinforcement with Tunix's RL learners: rollout, rewards (by registered name), loss.
+
+    algorithm: grpo (GRPOLearner), gspo-token (GRPOLearner with the sequence-level GSPO
+    loss), dapo (DAPOLearner: no KL term, so beta must be 0; asymmetric clipping with
+    `epsilon_high`; optional overlong penalty) or dr-grpo (DrGRPOLearner: advantages without
+    the per-group std division, loss scaled by a constant token count). Tunix 0.1.7's
+    DAPOConfig.dynamic_sampling is a flag its learner never reads, so it is not offered here.
+
+    The optimizer defaults are those of Tunix's GRPO examples: AdamW at 3e-6 with b1 0.9,
+    b2 0.99, weight decay 0.1, a linear warmup over the first 10% of the updates then a
+    cosine decay (to 10% of the peak), gradients clipped to global norm 0.1.
+    """
+
+    max_steps: PositiveInt
+    """GRPO steps (each: a batch of prompts, rollouts, rewards, policy updates)."""
+    batch_size: PositiveInt
+    """prompts per step; each gets num_generations completions"""
+    train_micro_batch_size: PositiveInt | None = None
+    """prompts per backward pass"""
+    num_generations: Annotated[int, Field(ge=2)] = 4
+    """Completions sampled per prompt (the group GRPO compares)."""
+    num_iterations: PositiveInt = 1
+    """policy updates per batch (mu in the GRPO paper)"""
+    algorithm: GRPOAlgorithm = "grpo"
+    """grpo, gspo-token, dapo or dr-grpo (see above)."""
+    max_generation_tokens: PositiveInt = 32
+    """Tokens a rollout completion may take."""
+    temperature: SamplingTemperature = 0.9
+    """Rollout sampling temperature."""
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
+    """Rollout nucleus sampling; null or 1.0: off."""
+    top_k: PositiveInt | None = None
+    """Rollout top-k sampling; null: off."""
+    beta: NonNegativeFloat = 0.04
+    """Weight of the KL penalty to the reference (SFT) policy; 0 for dapo."""
+    epsilon: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """The policy-ratio clip (lower, and upper unless epsilon_high)."""
+    epsilon_high: PositiveFloat | None = None
+    """dapo only: upper clip (DAPO paper: 0.28)"""
+    overlong_penalty: OverlongPenalty | None = None
+    """dapo only"""
+    learning_rate: LearningRate = 3e-6
+    """the peak, with lr_schedule"""
+    lr_schedule: Literal["constant", "warmup_cosine"] = "warmup_cosine"
+    """constant, or warmup_cosine (warmup_fraction, then a cosine decay to 10%)."""
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """of the optimizer updates"""
+    weight_decay: NonNegativeFloat = 0.1
+    """AdamW weight decay."""
+    adam_b1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """AdamW beta1."""
+    adam_b2: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    """AdamW beta2."""
+    max_grad_norm: PositiveFloat | None = 0.1
+    """null: no clipping"""
+    rewards: Annotated[dict[str, float], BeforeValidator(_expand_reward_preset)] = Field(
+        default_factory=lambda: {"format_strict": 1.0, "answer_match": 1.0}
+    )
+    """reward name -> weight, or {preset: NAME} for one of REWARD_PRESETS"""
+    checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many GRPO steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
+    save_margin_seconds: NonNegativeFloat = 60.0
+    """kept free before a deadline"""
+    samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
+    """completions kept in samples.jsonl"""
+    seed: int = 0
+    """Seeds the prompt order and, with the global step, each step's rollout sampling key."""
+    flat_groups: Literal["count", "drop"] = "count"
+    """A group whose completions all earn the same reward has zero advantage. `count`: its
+    completions still count in the loss's mean over sequences (Tunix's GRPO), diluting the
+    informative groups' gradient; `drop`: they are left out of that mean (the informative
+    groups' advantages scaled by groups / informative groups; grpo and gspo-token only)."""
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_reward(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("rewards must name at least one registered reward, got {}")
+        for name, weight in value.items():
+            if not math.isfinite(weight):
+                raise ValueError(f"reward {name!r} has weight {weight}; expected a finite number")
+        if all(weight == 0 for weight in value.values()):
+            raise ValueError(
+                f"every reward weight is 0 ({value}), so every completion scores 0 and GRPO "
+                f"learns nothing; give at least one reward a non-zero weight"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _algorithm_knobs(self) -> GRPOConfig:
+        if self.flat_groups == "drop" and self.algorithm not in ("grpo", "gspo-token"):
+            raise ValueError(
+                f"flat_groups: drop rescales GRPO's group advantages; algorithm is "
+                f"{self.algorithm!r} (use grpo or gspo-token, or flat_groups: count)"
+            )
+        if self.algorithm != "dapo":
+            for name in ("epsilon_high", "overlong_penalty"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} is a DAPO knob; algorithm is {self.algorithm!r} (set "
+                        f"algorithm: dapo or remove {name})"
+                    )
+            return self
+        if self.beta != 0:
+            raise ValueError(f"dapo has no KL term: set beta: 0 (got beta={self.beta})")
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(
+                f"epsilon_high must be >= epsilon, got {self.epsilon_high} < {self.epsilon}"
+            )
+        return self
+
+
+class DPOConfig(Frozen):
+    """Preference optimisation with Tunix's DPO trainer: `algorithm` dpo or orpo."""
+
+    algorithm: Literal["dpo", "orpo"] = "dpo"
+    """dpo, or orpo (odds-ratio preference optimisation, no reference model)."""
+    max_steps: PositiveInt
+    """Optimizer steps."""
+    batch_size: PositiveInt = 2
+    """Pairs per step."""
+    learning_rate: LearningRate = 1e-4
+    """The learning rate."""
+    beta: PositiveFloat = 0.1
+    """DPO's temperature on the log-ratio difference."""
+    lambda_orpo: PositiveFloat = 0.1
+    """ORPO's weight of the odds-ratio term."""
+    max_response_len: PositiveInt = 32
+    """Tokens a chosen or rejected response keeps (longer ones are cut)."""
+    checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
+    save_margin_seconds: NonNegativeFloat = 60.0
+    """Kept free before a deadline."""
+    seed: int = 0
+    """Seeds the pair order."""
+
+
+class DistillConfig(Frozen):
+    """Logit distillation with Tunix's DistillationTrainer: a student learns a teacher's
+    softened next-token distribution (KL at `temperature`, weight `alpha`) plus the task loss.
+
+    `student` is the student's ModelSpec (None: the recipe's model); it may be smaller than
+    the teacher but must share its tokenizer. `lora` trains adapters on the student, None
+    trains its full weights.
+    """
+
+    student: ModelSpec | None = None
+    """The student's ModelSpec; null: the recipe's model."""
+    lora: LoraSpec | None = None
+    """Adapters on the student; null: train its full weights."""
+    max_steps: PositiveInt
+    """Optimizer steps."""
+    batch_size: PositiveInt = 4
+    """SFT rows per step."""
+    learning_rate: LearningRate = 1e-3
+    """The learning rate."""
+    temperature: Annotated[float, Field(gt=0, le=20)] = 2.0
+    """Softens both distributions for the KL term."""
+    alpha: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Weight of the distillation (KL) loss against the task loss."""
+    checkpoint_every_steps: PositiveInt = 50
+    """Save a checkpoint every this many steps."""
+    keep_checkpoints: NonNegativeInt = 2
+    """Saved steps kept, the newest; 0 keeps every one, so an evaluate node with `steps:
+    saved` scores each and a pick node chooses among them (never shipping a worse step)."""
+    save_margin_seconds: NonNegativeFloat = 60.0
+    """Kept free before a deadline."""
+    seed: int = 0
+    """Seeds the data order."""
+
+
+SFT_KIND = StageSpec(
+    "sft",
+    SFTConfig,
+    "stages.sft:run",
+    "checkpoint",
+    {"dataset": DATASET_FOR["sft"], "policy": Port(("checkpoint",), required=False)},
+    section="sft",
+    progress=True,
+    hash_exempt_defaults=("keep_checkpoints",),
+    summary="Supervised format training (LoRA), from the base or a `policy`.",
+)
+"""The sft kind (stages/sft.py)."""
+GRPO_KIND = StageSpec(
+    "grpo",
+    GRPOConfig,
+    "stages.grpo.training:run",
+    "checkpoint",
+    {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
+    section="grpo",
+    progress=True,
+    hash_exempt_defaults=("flat_groups", "keep_checkpoints"),
+    summary="Reinforcement on the rewards (GRPO and its variants).",
+)
+"""The grpo kind (stages/grpo/training.py)."""
+DPO_KIND = StageSpec(
+    "dpo",
+    DPOConfig,
+    "stages.dpo:run",
+    "checkpoint",
+    {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
+    hash_exempt_defaults=("keep_checkpoints",),
+    summary="DPO or ORPO on preference pairs.",
+)
+"""The dpo kind (stages/dpo.py)."""
+DISTILL_KIND = StageSpec(
+    "distill",
+    DistillConfig,
+    "stages.distill:run",
+    "checkpoint",
+    {"dataset": DATASET_FOR["sft"], "teacher": Port(("checkpoint",))},
+    hash_exempt_defaults=("keep_checkpoints",),
+    summary="Logit distillation of a teacher into a student.",
+)
+"""The distill kind (stages/distill.py)."""
