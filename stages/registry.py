@@ -160,7 +160,7 @@ BUILTIN: tuple[StageSpec, ...] = (
         {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
         section="grpo",
         progress=True,
-        hash_exempt_defaults=("flat_groups", "keep_checkpoints"),
+        hash_exempt_defaults=("flat_groups", "keep_checkpoints", "baseline"),
         summary="Reinforcement on the rewards (GRPO and its variants).",
     ),
     StageSpec(
