@@ -188,6 +188,13 @@ class GRPOConfig(Frozen):
     completions still count in the loss's mean over sequences (Tunix's GRPO), diluting the
     informative groups' gradient; `drop`: they are left out of that mean (the informative
     groups' advantages scaled by groups / informative groups; grpo and gspo-token only)."""
+    baseline: Literal["group", "greedy"] = "group"
+    """What a completion's reward is compared with. `group`: the mean of its group (Tunix's
+    GRPO, normalized by the group's std). `greedy` (ReMax, arXiv 2310.10505): the reward of
+    the current policy's greedy completion of the same prompt, decoded each step; the
+    advantage is r(sample) - r(greedy), not divided by anything, so a sample that only agrees
+    with the greedy answer earns nothing and sharpening a wrong mode is not paid (grpo and
+    gspo-token only; not with flat_groups: drop, whose flat groups are a group-mean notion)."""
 
     @field_validator("rewards")
     @classmethod
@@ -206,6 +213,7 @@ class GRPOConfig(Frozen):
 
     @model_validator(mode="after")
     def _algorithm_knobs(self) -> GRPOConfig:
+        self._greedy_baseline_knobs()
         if self.flat_groups == "drop" and self.algorithm not in ("grpo", "gspo-token"):
             raise ValueError(
                 f"flat_groups: drop rescales GRPO's group advantages; algorithm is "
@@ -226,6 +234,23 @@ class GRPOConfig(Frozen):
                 f"epsilon_high must be >= epsilon, got {self.epsilon_high} < {self.epsilon}"
             )
         return self
+
+    def _greedy_baseline_knobs(self) -> None:
+        if self.baseline != "greedy":
+            return
+        if self.algorithm not in ("grpo", "gspo-token"):
+            raise ValueError(
+                f"baseline: greedy replaces GRPO's group advantages; algorithm is "
+                f"{self.algorithm!r}, whose learner computes its own (use grpo or gspo-token, "
+                f"or baseline: group)"
+            )
+        if self.flat_groups == "drop":
+            raise ValueError(
+                "baseline: greedy cannot honour flat_groups: drop: a group whose samples all "
+                "earn the same reward still has an advantage when the greedy reward differs, "
+                "and rows that match the greedy reward already get 0 (set flat_groups: count "
+                "or baseline: group)"
+            )
 
 
 class DPOConfig(Frozen):
@@ -310,7 +335,7 @@ GRPO_KIND = StageSpec(
     {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
     section="grpo",
     progress=True,
-    hash_exempt_defaults=("flat_groups", "keep_checkpoints"),
+    hash_exempt_defaults=("flat_groups", "keep_checkpoints", "baseline"),
     summary="Reinforcement on the rewards (GRPO and its variants).",
 )
 """The grpo kind (stages/grpo/training.py)."""

@@ -8,6 +8,9 @@ registry: GRPO's group-normalized advantages, those of the informative groups sc
 groups / informative groups, which makes the policy-gradient term the mean over informative
 completions only (the PPO-clipped objective is linear in the advantage, so the scale carries
 through the clipping; a KL term, when beta > 0, stays averaged over every completion).
+
+`baseline: greedy` registers the second estimator, ReMax's (stages/grpo/baseline.py puts the
+greedy completion's reward into the rewards it receives).
 """
 
 from __future__ import annotations
@@ -28,3 +31,23 @@ def informative_group_advantages(rewards: np.ndarray, num_generations: int) -> n
     if informative == 0:  # every advantage is 0: nothing to rescale
         return advantages
     return advantages * (grouped.shape[0] / informative)
+
+
+GREEDY_BASELINE = "far_greedy_baseline"
+"""The `baseline: greedy` estimator's name in Tunix's registry."""
+
+
+@function_registry.register_advantage_estimator(GREEDY_BASELINE)
+def greedy_baseline_advantages(rewards: np.ndarray, num_generations: int) -> np.ndarray:
+    """ReMax's advantages: the rewards as they come, each already r(sample) - r(greedy).
+
+    The greedy baseline enters as one more reward term, -r(greedy) on each row of the prompt
+    (stages/grpo/baseline.py), and Tunix sums the terms, so nothing is left to subtract; no
+    group mean is taken (it would bring back the group baseline). Nothing is divided either:
+    ReMax does not normalize, and dividing by the group's std would scale a group whose
+    samples happen to agree (std 0, yet all wrong against a right greedy answer) to infinity
+    and blow up small spreads; the advantages stay in reward units, bounded by the reward
+    weights. `num_generations` is Tunix's estimator signature; the rows need no grouping.
+    """
+    del num_generations
+    return np.asarray(rewards, dtype=np.float32)

@@ -5,8 +5,12 @@ metrics logger, to TensorBoard when the training config names a log directory.
 `StepObserver` is a Tunix metric_fn that adds what Tunix does not compute, the fraction of
 groups whose rewards are all equal (they carry no GRPO signal; its complement is logged as the
 informative-group fraction) and the strict-format rate,
-and keeps a few completions per step. `MetricsHistory` collects the per-step numbers through
-the cluster's external-logger hook for the stage record.
+and keeps a few completions per step. With `baseline: greedy` (stages/grpo/baseline.py) the
+total Tunix logs as rewards/score/mean is R(sample) - R(greedy), so the observer also logs
+the greedy completions' mean reward, the samples' own mean reward and the fraction of rows
+whose advantage is not 0 (the rows that move the policy), and each kept sample row carries
+its prompt's greedy completion and reward. `MetricsHistory` collects the per-step numbers
+through the cluster's external-logger hook for the stage record.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import numpy as np
 
 from schemas.recipe import AnswerFormat
 from stages import rewards
+from stages.grpo.baseline import GreedyBaseline
 
 ZERO_VARIANCE = "far/zero_variance_groups"
 INFORMATIVE = "far/informative_groups"  # 1 - ZERO_VARIANCE: the groups that carry a gradient
 FORMAT_RATE = "far/format_rate"
 TOTAL_REWARD = "rewards/score/mean"  # Tunix: the per-step mean of the summed rewards
 LENGTHS = ("completions/mean_length", "completions/max_length")
+GREEDY_REWARD = "rewards/greedy/mean"  # baseline: greedy: R(greedy completion), per prompt
+SAMPLE_REWARD = "rewards/sample/mean"  # baseline: greedy: R(sample), what score is without it
+NONZERO_ADVANTAGE = "far/nonzero_advantage"  # baseline: greedy: rows with advantage != 0
 SECONDS_PREFIX = "far/seconds/"  # per-phase step timing (stages/grpo/timing.py)
 
 
@@ -43,8 +51,10 @@ class StepObserver:
         step_of: Callable[[], int],
         seed_of: Callable[[int], int | None],
         answer_format: AnswerFormat = "tags",
+        baseline: GreedyBaseline | None = None,
     ) -> None:
         self.answer_format = answer_format  # the dataset's: the format rate is judged in it
+        self.baseline = baseline  # baseline: greedy's reward term, read after it has run
         self.num_generations = num_generations
         self.samples_per_step = samples_per_step
         self.step_of, self.seed_of = step_of, seed_of
@@ -59,23 +69,33 @@ class StepObserver:
         **_: Any,
     ) -> dict[str, tuple[float, Callable[..., Any]]]:
         step, scores = self.step_of(), np.asarray(rewards, dtype=np.float64)
+        greedy = None if self.baseline is None else self.baseline.rows()
+        sampled = scores if greedy is None else scores + greedy  # the samples' own rewards
         for i in range(min(self.samples_per_step, len(completions))):
-            self.samples.append(
-                {
-                    "step": step,
-                    "rollout_seed": self.seed_of(step),
-                    "prompt": str(prompts[i]),
-                    "completion": str(completions[i]),
-                    "reward": float(scores[i]),
-                }
-            )
+            row = {
+                "step": step,
+                "rollout_seed": self.seed_of(step),
+                "prompt": str(prompts[i]),
+                "completion": str(completions[i]),
+                "reward": float(sampled[i]),
+            }
+            if self.baseline is not None and self.baseline.last is not None:
+                row["greedy_completion"] = self.baseline.last.completions[i // self.num_generations]
+                row["greedy_reward"] = float(self.baseline.last.rewards[i // self.num_generations])
+            self.samples.append(row)
         strict = [rewards_format(c, self.answer_format) for c in completions]
         flat = zero_variance_fraction(scores, self.num_generations)
-        return {
+        out = {
             ZERO_VARIANCE: (flat, np.mean),
             INFORMATIVE: (1.0 - flat, np.mean),
             FORMAT_RATE: (float(np.mean(strict)), np.mean),
         }
+        if greedy is not None:
+            out[GREEDY_REWARD] = (float(np.mean(greedy)), np.mean)
+            out[SAMPLE_REWARD] = (float(np.mean(sampled)), np.mean)
+            moving = np.asarray(advantages, dtype=np.float64) != 0
+            out[NONZERO_ADVANTAGE] = (float(np.mean(moving)), np.mean)
+        return out
 
 
 def rewards_format(completion: str, answer_format: AnswerFormat = "tags") -> float:
@@ -102,7 +122,8 @@ class MetricsHistory:
 
     def latest_reward(self) -> dict[str, float]:
         """The last step's mean total reward, for progress lines (empty before the first)."""
-        totals = self.values.get(TOTAL_REWARD)
+        # baseline: greedy: the samples' reward, not their margin over the greedy completion
+        totals = self.values.get(SAMPLE_REWARD, self.values.get(TOTAL_REWARD))
         return {"reward": totals[-1]} if totals else {}
 
     def curves(self, kl: Sequence[float]) -> dict[str, list[float]]:
@@ -115,13 +136,14 @@ class MetricsHistory:
 
     def summary(self) -> dict[str, float]:
         """First and last value of every reward metric and the format rate; the session's mean
-        informative-group fraction; its total seconds of each timed phase (far/seconds/<phase>,
+        informative-group fraction (and, baseline: greedy, its mean fraction of rows with a
+        non-zero advantage); its total seconds of each timed phase (far/seconds/<phase>,
         stages/grpo/timing.py)."""
         out: dict[str, float] = {}
         for name, history in sorted(self.values.items()):
             if name.startswith("rewards/") or name == FORMAT_RATE:
                 out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
-            elif name == INFORMATIVE:
+            elif name in (INFORMATIVE, NONZERO_ADVANTAGE):
                 out[f"{name}/mean"] = float(np.mean(history))
             elif name.startswith(SECONDS_PREFIX):
                 out[f"{name}/total"] = float(sum(history))

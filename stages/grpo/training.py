@@ -17,12 +17,13 @@ and resuming (or kill -9 and re-running) ends with the same adapters, bit for bi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ from stages.core.runner import (
 )
 from stages.core.sessions import StepClock, guarded, nonempty
 from stages.grpo import advantages, metrics, rollouts, timing
+from stages.grpo import baseline as greedy_baseline
 from stages.modeling import models, optim, tunix_compat
 from stages.modeling.compilations import (
     SAMPLER_FUNCTIONS,
@@ -140,8 +142,23 @@ def _cluster_config(
         rollout_engine=engine if meshes[0] is meshes[1] else "vanilla",
         offload_to_cpu=False,
         training_config=training,
-        rollout_config=rollout,
+        rollout_config=rollout if config.baseline == "group" else with_greedy_eval(rollout),
     )
+
+
+def with_greedy_eval(
+    rollout: base_rollout.RolloutConfig,
+) -> dict[rl_cluster_lib.Mode, base_rollout.RolloutConfig]:
+    """The rollout configs by mode: TRAIN samples, EVAL decodes greedily (Tunix's sampler is
+    greedy when top_p and top_k are None); the greedy baseline decodes with EVAL."""
+    greedy = dataclasses.replace(rollout, top_p=None, top_k=None, seed=None)
+    return {rl_cluster_lib.Mode.TRAIN: rollout, rl_cluster_lib.Mode.EVAL: greedy}
+
+
+def greedy_decode(cluster: rl_cluster_lib.RLCluster, prompts: list[str]) -> list[str]:
+    """`prompts`' greedy completions by the cluster's current rollout policy. `cluster.generate`
+    is looked up at each call, so the phase timer's wrapper counts it as rollout time."""
+    return list(cluster.generate(prompts=prompts, mode=rl_cluster_lib.Mode.EVAL).text)
 
 
 def algorithm_config(config: GRPOConfig) -> grpo_learner.GRPOConfig:
@@ -169,6 +186,8 @@ def algorithm_config(config: GRPOConfig) -> grpo_learner.GRPOConfig:
     if config.algorithm == "dr-grpo":
         return drgrpo_learner.DrGRPOConfig(**shared, beta=config.beta)
     estimator = {"drop": advantages.INFORMATIVE_GROUPS, "count": "grpo"}[config.flat_groups]
+    if config.baseline == "greedy":  # the recipe refuses it with flat_groups: drop
+        estimator = advantages.GREEDY_BASELINE
     return grpo_learner.GRPOConfig(
         **shared, beta=config.beta, loss_algo=config.algorithm, advantage_estimator=estimator
     )
@@ -185,16 +204,34 @@ _LEARNERS: dict[str, type[grpo_learner.GRPOLearner]] = {
 def _learner(
     cluster: rl_cluster_lib.RLCluster,
     config: GRPOConfig,
-    sandbox: rewards.SandboxStats,
+    reward_fns: list[Callable[..., Any]],
     observer: metrics.StepObserver,
-    answer_format: AnswerFormat = "tags",
 ) -> grpo_learner.GRPOLearner:
     return _LEARNERS[config.algorithm](
         rl_cluster=cluster,
         algo_config=algorithm_config(config),
-        reward_fns=rewards.tunix_reward_fns(config.rewards, sandbox, answer_format),
+        reward_fns=reward_fns,
         metric_fns=[observer],
     )
+
+
+def _reward_fns(
+    cluster: rl_cluster_lib.RLCluster,
+    config: GRPOConfig,
+    sandbox: rewards.SandboxStats,
+    answer_format: AnswerFormat,
+) -> tuple[list[Callable[..., Any]], greedy_baseline.GreedyBaseline | None]:
+    """The recipe's rewards in Tunix's shape, and last, with `baseline: greedy`, the greedy
+    baseline's term (-R(greedy) per row: stages/grpo/baseline.py)."""
+    fns: list[Callable[..., Any]] = list(
+        rewards.tunix_reward_fns(config.rewards, sandbox, answer_format)
+    )
+    if config.baseline == "group":
+        return fns, None
+    baseline = greedy_baseline.GreedyBaseline(
+        fns, config.num_generations, functools.partial(greedy_decode, cluster)
+    )
+    return [*fns, baseline], baseline
 
 
 def build_session(
@@ -239,16 +276,18 @@ def build_session(
     if isinstance(cluster.rollout, tunix_compat.SeededRollout):
         cluster.rollout.follow(lambda: cluster.global_steps)
         seeds = cluster.rollout.seeds_used
+    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
+    # the rewards grade in the format the dataset was written in (data.prompt.answer_format)
+    reward_fns, baseline = _reward_fns(cluster, config, sandbox, dataset.prompt.answer_format)
     observer = metrics.StepObserver(
         config.num_generations,
         config.samples_per_step,
         lambda: cluster.global_steps,
         lambda step: next((seed for t, seed in reversed(seeds) if t == step), None),
         dataset.prompt.answer_format,
+        baseline,
     )
-    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
-    # the rewards grade in the format the dataset was written in (data.prompt.answer_format)
-    learner = _learner(cluster, config, sandbox, observer, dataset.prompt.answer_format)
+    learner = _learner(cluster, config, reward_fns, observer)
     return Session(
         cluster,
         learner,

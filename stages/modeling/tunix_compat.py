@@ -213,6 +213,9 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     asks `seed_of(global_step, call_index)`; `follow(step_of)` binds the cluster's step
     counter. RLCluster builds the engine by calling it positionally as
     (rollout_actor, tokenizer, mesh, rollout_config), which is why the signature is fixed.
+    A greedy call (top_p None: Tunix's sampler then takes the argmax, the greedy baseline's
+    EVAL config) draws nothing, so it takes no seed: the sampled calls keep their seeds and
+    `seeds_used` stays one entry per sampled call.
     Test: tests/unit/test_grpo_parts.py and the GRPO samples' seeds after a resume.
     """
 
@@ -253,6 +256,8 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     def generate(
         self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs: Any
     ) -> base_rollout.RolloutOutput:
+        if rollout_config.top_p is None:  # greedy: Sampler.init_sample_state picks argmax
+            return super().generate(prompts, rollout_config, **kwargs)
         seeded = dataclasses.replace(rollout_config, seed=jax.random.PRNGKey(self.next_seed()))
         return super().generate(prompts, seeded, **kwargs)
 

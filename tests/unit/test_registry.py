@@ -175,7 +175,11 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
     assert registry.spec("evaluate").hash_exempt_defaults == ("split", "greedy", "rewards", "steps")
     for kind in ("sft", "dpo", "distill"):
         assert registry.spec(kind).hash_exempt_defaults == ("keep_checkpoints",)
-    assert registry.spec("grpo").hash_exempt_defaults == ("flat_groups", "keep_checkpoints")
+    assert registry.spec("grpo").hash_exempt_defaults == (
+        "flat_groups",
+        "keep_checkpoints",
+        "baseline",
+    )
     assert registry.spec("hard_subset").hash_exempt_defaults == (
         "above",
         "by",
