@@ -240,3 +240,38 @@ def test_validate_accepts_steps_on_arithmetic(
 def test_an_unknown_reasoning_style_is_refused() -> None:
     with pytest.raises(ValueError, match="reasoning"):
         SourceSpec.model_validate({**ARITHMETIC, "reasoning": "chain"})
+
+
+def _without_chains(value: Any) -> Any:
+    """A recipe's YAML with what reinforce-mode-chains changes put back: no `reasoning` on a
+    source, and no generation budget (reinforce-mode's are the defaults' 32)."""
+    if isinstance(value, dict):
+        return {
+            key: _without_chains(item)
+            for key, item in value.items()
+            if key not in ("reasoning", "max_generation_tokens")
+        }
+    if isinstance(value, list):
+        return [_without_chains(item) for item in value]
+    return value
+
+
+def test_the_chains_recipe_is_reinforce_mode_with_chains_and_room_for_them() -> None:
+    """recipes/reinforce-mode-chains.yaml differs from reinforce-mode.yaml only in its name,
+    its sources' `reasoning: steps`, max_seq_len, and every generation budget (the teach node
+    included: its default of 32 would cut the chains short), so a comparison of the two is a
+    comparison of the targets."""
+    recipes = Path(__file__).parents[2] / "recipes"
+    mode = yaml.safe_load((recipes / "reinforce-mode.yaml").read_text())
+    chains = yaml.safe_load((recipes / "reinforce-mode-chains.yaml").read_text())
+    assert chains["name"] == "reinforce-mode-chains"
+    assert chains["data"]["max_seq_len"] == 112 > mode["data"]["max_seq_len"]
+    splits = ("eval", "validation", "grpo", "sft")
+    assert all(s["reasoning"] == "steps" for x in splits for s in chains["data"][x]["sources"])
+    budgets = [chains["grpo"], chains["eval"]] + [n.get("config", {}) for n in chains["pipeline"]]
+    generating = [c for c in budgets if "max_generation_tokens" in c]
+    assert len(generating) == 6 and {c["max_generation_tokens"] for c in generating} == {56}
+    teach = next(n for n in chains["pipeline"] if n["id"] == "teach")
+    assert teach["config"]["max_generation_tokens"] == 56
+    chains["name"], chains["data"]["max_seq_len"] = mode["name"], mode["data"]["max_seq_len"]
+    assert _without_chains(chains) == _without_chains(mode)
