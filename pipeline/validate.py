@@ -33,7 +33,7 @@ from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
-from stages.data_prep.sources import check_file_columns
+from stages.data_prep.sources import check_file_columns, check_reasoning
 
 GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (EvalConfig.greedy)
 
@@ -217,7 +217,8 @@ def check_storage_writable(root: str) -> None:
 
 
 def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
-    """Each file source exists and its first row has the columns its map or preset reads."""
+    """Each file source exists and its first row has the columns its map or preset reads; a
+    source with `reasoning: steps` has rows a chain can be worked from."""
     for split in ("eval", "validation", "grpo", "sft"):  # DataPrepConfig's split sections
         section = getattr(config, split)
         for index, source in enumerate(section.sources if section is not None else []):
@@ -228,6 +229,10 @@ def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
                     check_file_columns(source)
                 except InputError as e:
                     raise type(e)(f"{field}: {e}") from e
+            try:
+                check_reasoning(source)
+            except InputError as e:
+                raise type(e)(f"{field}.reasoning: {e}") from e
 
 
 def check_eval_checkpoints(config: EvalConfig, field: str = "eval.models") -> None:

@@ -136,6 +136,13 @@ class SourceSpec(Frozen):
     columns: ColumnMap | None = Field(default=None, exclude_if=_unset)
     """Which column plays which part (hf and file only; see ColumnMap). With `adapter`: that
     preset's columns by other names, e.g. `{prompt: problem}` for gsm8k."""
+    reasoning: Literal["given", "steps"] = Field(default="given", exclude_if=lambda v: v == "given")
+    """The SFT target's reasoning. given: what the source gives (gsm_symbolic's worked
+    solution, "<expression> = <answer>" for reasoning-gym arithmetic, a file's reasoning
+    column). steps: a worked chain computed exactly from the row's metadata `expression`, one
+    operation per step ("-7 - 3 = -10. -(-10) = 10."); reasoning_gym integer-arithmetic
+    generators only (basic_arithmetic, chain_sum, products); a row whose chain does not end
+    in its answer is quarantined. Left out of the dump when given (stage hashes unchanged)."""
 
     @model_validator(mode="after")
     def _adapter_known(self) -> SourceSpec:

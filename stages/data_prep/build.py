@@ -36,11 +36,11 @@ from stages.core.errors import InputError
 from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
 from stages.data_prep.packing import pack_rows, useful_fraction
 from stages.data_prep.sources import (
-    ADAPTERS,
     DIRECT_REASONING,
     BadRow,
     Example,
     read_rows,
+    row_reader,
     source_fingerprint,
     source_label,
 )
@@ -171,7 +171,7 @@ def load_source(
     spec: SourceSpec, seed: int, quarantine: Quarantine, dedupe: Deduper
 ) -> list[Example]:
     """All usable examples of one source; an error if it has no rows or only bad ones."""
-    label, adapter = source_label(spec), ADAPTERS[spec.row_adapter]
+    label, adapter = source_label(spec), row_reader(spec)
     examples, total = [], 0
     for index, row in enumerate(
         tqdm(

