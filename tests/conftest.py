@@ -23,6 +23,14 @@ import yaml
 from pipeline.recipes import parse_recipe
 from schemas.recipe import Recipe
 
+# FAR_CPU_PROFILE=PATH: per-phase wall, CPU and compilation rows (tests/cpu_profile.py)
+from tests.cpu_profile import (  # noqa: F401  # hooks, registered by pytest from here
+    pytest_configure,
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 # The project's executables (far, prefect) sit beside the interpreter running the tests,
 # wherever its environment was created.
