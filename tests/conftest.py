@@ -45,8 +45,6 @@ _SESSION_START = time.monotonic()
 # commands tests start (through FAR_COMPILE_CACHE, their --compile-cache default).
 CHILD_COMPILE_CACHE = "FAR_TEST_COMPILE_CACHE"
 FAR_COMPILE_CACHE = "FAR_COMPILE_CACHE"
-# Set in a pytest-xdist worker (`make test` runs two: see docs/contributing.md).
-XDIST_WORKER = "PYTEST_XDIST_WORKER"
 # Test files sharing a session fixture that costs minutes, each kept on one xdist worker so
 # the fixture is built once: the smoke recipe run twice and the DAG run (`smoke_twice`,
 # `dag_run`). Every other file is its own group (its module fixtures are built once too).
@@ -169,7 +167,9 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
 
 
 @pytest.fixture(scope="session", autouse=True)
-def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+def compilation_cache(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> str:
     """JAX's persistent compilation cache for the test session, set once here (the tests'
     entry point): later tests load the executables earlier ones compiled. Flows called by
     tests keep it (a process's cache directory is fixed at its first compilation). The tests'
@@ -178,7 +178,7 @@ def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     same executables. Under pytest-xdist the workers share one."""
     from stages.modeling import compile_cache
 
-    if XDIST_WORKER in os.environ:  # one cache for all workers: each compiles once, not twice
+    if is_xdist_worker(request.config):  # one cache for all workers: each compiles once
         shared = tmp_path_factory.getbasetemp().parent / "xla-cache"
         shared.mkdir(exist_ok=True)
         root = str(shared)
@@ -382,13 +382,19 @@ def _git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (`make test` runs two: docs/contributing.md), not a pytest session
+    a test starts from one (that inherits the worker's PYTEST_XDIST_WORKER variable)."""
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`): one group per test file, and one for the files
     that share `smoke_twice` or `dag_run`, so module and shared fixtures are built once; the
     groups holding a `slow` test go first (run with --no-loadscope-reorder), so the longest
     work starts early and the short tests fill the end instead of one worker idling."""
-    if XDIST_WORKER not in os.environ:
+    if not is_xdist_worker(config):
         return
     files_sharing = {
         item.path for item in items if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
