@@ -10,6 +10,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 RECIPE ?= recipes/demo.yaml
 PYTEST_ARGS ?=
+# pytest-xdist workers for test and test-fast (0: one process). Each test file stays on one
+# worker, the files sharing the session's flow runs on one together, the slow ones start first
+# (tests/conftest.py); docs/contributing.md has the measurements behind 2.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: run test test-fast lint env browser build-info sandbox clean-runs docs
 
@@ -67,14 +72,14 @@ browser:
 
 # --durations=25: the slowest tests in every run's log, so a slower suite names its cause
 test: lint browser
-	JAX_PLATFORMS=cpu $(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(BIN)/pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # Meant to take under 5 minutes on 2 idle cores: what a developer runs between edits. The
 # slowest 10 are named, so a test that grew past its budget shows (mark it `slow` if it takes
 # over 30 s). CI runs the full `make test`; docs/contributing.md lists the layers and the
 # slowest tests.
 test-fast: env
-	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not slow" --durations=10 $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(BIN)/pytest $(XDIST) -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 clean-runs:
 	rm -rf runs

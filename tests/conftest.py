@@ -23,6 +23,14 @@ import yaml
 from pipeline.recipes import parse_recipe
 from schemas.recipe import Recipe
 
+# FAR_CPU_PROFILE=PATH: per-phase wall, CPU and compilation rows (tests/cpu_profile.py)
+from tests.cpu_profile import (  # noqa: F401  # hooks, registered by pytest from here
+    pytest_configure,
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 # The project's executables (far, prefect) sit beside the interpreter running the tests,
 # wherever its environment was created.
@@ -33,9 +41,14 @@ SMOKE = REPO / "recipes" / "smoke.yaml"
 # FAR_SUITE_TIMES names another file (the test of this file's rows uses one of its own).
 SUITE_TIMES = Path(os.environ.get("FAR_SUITE_TIMES", REPO / "test-outputs" / "suite-times.json"))
 _SESSION_START = time.monotonic()
-# The test session's JAX compilation cache, for the tests' helper processes. (`far` commands
-# keep their default, the --cache-dir's, which all of them already share.)
+# The test session's JAX compilation cache, for the tests' helper processes, and for the `far`
+# commands tests start (through FAR_COMPILE_CACHE, their --compile-cache default).
 CHILD_COMPILE_CACHE = "FAR_TEST_COMPILE_CACHE"
+FAR_COMPILE_CACHE = "FAR_COMPILE_CACHE"
+# Test files sharing a session fixture that costs minutes, each kept on one xdist worker so
+# the fixture is built once: the smoke recipe run twice and the DAG run (`smoke_twice`,
+# `dag_run`). Every other file is its own group (its module fixtures are built once too).
+SHARED_RUN_FIXTURES = {"smoke_twice", "dag_run"}
 
 
 def smoke_data() -> dict[str, Any]:
@@ -65,9 +78,11 @@ def prefect_server() -> Iterator[None]:
     from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
+    # 300 s: on a loaded machine (another xdist worker compiling, an experiment) its start took
+    # over the 60 s this allowed, and every test of the file errored
     with (
         temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False}),
-        prefect_test_harness(server_startup_timeout=60),
+        prefect_test_harness(server_startup_timeout=300),
     ):
         yield
 
@@ -152,16 +167,28 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
 
 
 @pytest.fixture(scope="session", autouse=True)
-def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+def compilation_cache(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> str:
     """JAX's persistent compilation cache for the test session, set once here (the tests'
     entry point): later tests load the executables earlier ones compiled. Flows called by
     tests keep it (a process's cache directory is fixed at its first compilation). The tests'
-    helper processes (tests/integration/_*_child.py) find it in the environment and load what
-    the session compiled: a killed and a resumed child build the same executables."""
+    helper processes (tests/integration/_*_child.py) and `far` commands find it in the
+    environment and load what the session compiled: a killed and a resumed child build the
+    same executables. Under pytest-xdist the workers share one."""
     from stages.modeling import compile_cache
 
-    root = str(tmp_path_factory.mktemp("xla-cache"))
+    if is_xdist_worker(request.config):  # one cache for all workers: each compiles once
+        shared = tmp_path_factory.getbasetemp().parent / "xla-cache"
+        shared.mkdir(exist_ok=True)
+        root = str(shared)
+    else:
+        root = str(tmp_path_factory.mktemp("xla-cache"))
     os.environ[CHILD_COMPILE_CACHE] = root
+    # and the `far` commands tests start (their --compile-cache default): they load what the
+    # session compiled instead of compiling again into each test's own --cache-dir, and never
+    # write into the user's ~/.cache/far
+    os.environ[FAR_COMPILE_CACHE] = root
     return compile_cache.enable(root)
 
 
@@ -355,9 +382,52 @@ def _git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (`make test` runs two: docs/contributing.md), not a pytest session
+    a test starts from one (that inherits the worker's PYTEST_XDIST_WORKER variable)."""
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`): one group per test file, and one for the files
+    that share `smoke_twice` or `dag_run`, so module and shared fixtures are built once; the
+    groups holding a `slow` test go first (run with --no-loadscope-reorder), so the longest
+    work starts early and the short tests fill the end instead of one worker idling."""
+    if not is_xdist_worker(config):
+        return
+    files_sharing = {
+        item.path for item in items if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
+    }
+    for item in items:
+        name = "shared-runs" if item.path in files_sharing else item.path.relative_to(REPO)
+        item.add_marker(pytest.mark.xdist_group(str(name)))
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files and item.path not in files_sharing)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand the worker's CPU seconds to the controller's summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["far_suite_cost"] = suite_cost()
+
+
+_WORKER_COSTS: list[dict[str, float]] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """In the xdist controller: a worker finished; keep the CPU seconds it reported."""
+    cost = getattr(node, "workeroutput", {}).get("far_suite_cost")
+    if cost:
+        _WORKER_COSTS.append(cost)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
-    """Print the suite's wall and CPU time and append them to test-outputs/suite-times.json."""
-    if config.option.collectonly:
+    """Print the suite's wall and CPU time and append them to test-outputs/suite-times.json
+    (under xdist: the controller's own CPU plus each worker's, children included)."""
+    if config.option.collectonly or hasattr(config, "workerinput"):
         return
     counts = {
         kind: len(terminalreporter.stats.get(kind, []))
@@ -372,6 +442,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
         **counts,
         **suite_cost(),
     }
+    if _WORKER_COSTS:  # the workers' CPU (the controller only waited on them)
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        user = own.ru_utime + sum(c["user_s"] for c in _WORKER_COSTS)
+        system = own.ru_stime + sum(c["sys_s"] for c in _WORKER_COSTS)
+        row.update(
+            cpu_s=round(user + system, 1),
+            user_s=round(user, 1),
+            sys_s=round(system, 1),
+            workers=len(_WORKER_COSTS),
+        )
     SUITE_TIMES.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(SUITE_TIMES.read_text()) if SUITE_TIMES.exists() else []
     SUITE_TIMES.write_text(json.dumps([*rows, row], indent=1) + "\n")
