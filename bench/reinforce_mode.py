@@ -26,12 +26,13 @@ START = "sft"
 
 
 def records(run: Path) -> dict[str, dict[str, Any]]:
-    """Each committed node's stage.json, by node id (a directory is `<node id>-<hash>`)."""
+    """Each committed node's stage.json, by node id (a directory is `<node id>-<hash>`). A run
+    continued with `--allow-change` holds a node's earlier directories too: the latest wins."""
     out: dict[str, dict[str, Any]] = {}
-    for path in run.glob("*/stage.json"):
-        record = json.loads(path.read_text())
+    found = [json.loads(p.read_text()) | {"_dir": str(p.parent)} for p in run.glob("*/stage.json")]
+    for record in sorted(found, key=lambda r: r.get("finished_at") or ""):
         if record.get("status") == "complete":
-            out[path.parent.name.rsplit("-", 1)[0]] = record | {"_dir": str(path.parent)}
+            out[Path(record["_dir"]).name.rsplit("-", 1)[0]] = record
     return out
 
 

@@ -49,6 +49,7 @@ FAR_COMPILE_CACHE = "FAR_COMPILE_CACHE"
 # the fixture is built once: the smoke recipe run twice and the DAG run (`smoke_twice`,
 # `dag_run`). Every other file is its own group (its module fixtures are built once too).
 SHARED_RUN_FIXTURES = {"smoke_twice", "dag_run"}
+SERVER_START_S = 300  # how long a test's `prefect server start` may take to answer
 
 
 def smoke_data() -> dict[str, Any]:
@@ -327,7 +328,9 @@ def prefect_server_process(home: Path) -> Iterator[tuple[str, subprocess.Popen[b
         start_new_session=True,
     )
     try:
-        deadline = time.time() + 90
+        # 300 s, like the in-process harness: under two xdist workers both servers start at
+        # once beside the other worker's compiles (a loaded run took over 90 s)
+        deadline = time.time() + SERVER_START_S
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"prefect server exited with {proc.returncode}; see {log.name}")
@@ -337,7 +340,9 @@ def prefect_server_process(home: Path) -> Iterator[tuple[str, subprocess.Popen[b
             except httpx.TransportError:
                 pass
             if time.time() > deadline:
-                raise TimeoutError(f"prefect server not healthy in 90 s; see {log.name}")
+                raise TimeoutError(
+                    f"prefect server not healthy in {SERVER_START_S} s; see {log.name}"
+                )
             time.sleep(0.5)
         yield api_url, proc
     finally:
