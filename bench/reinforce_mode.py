@@ -86,12 +86,12 @@ def summary(run: Path) -> dict[str, Any] | None:
     nodes = records(run)
     if "evaluate" not in nodes:
         return None
-    config = nodes["sft"]["config"]
+    recipe = json.loads((run / "run.json").read_text())["recipe"]
     choice = json.loads(Path(nodes["pick"]["_dir"], "choice.json").read_text())
     return {
         "run": run.name,
-        "data_seed": config["data"]["seed"],
-        "sft_steps": config["sft"]["max_steps"],
+        "data_seed": recipe["data"]["seed"],
+        "sft_steps": nodes["sft"]["config"]["sft"]["max_steps"],
         "git_commit": nodes["evaluate"]["code"]["git_commit"],
         "mode_prompts": nodes["mode"]["metrics"],
         "pick": {

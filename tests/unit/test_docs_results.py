@@ -101,3 +101,20 @@ def test_readme_quotes_the_sft_sweep_of_its_results_file() -> None:
     for steps in (160, 320, 640):
         quoted = f"{points[(0.0003, steps)]['greedy_accuracy']:.3f} after {steps}"
         assert quoted in text, f"README.md should quote {quoted!r} from sft-sweep.json"
+
+
+def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
+    """Each held-out row the README shows for reinforce-mode (greedy accuracy, interval and
+    the McNemar comparisons) is the one docs/results/reinforce-mode.json holds (written by
+    bench/reinforce_mode.py from the run's records)."""
+    text = README.read_text()
+    run = results("reinforce-mode")["runs"][0]
+    for row in run["held_out"]:
+        c, s = row["vs_control"], row["vs_sft"]
+        quoted = (
+            f"| {row['model']} | {row['greedy_accuracy']:.3f} [{row['ci95'][0]:.2f}, "
+            f"{row['ci95'][1]:.2f}] | {row['format_rate']:.3f} | {c['difference']:+.3f} "
+            f"({c['wins']}/{c['losses']}, {c['p_value']:.2g}) | {s['difference']:+.3f} "
+            f"({s['wins']}/{s['losses']}, {s['p_value']:.2g}) |"
+        )
+        assert quoted in text, f"README.md should show {quoted!r} from reinforce-mode.json"
