@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stages.evaluate import stats
+from stages.evaluate import reports, stats
 
 CONTROL = "control"
 START = "sft"
@@ -37,12 +37,13 @@ def records(run: Path) -> dict[str, dict[str, Any]]:
 
 
 def greedy_outcomes(node_dir: str, key: str) -> dict[str, dict[str, float]]:
-    """model -> prompt id -> the `key` outcome (correct or format) of its one greedy sample."""
+    """model -> prompt id -> the `key` outcome (correct or format) of its first sample."""
+    lines = Path(node_dir, "samples.jsonl").read_text().splitlines()
+    samples = [json.loads(line) for line in lines if line]
     out: dict[str, dict[str, float]] = {}
-    for line in Path(node_dir, "samples.jsonl").read_text().splitlines():
-        if line:
-            row = json.loads(line)
-            out.setdefault(row["model"], {}).setdefault(str(row["id"]), float(row[key]))
+    for model in dict.fromkeys(r["model"] for r in samples):
+        ids = dict.fromkeys(str(r["id"]) for r in samples if r["model"] == model)
+        out[model] = dict(zip(ids, reports.per_prompt(samples, model, key), strict=True))
     return out
 
 
