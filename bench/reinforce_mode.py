@@ -5,8 +5,9 @@ Each run is `far run recipes/reinforce-mode.yaml` with one data seed (see docs/l
 samples and writes, per run and arm, the greedy accuracy with its Wilson 95% interval, the
 strict format rate, and the exact McNemar comparison with the control (continued SFT, the same
 optimizer steps) and with the starting SFT policy. It adds what the pick node chose on the
-validation split, how many prompts the mode selection kept, and each node's seconds, so the
-README's table and the log's come from one file a command regenerates:
+validation split (and what it chooses from the same rows with the McNemar rule, max_p), how
+many prompts the mode selection kept, and each node's seconds, so the README's table and the
+log's come from one file a command regenerates:
 
     python bench/reinforce_mode.py --runs /work/exp/s13/rm/reinforce-mode \
         /work/exp/s14/rm/reinforce-mode-d0 --out docs/results/reinforce-mode.json
@@ -19,10 +20,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stages.evaluate import reports, stats
+from stages import pick
+from stages.core import stats
+from stages.evaluate import reports
 
 CONTROL = "control"
 START = "sft"
+MAX_P = 0.05  # the pick's max_p in recipes/reinforce-mode.yaml since session 15
 
 
 def records(run: Path) -> dict[str, dict[str, Any]]:
@@ -82,6 +86,19 @@ def arms(evaluate_dir: str) -> list[dict[str, Any]]:
     return rows
 
 
+def chosen_under_max_p(choice: dict[str, Any], max_p: float) -> str:
+    """What the pick would choose from the same validation rows with `max_p` set (a run
+    recorded before the rule existed has no p-values in choice.json: they come from its wins
+    and losses, as the pick computes them)."""
+    rows = choice["candidates"]  # the incumbent first
+    accuracy = {c["name"]: c["accuracy"] for c in rows}
+    p_values = {
+        c["name"]: stats.mcnemar_exact_p(c["wins_vs_incumbent"], c["losses_vs_incumbent"])
+        for c in rows
+    }
+    return pick.choose(accuracy, choice["min_gain"], p_values, max_p)
+
+
 def summary(run: Path) -> dict[str, Any] | None:
     """One run's results, or None when its evaluate node has not committed yet."""
     nodes = records(run)
@@ -97,6 +114,8 @@ def summary(run: Path) -> dict[str, Any] | None:
         "mode_prompts": nodes["mode"]["metrics"],
         "pick": {
             "chosen": choice["chosen"],
+            "max_p": choice.get("max_p"),
+            f"chosen_at_max_p_{MAX_P}": chosen_under_max_p(choice, MAX_P),
             "validation": {c["name"]: round(c["accuracy"], 4) for c in choice["candidates"]},
         },
         "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},

@@ -9,8 +9,10 @@ the `validation` split (data.validation: prompts apart from both the training sp
 held-out eval split); this stage reads that report and outputs the chosen candidate's
 checkpoint unchanged. The first candidate is the incumbent, the policy the others started
 from: another is chosen only when its validation accuracy beats the incumbent's by more than
-`min_gain`, so a tie keeps the incumbent. choice.json lists every candidate's accuracy,
-its wins and losses against the incumbent on the same prompts, and which was chosen and why;
+`min_gain` (and, with `max_p`, by the exact McNemar test at p <= max_p: a gain inside the
+noise of a few hundred prompts keeps the incumbent), so a tie keeps the incumbent.
+choice.json lists every candidate's accuracy, its wins and losses against the incumbent on
+the same prompts with their p-value, and which was chosen and why;
 an evaluation of the held-out split downstream scores the choice after it was made.
 
 When that evaluation also scored the earlier saved steps of the candidates (`steps: saved`,
@@ -29,7 +31,7 @@ from typing import Any
 
 from schemas.artifacts import GREEDY_SUFFIX, STEP_SUFFIX, Artifact, CheckpointArtifact, EvalReport
 from schemas.recipe import PickConfig
-from stages.core import storage
+from stages.core import stats, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import (
     RunContext,
@@ -94,13 +96,26 @@ def outcomes(samples: list[dict[str, Any]], label: str) -> dict[str, float]:
     return {str(r["id"]): float(r["correct"]) for r in samples if r["model"] == label}
 
 
-def choose(accuracy: dict[str, float], min_gain: float) -> str:
+def choose(
+    accuracy: dict[str, float],
+    min_gain: float,
+    p_values: dict[str, float] | None = None,
+    max_p: float | None = None,
+) -> str:
     """The incumbent (the first in `accuracy`), unless a choice beats it by more than
-    min_gain: then the most accurate (the earlier listed on a tie)."""
+    min_gain (and, with max_p, at a McNemar p-value of at most max_p): then the most accurate
+    such choice (the earlier listed on a tie)."""
     order = list(accuracy)
     incumbent = order[0]
-    best = max(order, key=lambda name: (accuracy[name], -order.index(name)))
-    return best if accuracy[best] > accuracy[incumbent] + min_gain else incumbent
+    eligible = [
+        name
+        for name in order[1:]
+        if accuracy[name] > accuracy[incumbent] + min_gain
+        and (max_p is None or (p_values or {}).get(name, 1.0) <= max_p)
+    ]
+    if not eligible:
+        return incumbent
+    return max(eligible, key=lambda name: (accuracy[name], -order.index(name)))
 
 
 def saved_step_choices(
@@ -141,15 +156,19 @@ def _pick(
     samples = read_samples(evaluation)
     correct = {name: outcomes(samples, label) for name, label in labels.items()}
     accuracy = {name: sum(c.values()) / len(c) for name, c in correct.items()}
-    chosen = choose(accuracy, config.min_gain)
     incumbent = config.candidates[0]
     rows = [_row(name, choices[name], correct[name], correct[incumbent]) for name in labels]
+    p_values = {row["name"]: row["p_vs_incumbent"] for row in rows}
+    chosen = choose(accuracy, config.min_gain, p_values, config.max_p)
     choice = {"chosen": chosen, "incumbent": incumbent, "min_gain": config.min_gain}
+    if config.max_p is not None:
+        choice["max_p"] = config.max_p
     storage.write_text(
         storage.join(directory, CHOICE_FILE),
         json.dumps({**choice, "split": SPLIT, "candidates": rows}, indent=2, sort_keys=True),
     )
     _say(chosen, incumbent, accuracy)
+    _say_noise(chosen, accuracy, p_values, config)
     metrics = {f"validation_accuracy/{name}": value for name, value in accuracy.items()}
     metrics["chosen_index"] = float(config.candidates.index(chosen.split(STEP_SUFFIX)[0]))
     metrics["chosen_step"] = float(choices[chosen].step)
@@ -161,16 +180,19 @@ def _pick(
 def _row(
     name: str, artifact: CheckpointArtifact, correct: dict[str, float], incumbent: dict[str, float]
 ) -> dict[str, Any]:
-    """One candidate in choice.json: its accuracy and its wins / losses against the
-    incumbent on the same prompts (McNemar's discordant pairs)."""
+    """One candidate in choice.json: its accuracy, its wins / losses against the incumbent
+    on the same prompts (McNemar's discordant pairs) and their exact two-sided p-value."""
+    wins = sum(1 for p, c in correct.items() if c > incumbent.get(p, 0.0))
+    losses = sum(1 for p, c in correct.items() if c < incumbent.get(p, 0.0))
     return {
         "name": name,
         "checkpoint": artifact.uri,
         "step": artifact.step,
         "prompts": len(correct),
         "accuracy": sum(correct.values()) / len(correct),
-        "wins_vs_incumbent": sum(1 for p, c in correct.items() if c > incumbent.get(p, 0.0)),
-        "losses_vs_incumbent": sum(1 for p, c in correct.items() if c < incumbent.get(p, 0.0)),
+        "wins_vs_incumbent": wins,
+        "losses_vs_incumbent": losses,
+        "p_vs_incumbent": stats.mcnemar_exact_p(wins, losses),
     }
 
 
@@ -191,6 +213,26 @@ def _say(chosen: str, incumbent: str, accuracy: dict[str, float]) -> None:
         chosen,
         ", ".join(f"{n} {a:.3f}" for n, a in accuracy.items()),
     )
+
+
+def _say_noise(
+    chosen: str, accuracy: dict[str, float], p_values: dict[str, float], config: PickConfig
+) -> None:
+    """INFO for each candidate more accurate than the output that max_p kept out."""
+    if config.max_p is None:
+        return
+    for name, value in accuracy.items():
+        if value > accuracy[chosen] and p_values[name] > config.max_p:
+            log.info(
+                "pick: %s scored %.3f on the validation split against %s's %.3f, but McNemar "
+                "p = %.3g > max_p %g: inside the noise, not chosen",
+                name,
+                value,
+                chosen,
+                accuracy[chosen],
+                p_values[name],
+                config.max_p,
+            )
 
 
 def identity(

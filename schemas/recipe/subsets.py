@@ -157,6 +157,9 @@ class PickConfig(Frozen):
     `<name>@greedy` beside a sampled one). The first is the incumbent, the policy the others
     started from: another candidate is chosen only when its accuracy exceeds the incumbent's
     by more than `min_gain`, and the most accurate such one wins (ties: the earlier listed).
+    With `max_p` set, a candidate must also beat the incumbent on the same prompts by the
+    exact McNemar test (its wins against its losses) at p <= max_p: on 256 validation prompts
+    a gain of 0.008 (11 won, 9 lost) is noise, and picking it would ship noise as a choice.
     When the evaluation scored saved steps too (`steps: saved`), each earlier step of a
     candidate other than the incumbent is a choice of its own, and the output is the chosen
     checkpoint at that step.
@@ -166,6 +169,11 @@ class PickConfig(Frozen):
     """Input names of the checkpoints to choose between; the first is the incumbent."""
     min_gain: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """How much more validation accuracy than the incumbent's a candidate needs."""
+    max_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    """When set, the largest exact McNemar p-value (two-sided, the candidate's wins against
+    the incumbent's on the validation prompts) at which a candidate may replace the
+    incumbent; unset, any gain above `min_gain` does. Each candidate is tested on its own, so
+    with k choices the chance that one of k equally good ones passes is up to k * max_p."""
 
     @field_validator("candidates")
     @classmethod
@@ -221,6 +229,7 @@ PICK_KIND = StageSpec(
     "checkpoint",
     {"evaluation": Port(("eval_report",), producers=("evaluate",))},
     any_other_input=Port(("checkpoint",)),
+    hash_exempt_defaults=("max_p",),
     summary="The policy with the best greedy accuracy on the validation split.",
 )
 """The pick kind (stages/pick.py)."""

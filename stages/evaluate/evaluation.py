@@ -11,7 +11,7 @@ last batch filled with repeats) and, when greedy, gives exactly the batch-size-1
 numerically or symbolically (SymPy, sandboxed), code passing its tests (sandboxed): pass@1,
 pass@k and majority vote with sampling; the base model also k-shot. Each rate carries a
 Wilson 95% interval and each model a paired exact McNemar comparison with the one before it
-(stages/evaluate/stats.py). Outputs: report.json, report.md (base vs SFT vs GRPO, per domain),
+(stages/core/stats.py). Outputs: report.json, report.md (base vs SFT vs GRPO, per domain),
 metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
 record gets these scores appended.
 """

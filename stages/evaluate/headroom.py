@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stages.evaluate import stats
+from stages.core import stats
 
 NEVER, SOMETIMES, ALWAYS = "solved_never", "solved_sometimes", "solved_always"
 

@@ -14,9 +14,9 @@ from matplotlib.figure import Figure  # no pyplot: no global backend state
 
 from schemas.artifacts import GREEDY_SUFFIX, CheckpointArtifact, EvalReport, ModelScores
 from schemas.record import Evaluation
-from stages.core import storage
+from stages.core import stats, storage
 from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
-from stages.evaluate import headroom, stats
+from stages.evaluate import headroom
 
 VS_PREVIOUS = "vs_previous"  # metric prefix of the paired comparison with the model before
 

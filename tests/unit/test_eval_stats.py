@@ -8,7 +8,8 @@ import pytest
 
 from schemas.artifacts import ModelScores
 from schemas.recipe import EvalConfig
-from stages.evaluate import fewshot, headroom, reports, stats
+from stages.core import stats
+from stages.evaluate import fewshot, headroom, reports
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from schemas.artifacts import (
     EvalReport,
     ModelScores,
 )
-from schemas.recipe import EvalConfig, HardSubsetConfig, PreferencesConfig
+from schemas.recipe import EvalConfig, HardSubsetConfig, PickConfig, PreferencesConfig
 from schemas.record import StageRecord
 from stages import hard_subset, pick, preferences
 from stages.core.checkpoints import saved_steps
@@ -27,6 +27,7 @@ from stages.core.datasets import load_prompts, write_derived_dataset
 from stages.core.errors import InputError
 from stages.core.runner import TamperedStage, located_output
 from stages.evaluate import evaluation
+from stages.registry import hashed_config
 
 # prompt id -> (greedy right?, correct of each of 4 samples)
 OUTCOMES: dict[str, tuple[bool, list[int]]] = {
@@ -124,6 +125,53 @@ def test_pick_keeps_the_incumbent_unless_beaten(
     accuracy: dict[str, float], min_gain: float, chosen: str
 ) -> None:
     assert pick.choose(accuracy, min_gain) == chosen
+
+
+@pytest.mark.parametrize(
+    ("p_values", "max_p", "chosen"),
+    [
+        ({"grpo": 0.82, "dpo": 0.03}, None, "grpo"),  # unset: the most accurate, any p
+        ({"grpo": 0.82, "dpo": 0.03}, 0.05, "dpo"),  # grpo's gain is noise: the next best
+        ({"grpo": 0.82, "dpo": 0.30}, 0.05, "sft"),  # every gain is noise: the incumbent
+        ({"grpo": 0.05, "dpo": 0.03}, 0.05, "grpo"),  # p == max_p passes
+    ],
+)
+def test_max_p_keeps_a_gain_inside_the_noise_out(
+    p_values: dict[str, float], max_p: float | None, chosen: str
+) -> None:
+    accuracy = {"sft": 0.50, "grpo": 0.60, "dpo": 0.55}
+    assert pick.choose(accuracy, 0.0, p_values, max_p) == chosen
+
+
+def test_choice_rows_carry_the_exact_mcnemar_p_of_their_wins_and_losses() -> None:
+    """Seed 1 of reinforce-mode: orpo@step20 won 11 and lost 9 of 256 validation prompts
+    against sft (+0.008); McNemar p = 0.82, so max_p 0.05 keeps sft."""
+    incumbent = {f"q{i}": 1.0 if i < 161 else 0.0 for i in range(256)}
+    arm = dict(incumbent)
+    for i in range(9):  # lost: the incumbent right, the arm wrong
+        arm[f"q{i}"] = 0.0
+    for i in range(161, 172):  # won: the incumbent wrong, the arm right
+        arm[f"q{i}"] = 1.0
+    step20 = CheckpointArtifact.model_construct(uri="/r/o", step=20)
+    row = pick._row("orpo@step20", step20, arm, incumbent)
+    assert (row["wins_vs_incumbent"], row["losses_vs_incumbent"]) == (11, 9)
+    assert row["p_vs_incumbent"] == pytest.approx(0.8238, abs=1e-4)
+    accuracy = {"sft": sum(incumbent.values()) / 256, "orpo@step20": row["accuracy"]}
+    assert accuracy["orpo@step20"] > accuracy["sft"]
+    p_values = {"orpo@step20": row["p_vs_incumbent"]}
+    assert pick.choose(accuracy, 0.0, p_values, 0.05) == "sft"
+    assert pick.choose(accuracy, 0.0, p_values, None) == "orpo@step20"
+
+
+def test_max_p_is_refused_outside_0_1_and_left_out_of_the_hash_when_unset() -> None:
+    with pytest.raises(ValidationError, match="max_p"):
+        PickConfig(candidates=["sft", "grpo"], max_p=0)
+    plain = PickConfig(candidates=["sft", "grpo"])
+    assert hashed_config("pick", plain) == hashed_config("pick", plain.model_copy())
+    assert "max_p" not in hashed_config("pick", plain)
+    assert (
+        hashed_config("pick", PickConfig(candidates=["sft", "grpo"], max_p=0.05))["max_p"] == 0.05
+    )
 
 
 DAG = """
