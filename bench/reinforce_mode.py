@@ -141,6 +141,33 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cells(row: dict[str, Any]) -> list[str]:
+    """One model's held-out cells of one run: greedy [CI], vs control, vs sft."""
+    c, s = row["vs_control"], row["vs_sft"]
+    return [
+        f"{row['greedy_accuracy']:.3f} [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}]",
+        f"{c['difference']:+.3f} ({c['wins']}/{c['losses']}, {c['p_value']:.2g})",
+        f"{s['difference']:+.3f} ({s['wins']}/{s['losses']}, {s['p_value']:.2g})",
+    ]
+
+
+def readme_table(results: list[dict[str, Any]]) -> str:
+    """Every run's held-out rows side by side, one model a line (the README's table)."""
+    head = ["model"]
+    for r in results:
+        seed = r["data_seed"]
+        head += [f"seed {seed}: greedy [95% CI]", "vs control (won/lost, p)", "vs sft"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for index, row in enumerate(results[0]["held_out"]):
+        line = [row["model"]]
+        for r in results:
+            if r["held_out"][index]["model"] != row["model"]:
+                raise ValueError(f"{r['run']}: rows in another order than {results[0]['run']}")
+            line += cells(r["held_out"][index])
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", required=True, help="run directories")
@@ -151,6 +178,7 @@ def main() -> None:
     for r in results:
         print(f"\n{r['run']} (data seed {r['data_seed']}, pick chose {r['pick']['chosen']})")
         print(table(r))
+    print(f"\nthe README's table:\n{readme_table(results)}")
     print(f"\n{len(results)} runs -> {args.out}")
 
 

@@ -57,6 +57,11 @@ class EvalConfig(Frozen):
     greedy: bool = False
     """With samples > 1: also decode each model greedily, a row `<model>@greedy` beside it, so
     the report's headroom table sets pass@k against greedy accuracy."""
+    max_prompts: PositiveInt | None = None
+    """Score only the split's first `max_prompts` prompts (in the split's order: the same
+    prompts for every model and every run of the split); unset: all of them. Sampling k
+    completions a prompt costs k greedy evaluations, so a recipe can sample fewer prompts than
+    it scores greedily (reinforce-mode: greedy on 512, sampled on the first 256)."""
     rewards: list[str] = Field(default_factory=list)
     """Registered rewards also scored on every sample (its row in samples.jsonl gets
     `reward/<name>`, the report the mean per model): a hard_subset can then select by the
@@ -97,7 +102,7 @@ EVALUATE_KIND = StageSpec(
     any_other_input=Port(("checkpoint",)),
     section="eval",
     progress=True,
-    hash_exempt_defaults=("split", "greedy", "rewards", "steps"),
+    hash_exempt_defaults=("split", "greedy", "rewards", "steps", "max_prompts"),
     summary="Format rate and accuracy of each model compared.",
 )
 """The evaluate kind (stages/evaluate/evaluation.py)."""

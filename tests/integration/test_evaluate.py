@@ -21,6 +21,7 @@ from schemas.recipe import EvalConfig, Recipe
 from schemas.record import RunManifest, StageRecord
 from stages import sft
 from stages.core import ledger, storage
+from stages.core.datasets import load_prompts
 from stages.core.progress import ProgressUpdate
 from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
 from stages.core.sessions import StopFlag
@@ -121,6 +122,13 @@ def test_report_files_scores_and_records(trained) -> None:
     samples = storage.read_text(report.samples_uri).splitlines()
     assert len(samples) == 4 * recipe.data.eval.size
     assert {"model", "completion", "correct", "format"} <= set(json.loads(samples[0]))
+    rows = [json.loads(line) for line in samples]
+    by_model = {
+        m: [r["completion"] for r in rows if r["model"] == m] for m in ("sft", checkpoint.uri)
+    }
+    assert by_model["sft"] == by_model[checkpoint.uri]  # the URI is sft's checkpoint: reused,
+    assert eval_record.metrics["sft/sampler_decode_compilations"] == 1  # not decoded again
+    assert f"{checkpoint.uri}/sampler_decode_compilations" not in eval_record.metrics
     record_uri, record = find_checkpoint_record(checkpoint.uri)
     assert record.evaluations == []  # the checkpoint's record is never rewritten
     [(_, written)] = read_evaluations(record_uri.rsplit("/", 1)[0])
@@ -136,6 +144,7 @@ def test_sampling_gives_pass_at_k(trained) -> None:
         "samples": 3,
         "max_generation_tokens": 24,
         "batch_size": 8,
+        "max_prompts": recipe.data.eval.size // 2,  # sampled on the split's first half
     }
     config = recipe.eval.model_copy(update=sampling)
     # another eval config is another run: within one run the drift guard refuses it
@@ -145,7 +154,10 @@ def test_sampling_gives_pass_at_k(trained) -> None:
     ).output
     metrics = report.scores[0].metrics
     assert metrics["pass@3"] >= metrics["pass@1"]
-    assert len(storage.read_text(report.samples_uri).splitlines()) == 3 * recipe.data.eval.size
+    samples = [json.loads(line) for line in storage.read_text(report.samples_uri).splitlines()]
+    first_half = [r["id"] for r in load_prompts(dataset, "eval")][: recipe.data.eval.size // 2]
+    assert [s["id"] for s in samples[::3]] == first_half  # 3 samples each, in the split's order
+    assert len(samples) == 3 * len(first_half)
 
 
 @pytest.fixture

@@ -308,3 +308,18 @@ def test_pick_chooses_among_every_scored_step_of_the_arms_not_the_incumbents() -
     assert choices["grpo"] is arts["grpo"]
     accuracy = dict.fromkeys(choice_labels, 0.5) | {"grpo@step4": 0.7, "grpo@step2": 0.7}
     assert pick.choose(accuracy, 0.0) == "grpo@step4"  # the peak; a tie: the newer step
+
+
+def test_a_model_with_an_earlier_models_checkpoint_and_step_is_a_copy() -> None:
+    """reinforce-mode's `chosen` is the pick's output, one of the arms at one of its steps:
+    the same URI and step as an earlier row is decoded once; another step is another model."""
+    grpo = CheckpointArtifact.model_construct(uri="/r/grpo", step=20)
+    checkpoints = {
+        "sft": CheckpointArtifact.model_construct(uri="/r/sft", step=640),
+        "grpo": grpo,
+        "grpo_step10": grpo.model_copy(update={"step": 10}),
+        "chosen": grpo.model_copy(),
+        "again": CheckpointArtifact.model_construct(uri="/r/sft", step=640),
+    }
+    names = ["base", "sft", "grpo", "grpo_step10", "chosen", "again"]
+    assert evaluation.same_checkpoint_as(names, checkpoints) == {"chosen": "grpo", "again": "sft"}
