@@ -1,7 +1,8 @@
 # FAR's two entry points. Both set up their own environment from the pinned lock file.
 #   make run    run the default FAR recipe, recipes/demo.yaml (real Gemma 3 270M, local
 #               storage, Prefect ephemeral mode, CPU); RECIPE=recipes/smoke.yaml for the tiny one
-#   make test   lint, type-check and run every test (the UI test needs a chromium: see browser)
+#   make test   run every test, with lint and type-checks beside them (the UI test needs a
+#               chromium: see browser)
 #   make test-fast  the inner loop: unit tests and the integration tests not marked slow
 #   make docs   the documentation site (docs/, mkdocs-material) into site/
 #   make env    the .venv, plus bubblewrap and libseccomp for the reward sandbox (apt-get as root)
@@ -16,7 +17,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-.PHONY: run test test-fast lint env browser build-info sandbox clean-runs docs
+.PHONY: run test test-fast lint lint-checks env browser build-info sandbox clean-runs docs
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,10 @@ run: env
 	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)
 
 lint: env
+	@$(MAKE) --no-print-directory lint-checks
+
+# lint's checks alone (no env step): what `make test` runs beside the tests
+lint-checks:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy schemas stages pipeline flows
@@ -70,9 +75,19 @@ browser:
 	else echo "browser: no chromium and not root: the Prefect UI browser test will be SKIPPED" \
 		"(install Debian's chromium, or set FAR_CHROMIUM to a chromium binary)"; fi
 
-# --durations=25: the slowest tests in every run's log, so a slower suite names its cause
-test: lint browser
-	JAX_PLATFORMS=cpu $(BIN)/pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
+# --durations=25: the slowest tests in every run's log, so a slower suite names its cause.
+# The lint checks run beside the tests, not before them: they are ~80 CPU-s, nearly all mypy on
+# one core, which the tests' waits leave free (docs/contributing.md). Their output goes to
+# $(LINT_LOG) and is printed after the tests'; either failing fails `make test`.
+LINT_LOG := test-outputs/lint.log
+test: env browser
+	@mkdir -p $(dir $(LINT_LOG))
+	@$(MAKE) --no-print-directory lint-checks > $(LINT_LOG) 2>&1 & lint=$$!; \
+	JAX_PLATFORMS=cpu $(BIN)/pytest $(XDIST) --durations=25 $(PYTEST_ARGS); tests=$$?; \
+	wait $$lint; linted=$$?; \
+	echo "==== make lint-checks, run beside the tests ($(LINT_LOG)):"; cat $(LINT_LOG); \
+	if [ $$linted != 0 ]; then echo "make test: lint FAILED (exit $$linted): see above" >&2; \
+	exit 1; fi; exit $$tests
 
 # Meant to take under 5 minutes on 2 idle cores: what a developer runs between edits. The
 # slowest 10 are named, so a test that grew past its budget shows (mark it `slow` if it takes

@@ -45,10 +45,20 @@ _SESSION_START = time.monotonic()
 # commands tests start (through FAR_COMPILE_CACHE, their --compile-cache default).
 CHILD_COMPILE_CACHE = "FAR_TEST_COMPILE_CACHE"
 FAR_COMPILE_CACHE = "FAR_COMPILE_CACHE"
-# Test files sharing a session fixture that costs minutes, each kept on one xdist worker so
+# Test files sharing a session fixture that costs minutes, all kept on one xdist worker so
 # the fixture is built once: the smoke recipe run twice and the DAG run (`smoke_twice`,
 # `dag_run`). Every other file is its own group (its module fixtures are built once too).
+# Listed by path because xdist's controller, which groups the tests, sees only node ids;
+# collection refuses a file that uses one of these fixtures and is missing here.
 SHARED_RUN_FIXTURES = {"smoke_twice", "dag_run"}
+SHARED_RUN_FILES = frozenset(
+    {
+        "tests/e2e/test_prefect_ui.py",
+        "tests/integration/test_dag_flow.py",
+        "tests/integration/test_noop_rerun.py",
+        "tests/integration/test_smoke_flow.py",
+    }
+)
 SERVER_START_S = 300  # how long a test's `prefect server start` may take to answer
 
 
@@ -393,22 +403,49 @@ def is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def xdist_group(nodeid: str) -> str:
+    """The xdist group of a test (rootdir-relative node id): its file, or "shared-runs" for
+    the files in SHARED_RUN_FILES. One group runs on one worker, in collection order."""
+    path = nodeid.split("::", 1)[0]
+    return "shared-runs" if path in SHARED_RUN_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by `xdist_group` above. xdist's own loadgroup reads groups from
+    `xdist_group` marks through a rewrite of node ids that pytest 9.2 ignores
+    (pytest-dev/pytest-xdist#1386): every test was scheduled alone, so module fixtures and the
+    shared runs were built again on the other worker, or each time a worker came back to a file.
+    This groups by node id in xdist's controller (tests/xdist_groups.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import GroupScheduling
+
+    return GroupScheduling(config, log, xdist_group)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`): one group per test file, and one for the files
-    that share `smoke_twice` or `dag_run`, so module and shared fixtures are built once; the
-    groups holding a `slow` test go first (run with --no-loadscope-reorder), so the longest
-    work starts early and the short tests fill the end instead of one worker idling."""
+    """Refuse a file that uses `smoke_twice` or `dag_run` but is not in SHARED_RUN_FILES (xdist
+    would build the run again for it). Under pytest-xdist: the groups holding a `slow` test go
+    first (run with --no-loadscope-reorder), so the longest work starts early and the short
+    tests fill the end instead of one worker idling."""
+    sharing = {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
+    }
+    if unlisted := sorted(sharing - SHARED_RUN_FILES):
+        raise pytest.UsageError(
+            f"{', '.join(unlisted)} use(s) {sorted(SHARED_RUN_FIXTURES)}: add the file to "
+            "SHARED_RUN_FILES in tests/conftest.py (else another xdist worker builds it again)"
+        )
     if not is_xdist_worker(config):
         return
-    files_sharing = {
-        item.path for item in items if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
-    }
-    for item in items:
-        name = "shared-runs" if item.path in files_sharing else item.path.relative_to(REPO)
-        item.add_marker(pytest.mark.xdist_group(str(name)))
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files and item.path not in files_sharing)
+    first = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(
+        key=lambda item: item.path not in first and xdist_group(item.nodeid) != "shared-runs"
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
