@@ -110,11 +110,13 @@ def test_options_added_later_leave_default_hashes_alone() -> None:
     directories; a policy to continue from moves the sft hash."""
     identity = evaluate.identity(BASE.eval, BASE.model, FP_DATA, {})
     assert "split" not in identity.config["eval"]
-    later = {"split", "greedy", "rewards", "steps"}
+    later = {"split", "greedy", "rewards", "steps", "max_prompts"}
     assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - later
     headroom = BASE.eval.model_copy(update={"samples": 4, "temperature": 1.0, "greedy": True})
     moved = evaluate.identity(headroom, BASE.model, FP_DATA, {})
     assert moved.config["eval"]["greedy"] is True and moved.digest != identity.digest
+    fewer = BASE.eval.model_copy(update={"max_prompts": 8})
+    assert evaluate.identity(fewer, BASE.model, FP_DATA, {}).digest != identity.digest
     every_step = BASE.eval.model_copy(update={"steps": "saved"})
     assert evaluate.identity(every_step, BASE.model, FP_DATA, {}).digest != identity.digest
     scored = BASE.eval.model_copy(update={"rewards": ["format_strict"]})

@@ -172,7 +172,14 @@ def test_a_new_field_set_off_its_default_moves_the_stage_hash(
 
 
 def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
-    assert registry.spec("evaluate").hash_exempt_defaults == ("split", "greedy", "rewards", "steps")
+    assert registry.spec("evaluate").hash_exempt_defaults == (
+        "split",
+        "greedy",
+        "rewards",
+        "steps",
+        "max_prompts",
+    )
+    assert registry.spec("pick").hash_exempt_defaults == ("max_p",)
     for kind in ("sft", "dpo", "distill"):
         assert registry.spec(kind).hash_exempt_defaults == ("keep_checkpoints",)
     assert registry.spec("grpo").hash_exempt_defaults == (
@@ -187,7 +194,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "right_share",
     )
     plain = registry.hashed_config("evaluate", EvalConfig())
-    assert not {"split", "greedy", "rewards", "steps"} & set(plain)
+    assert not {"split", "greedy", "rewards", "steps", "max_prompts"} & set(plain)
     greedy = EvalConfig(samples=4, temperature=0.8, greedy=True, split="grpo_train")
     assert {"split": "grpo_train", "greedy": True}.items() <= registry.hashed_config(
         "evaluate", greedy
