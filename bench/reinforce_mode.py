@@ -131,13 +131,8 @@ def table(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in result["held_out"]:
-        c, s = r["vs_control"], r["vs_sft"]
-        lines.append(
-            f"| {r['model']} | {r['greedy_accuracy']:.3f} [{r['ci95'][0]:.2f}, "
-            f"{r['ci95'][1]:.2f}] | {r['format_rate']:.3f} | {c['difference']:+.3f} "
-            f"({c['wins']}/{c['losses']}, {c['p_value']:.2g}) | {s['difference']:+.3f} "
-            f"({s['wins']}/{s['losses']}, {s['p_value']:.2g}) |"
-        )
+        greedy, control, sft = cells(r)
+        lines.append(f"| {r['model']} | {greedy} | {r['format_rate']:.3f} | {control} | {sft} |")
     return "\n".join(lines)
 
 

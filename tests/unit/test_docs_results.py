@@ -125,3 +125,10 @@ def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
         assert quoted in text, f"README.md should show {quoted!r} from reinforce-mode.json"
     lowest = min(r["format_rate"] for run in runs for r in run["held_out"])
     assert f"strict format >= {lowest:.3f} in every row" in text
+    flat = " ".join(text.split())
+    seed0 = next(run for run in runs if run["data_seed"] == 0)
+    kept = seed0["mode_prompts"]
+    wrong = kept["prompts_greedy_wrong_kept"]
+    assert f"kept {kept['prompts_kept']:.0f} of 128 prompts, {wrong:.0f} greedy-wrong" in flat
+    minutes = [round(run["total_seconds"] / 60) for run in runs]
+    assert f"{minutes[0]} and {minutes[1]} minutes" in flat
