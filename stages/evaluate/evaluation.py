@@ -357,7 +357,7 @@ def _evaluate(
     all_scores, all_samples = [], []
     compilations: dict[str, float] = {}
     copies = same_checkpoint_as(config.models, checkpoints)
-    decoded: dict[tuple[str, int], list[str]] = {}  # (model, variant index) -> completions
+    decoded: dict[tuple[str, int], list[str]] = {}  # (copied model, variant) -> completions
     with mesh:
         for name, artifact, network in _networks(
             config.models,
@@ -386,7 +386,8 @@ def _evaluate(
                             progress_of(label),
                         )
                     compilations |= sampler_compilations(label, compiles)
-                decoded[(name, index)] = completions
+                if name in copies.values():  # kept only for the rows that copy it
+                    decoded[(name, index)] = completions
                 scores, sample_rows = score(
                     label,
                     artifact.uri if artifact else None,
