@@ -3,12 +3,10 @@ record's history and in TensorBoard."""
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tensorboardX.proto import event_pb2
 
 from schemas.record import StageRecord
 from stages import sft
@@ -17,6 +15,7 @@ from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
 from stages.grpo import training as grpo
 from tests.conftest import recipe_with
+from tests.tensorboard_events import scalar_tags
 
 pytestmark = pytest.mark.slow
 STEPS = 2
@@ -52,16 +51,3 @@ def test_each_phase_is_timed_per_step(tmp_path: Path) -> None:
     assert "far/seconds/weight_sync" not in history
     tags = scalar_tags(Path(outcome.output.uri).parents[1] / "tensorboard")
     assert any(tag.endswith("seconds/rollout") for tag in tags), tags
-
-
-def scalar_tags(log_dir: Path) -> set[str]:
-    """Every summary tag in the TensorBoard event files (TFRecord framing) under `log_dir`."""
-    tags: set[str] = set()
-    for path in log_dir.rglob("events.out.tfevents*"):
-        data, at = path.read_bytes(), 0
-        while at < len(data):
-            (length,) = struct.unpack("<Q", data[at : at + 8])
-            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
-            tags |= {value.tag for value in event.summary.value}
-            at += 12 + length + 4
-    return tags
