@@ -23,6 +23,7 @@ from typing import Any
 from stages import pick
 from stages.core import stats
 from stages.evaluate import reports
+from stages.rewards.answers import extract_answer
 
 CONTROL = "control"
 START = "sft"
@@ -99,6 +100,58 @@ def chosen_under_max_p(choice: dict[str, Any], max_p: float) -> str:
     return pick.choose(accuracy, choice["min_gain"], p_values, max_p)
 
 
+def negative(answer: str | None) -> bool:
+    return answer is not None and answer.strip().startswith("-")
+
+
+def first_samples(node_dir: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """model -> prompt id -> its first sample row."""
+    lines = Path(node_dir, "samples.jsonl").read_text().splitlines()
+    first: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in (json.loads(line) for line in lines if line):
+        first.setdefault(r["model"], {}).setdefault(str(r["id"]), r)
+    return first
+
+
+def sign_fixes(pool: list[dict[str, Any]], greedy: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Among the pool's greedy-wrong prompts, those whose greedy answer is the gold answer with
+    the other sign, by the sign the gold answer has (what training on them teaches)."""
+    fixes = {"to_negative": 0, "to_positive": 0, "greedy_wrong": 0}
+    for prompt in pool:
+        answer = extract_answer(greedy[str(prompt["id"])]["completion"])
+        gold = str(prompt["answer"]).strip()
+        if answer is None or answer.strip() == gold:
+            continue
+        fixes["greedy_wrong"] += 1
+        if answer.strip().lstrip("-") == gold.lstrip("-"):
+            fixes["to_negative" if negative(gold) else "to_positive"] += 1
+    return fixes
+
+
+def answer_signs(evaluate_dir: str, mode_dir: str, headroom_dir: str) -> dict[str, Any]:
+    """The share of negative answers: gold and each model's greedy answer on the held-out
+    prompts, and gold on the prompts the mode selection kept for training, with how many of
+    the pool's greedy-wrong answers are the gold answer's sign flipped. An arm trained on a
+    pool whose fixes mostly flip one way can learn the flip as a prior (docs/log.md, session
+    16)."""
+    first = first_samples(evaluate_dir)
+    gold = list(first[START].values())
+    pool_lines = Path(mode_dir, "grpo_prompts.jsonl").read_text().splitlines()
+    pool = [json.loads(line) for line in pool_lines if line]
+    return {
+        "held_out_gold_negative": round(sum(negative(r["answer"]) for r in gold) / len(gold), 4),
+        "mode_pool_gold_negative": [sum(negative(r["answer"]) for r in pool), len(pool)],
+        "mode_pool_sign_fixes": sign_fixes(pool, first_samples(headroom_dir)[f"{START}@greedy"]),
+        "held_out_answers_negative": {
+            model: round(
+                sum(negative(extract_answer(r["completion"])) for r in rows.values()) / len(rows),
+                4,
+            )
+            for model, rows in first.items()
+        },
+    }
+
+
 def summary(run: Path) -> dict[str, Any] | None:
     """One run's results, or None when its evaluate node has not committed yet."""
     nodes = records(run)
@@ -121,6 +174,9 @@ def summary(run: Path) -> dict[str, Any] | None:
         "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},
         "total_seconds": round(sum(r["seconds"] for r in nodes.values()), 1),
         "held_out": arms(nodes["evaluate"]["_dir"]),
+        "answer_signs": answer_signs(
+            nodes["evaluate"]["_dir"], nodes["mode"]["_dir"], nodes["headroom"]["_dir"]
+        ),
     }
 
 
