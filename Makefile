@@ -22,9 +22,11 @@ XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgro
 # uv installs the lock's wheels in parallel and byte-compiles them on every core; pip took
 # 186 CPU-s on one, uv 110 on two (docs/contributing.md). Bytecode is compiled at install
 # because where PYTHONDONTWRITEBYTECODE is set every process would compile its imports again.
-# uv reads no pip.conf: a machine's local wheel directory (PIP_FIND_LINKS) is passed on.
-UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps \
-	$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+# uv reads no pip.conf: a machine's local wheel directory (PIP_FIND_LINKS, else pip's
+# configured find-links) is passed on.
+FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV = $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps \
+	$(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "uv==0.13.8"
