@@ -188,6 +188,15 @@ class GRPOConfig(Frozen):
     completions still count in the loss's mean over sequences (Tunix's GRPO), diluting the
     informative groups' gradient; `drop`: they are left out of that mean (the informative
     groups' advantages scaled by groups / informative groups; grpo and gspo-token only)."""
+    trim_padding: PositiveInt | None = None
+    """null: the actor update runs, forward and backward, over every prompt padded to
+    max_prompt_len and every completion to max_generation_tokens, as Tunix pads them. N:
+    before the update, each step's examples lose the columns no row uses, the prompts' and
+    the completions' each kept to the step's longest rounded up to a multiple of N (a larger
+    N: fewer compiled shapes of the actor's step, more padding left). Same tokens at the same
+    positions: loss and gradients equal to float rounding, not bit for bit. dr-grpo keeps the
+    completion's width (its loss divides by it); the reference and old-policy log-probs are
+    still computed at the full width, then cut."""
     baseline: Literal["group", "greedy"] = "group"
     """What a completion's reward is compared with. `group`: the mean of its group (Tunix's
     GRPO, normalized by the group's std). `greedy` (ReMax, arXiv 2310.10505): the reward of
@@ -335,7 +344,7 @@ GRPO_KIND = StageSpec(
     {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
     section="grpo",
     progress=True,
-    hash_exempt_defaults=("flat_groups", "keep_checkpoints", "baseline"),
+    hash_exempt_defaults=("flat_groups", "keep_checkpoints", "baseline", "trim_padding"),
     summary="Reinforcement on the rewards (GRPO and its variants).",
 )
 """The grpo kind (stages/grpo/training.py)."""

@@ -288,6 +288,10 @@ def build_session(
         baseline,
     )
     learner = _learner(cluster, config, reward_fns, observer)
+    if config.trim_padding is not None:  # the actor update without the padding no row uses
+        tunix_compat.trim_grpo_padding(
+            learner, config.trim_padding, completions=config.algorithm != "dr-grpo"
+        )
     return Session(
         cluster,
         learner,
