@@ -115,20 +115,44 @@ def phase_seconds(history: dict[str, list[float]]) -> dict[str, list[float]]:
 INFORMATIVE = "far/informative_groups"  # stages/grpo/metrics.INFORMATIVE
 
 
-def arm_summary(history: dict[str, list[float]], completions_per_step: int) -> dict[str, Any]:
+def update_informative(fraction: float, groups: int, skip_flat: bool) -> float:
+    """The informative share of the groups the actor update runs over, from a step's
+    informative-group fraction: all groups, or with skip_flat_groups the informative ones
+    filled with flat ones up to a power of two (stages/grpo/advantages.informative_rows)."""
+    informative = round(fraction * groups)
+    kept = min(groups, 1 << max(0, informative - 1).bit_length()) if skip_flat else groups
+    return informative / kept
+
+
+def arm_summary(
+    history: dict[str, list[float]], grpo: Any, skip_flat: bool = False
+) -> dict[str, Any]:
     """One GRPO run's mean seconds per phase, completions per second (timed seconds) and
-    informative-group fraction over the steps after the first (the first one compiles)."""
+    informative-group fraction (of the step's groups, and of the groups the actor update
+    runs over) over the steps after the first (the first one compiles)."""
+    completions_per_step = grpo.batch_size * grpo.num_generations
     phases = {name: values[1:] for name, values in phase_seconds(history).items()}
     steps = max((len(values) for values in phases.values()), default=0)
     if steps == 0:
         raise ValueError("a GRPO arm needs at least 2 steps to time one after compiling")
     step_seconds = sum(sum(values) for values in phases.values()) / steps
+    # a step that compiles a new shape of the actor's step (trim_padding, skip_flat_groups)
+    # counts in the mean; the median shows the steps that did not
+    totals = sorted(sum(v[i] for v in phases.values() if i < len(v)) for i in range(steps))
+    median = (totals[(steps - 1) // 2] + totals[steps // 2]) / 2
     later = history.get(INFORMATIVE, [])[1:]
     return {
         "phases": {name: sum(values) / steps for name, values in phases.items()},
         "step_seconds": step_seconds,
         "completions_per_s": completions_per_step / step_seconds,
+        "median_step_seconds": median,
+        "median_completions_per_s": completions_per_step / median,
         "informative_groups": sum(later) / len(later) if later else float("nan"),
+        "update_informative": (
+            sum(update_informative(f, grpo.batch_size, skip_flat) for f in later) / len(later)
+            if later
+            else float("nan")
+        ),
         "completion_max_length": history.get("completions/max_length", [])[1:],
     }
 
@@ -170,7 +194,10 @@ def compare(
         before, after = histories[2 * rep], histories[2 * rep + 1]
         print_steps(f"{args.recipe}, pair {rep}, before", before)
         print_steps(f"{args.recipe}, pair {rep}, after ({changes})", after)
-        pairs.append((arm_summary(before, per_step), arm_summary(after, per_step)))
+        skip = bool(changes.get("skip_flat_groups", grpo.skip_flat_groups))
+        pairs.append(
+            (arm_summary(before, grpo, grpo.skip_flat_groups), arm_summary(after, grpo, skip))
+        )
     print(f"\n{args.recipe}: {per_step} completions a step; steps 1-{args.grpo_steps - 1} of each")
     for rep, (before, after) in enumerate(pairs):
         names = list(dict.fromkeys([*before["phases"], *after["phases"]]))
@@ -178,12 +205,20 @@ def compare(
         for name in names:
             b, a = before["phases"].get(name, 0.0), after["phases"].get(name, 0.0)
             print(f"  {name:<17} {b:8.3f}  {a:8.3f}")
-        for key in ("step_seconds", "completions_per_s", "informative_groups"):
+        for key in (
+            "step_seconds",
+            "completions_per_s",
+            "median_step_seconds",
+            "median_completions_per_s",
+            "informative_groups",
+            "update_informative",
+        ):
             print(f"  {key:<17} {before[key]:8.3f}  {after[key]:8.3f}")
         print(f"  completions/max_length before {before['completion_max_length']}")
         print(f"  completions/max_length after  {after['completion_max_length']}")
         ratio = after["completions_per_s"] / before["completions_per_s"]
-        print(f"  completions/s after / before: {ratio:.3f}")
+        median = after["median_completions_per_s"] / before["median_completions_per_s"]
+        print(f"  completions/s after / before: {ratio:.3f} (mean), {median:.3f} (median)")
     return pairs
 
 

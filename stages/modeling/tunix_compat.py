@@ -429,9 +429,12 @@ def trim_train_example(
     float rounding (the attention's sums over keys are shorter; test). The per-token
     reference and old-policy log-probs lose the same completion columns. `completions`
     False keeps the completion's width, for a loss normalised by it (Dr. GRPO's
-    `sequence-mean-token-scale` divides by the completion columns).
+    `sequence-mean-token-scale` divides by the completion columns). Packed examples
+    (segment ids) are returned unchanged.
     """
-    prompt_used = np.asarray(example.prompt_mask).any(axis=0)
+    if getattr(example, "segment_ids", None) is not None:
+        return example
+    prompt_used = np.asarray(np.asarray(example.prompt_mask).any(axis=0))
     prompt_cap = prompt_used.shape[0]
     first = int(np.argmax(prompt_used)) if prompt_used.any() else prompt_cap
     prompt_keep = padded_width(prompt_cap - first, multiple, prompt_cap)
@@ -440,7 +443,7 @@ def trim_train_example(
         "prompt_mask": example.prompt_mask[:, prompt_cap - prompt_keep :],
     }
     if completions:
-        completion_used = np.asarray(example.completion_mask).any(axis=0)
+        completion_used = np.asarray(np.asarray(example.completion_mask).any(axis=0))
         cap = completion_used.shape[0]
         last = cap - int(np.argmax(completion_used[::-1])) if completion_used.any() else 0
         keep = padded_width(last, multiple, cap)
@@ -452,28 +455,26 @@ def trim_train_example(
     return example.replace(**fields)
 
 
-def trim_grpo_padding(learner: Any, multiple: int, completions: bool = True) -> None:
-    """Cut, on this learner only, the padding no row of a step uses from every training
-    example before the actor update (`trim_train_example`).
+def transform_train_examples(
+    learner: Any, transform: Callable[[rl_common.TrainExample], rl_common.TrainExample]
+) -> None:
+    """Hand the actor update, on this learner only, `transform(example)` for each step's
+    training example (trim_train_example, stages/grpo/advantages.informative_rows).
 
-    Tunix 0.1.7's GRPO learner pads each step's prompts to max_prompt_len and completions to
-    max_generation_tokens, and its actor update, forward and backward, runs over every
-    column: on the headroom recipe (prompts ~45 of 64 tokens, completions ~22 of 32) about
-    30% of the positions are padding. Its examples come from the learner's private
-    `_generate_and_compute_advantage`, which this wraps on the instance (the micro-batch
-    split that follows keeps the columns). Packed examples (segment ids) are left alone.
-    Test: tests/integration/test_grpo_padding.py (Tunix's example carries the padding; the
-    cut one gives the same loss and gradients).
+    Tunix 0.1.7's GRPO learner builds each step's example (rollouts, rewards, advantages,
+    padded to the recipe's caps) in its private `_generate_and_compute_advantage`, whose
+    result goes straight to the micro-batch split and the actor update; this wraps it on the
+    instance. The split slices rows by the step's row count, so a transform that drops rows
+    needs one micro-batch a step (the recipe checks it). Test:
+    tests/unit/test_grpo_padding.py (the wrapped learner hands out the transformed example;
+    the method exists on Tunix's GRPOLearner).
     """
     produce = learner._generate_and_compute_advantage
 
-    def trimmed(*args: Any, **kwargs: Any) -> rl_common.TrainExample:
-        example = produce(*args, **kwargs)
-        if getattr(example, "segment_ids", None) is not None:
-            return example
-        return trim_train_example(example, multiple, completions)
+    def transformed(*args: Any, **kwargs: Any) -> rl_common.TrainExample:
+        return transform(produce(*args, **kwargs))
 
-    learner._generate_and_compute_advantage = trimmed
+    learner._generate_and_compute_advantage = transformed
 
 
 # --- SFT's loss: logits at the loss positions only ----------------------------------------------

@@ -1,8 +1,9 @@
-"""grpo.trim_padding (tunix_compat.trim_train_example): the actor update without the columns
-no row of the step uses. Tunix pads every prompt to max_prompt_len and every completion to
-max_generation_tokens; the cut example keeps each side to its longest row rounded up to the
-multiple, and gives Tunix's GRPO loss and its adapter gradients to float rounding on a tiny
-Gemma 3 with LoRA."""
+"""grpo.trim_padding (tunix_compat.trim_train_example) and grpo.skip_flat_groups
+(advantages.informative_rows): the actor update without the columns no row of the step uses
+and without the groups that carry no gradient. Tunix pads every prompt to max_prompt_len and
+every completion to max_generation_tokens; the cut example keeps each side to its longest
+row rounded up to the multiple. Both give Tunix's GRPO loss and its adapter gradients to
+float rounding on a tiny Gemma 3 with LoRA."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tunix.rl import common as rl_common
 from tunix.rl.grpo import drgrpo_learner, grpo_learner
 
 from schemas.recipe import GRPOConfig, LoraSpec
+from stages.grpo import advantages, training
 from stages.modeling import models, tunix_compat
 from tests.conftest import recipe_with
 
@@ -158,9 +160,86 @@ def test_dr_grpo_would_change_if_its_completions_were_cut(policy: tuple[Any, Any
     assert cut == pytest.approx(loss * COMPLETION_CAP / 12, rel=1e-4)
 
 
+def test_flat_groups_leave_the_update_with_the_same_loss_and_gradients(
+    policy: tuple[Any, Any],
+) -> None:
+    """skip_flat_groups then trim_padding, as the stage composes them. Two groups of two:
+    rows 2-3 (advantage 0) add nothing, and Tunix divides by the non-empty rows (3: row 2's
+    completion is empty), so rows 0-1 with advantages scaled by 2/3 give the full loss;
+    tolerances as above."""
+    network, mesh = policy
+    vocab = network.embedder.input_embedding.value.shape[0]
+    example = tunix_example(vocab).replace(advantages=jnp.asarray([1.0, -1.0, 0.0, 0.0]))
+    config = GRPOConfig(
+        max_steps=1, batch_size=2, num_generations=2, beta=0.0, skip_flat_groups=True,
+        trim_padding=4,
+    )  # fmt: skip
+    transform = training.example_transform(config)
+    assert transform is not None
+    cut = transform(example)
+    assert cut.prompt_ids.shape == (2, 12) and cut.completion_ids.shape == (2, 12)
+    np.testing.assert_allclose(cut.advantages, [2 / 3, -2 / 3], rtol=1e-6)
+    algo = grpo_learner.GRPOConfig(num_generations=2, beta=0.0)
+    with mesh:
+        loss, grads = loss_and_grads(network, example, algo)
+        cut_loss, cut_grads = loss_and_grads(network, cut, algo)
+    assert loss != 0.0 and cut_loss == pytest.approx(loss, rel=1e-5)
+    for a, b in zip(cut_grads, grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-4 * float(np.abs(b).max()))
+
+
+def rows_example(group_advantages: list[float], generations: int = 2) -> Any:
+    rows = len(group_advantages) * generations
+    advantages = np.repeat(np.asarray(group_advantages, np.float32), generations)
+    advantages[::generations] *= -1  # an informative group's rows differ in sign
+    ids = np.arange(rows, dtype=np.int32)[:, None] + 2
+    return rl_common.TrainExample(
+        prompt_ids=jnp.asarray(ids), prompt_mask=jnp.asarray(ids != PAD),
+        completion_ids=jnp.asarray(ids), completion_mask=jnp.asarray(ids != PAD),
+        advantages=jnp.asarray(advantages), ref_per_token_logps=None,
+        old_per_token_logps=jnp.asarray(ids, jnp.float32),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("groups", "kept", "scale"),
+    [
+        ([0.0, 1.0, 0.0, 0.0], [1], 2 / 8),  # one informative group: one group
+        ([1.0, 0.0, 0.0, 2.0], [0, 3], 4 / 8),
+        ([1.0, 0.0, 2.0, 3.0], [0, 1, 2, 3], 1.0),  # 3 -> 4 (a power of two): a flat one fills
+        ([0.0, 0.0, 0.0, 0.0], [0], 2 / 8),  # no gradient at all: one group, advantages 0
+        ([1.0, 2.0, 3.0, 4.0], [0, 1, 2, 3], 1.0),
+    ],
+)
+def test_informative_rows_keeps_whole_groups_in_order(
+    groups: list[float], kept: list[int], scale: float
+) -> None:
+    example = rows_example(groups)
+    out = advantages.informative_rows(example, 2)
+    rows = [2 * g + i for g in kept for i in range(2)]
+    np.testing.assert_array_equal(out.prompt_ids[:, 0], np.asarray(rows) + 2)
+    np.testing.assert_array_equal(out.old_per_token_logps[:, 0], np.asarray(rows) + 2)
+    np.testing.assert_allclose(out.advantages, np.asarray(example.advantages)[rows] * scale)
+    assert out.ref_per_token_logps is None
+
+
+def test_the_recipe_refuses_skip_flat_groups_where_flat_rows_still_count() -> None:
+    base = {"max_steps": 1, "batch_size": 4, "skip_flat_groups": True}
+    assert GRPOConfig(**base, beta=0.0).skip_flat_groups
+    assert GRPOConfig(**base, beta=0.0, train_micro_batch_size=4).skip_flat_groups
+    for changes, message in [
+        ({"beta": 0.04}, "needs beta: 0"),
+        ({"beta": 0.0, "algorithm": "dr-grpo"}, "algorithm is 'dr-grpo'"),
+        ({"beta": 0.0, "train_micro_batch_size": 2}, "one micro-batch a step"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            GRPOConfig(**base, **changes)
+    assert training.example_transform(GRPOConfig(max_steps=1, batch_size=4)) is None
+
+
 class _Learner:
     """Stands in for Tunix's learner (which needs a whole RLCluster): the one method
-    trim_grpo_padding wraps, returning the example Tunix would."""
+    transform_train_examples wraps, returning the example Tunix would."""
 
     def _generate_and_compute_advantage(self, batch: Any, mode: Any = None) -> Any:
         del batch, mode
@@ -170,7 +249,9 @@ class _Learner:
 def test_the_learner_hands_the_actor_the_cut_example() -> None:
     assert callable(grpo_learner.GRPOLearner._generate_and_compute_advantage)  # the name wrapped
     learner = _Learner()
-    tunix_compat.trim_grpo_padding(learner, 8)
+    tunix_compat.transform_train_examples(
+        learner, lambda example: tunix_compat.trim_train_example(example, 8)
+    )
     example = learner._generate_and_compute_advantage({}, "train")
     assert example.prompt_ids.shape == (4, 16)
     # other instances (and the class) keep Tunix's
