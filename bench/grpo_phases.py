@@ -8,6 +8,13 @@ steps after the first (the first one compiles). bench/roofline.py runs the same 
     JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py                       # smoke
     flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py \
         --recipe demo --sft-steps 2 --grpo-steps 4                     # the real Gemma 3 270M
+
+`--compare KEY=VALUE` (repeatable; grpo fields, VALUE read as YAML) measures two settings in
+one run: after data_prep and SFT, GRPO runs from the same SFT policy first as the recipe says
+("before"), then with the changed fields ("after"), each in its own stage root (so neither
+reuses the other's result), with the same sampling seeds; `--reps N` alternates N such pairs.
+It prints each arm's phases, completions per second over the timed steps after the first, the
+informative-group fraction, and after / before.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +43,16 @@ def run_stages(
     grpo_steps: int,
     cache_dir: str | None,
     between: Callable[[str, Any], None] | None = None,
+    arms: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """data_prep, SFT and GRPO of `recipe_name` through FAR's stages in a temporary root.
 
     `between(stage, recipe)` runs before "sft", before "grpo" and after it ("end"), outside
     any stage's clock. Returns the recipe, the dataset artifact, the SFT record's metrics, the
     GRPO record's history, the real prompt lengths of the GRPO split in tokens, and the most
-    SFT loss targets a row holds."""
+    SFT loss targets a row holds. `arms`: after that GRPO, one more GRPO from the same SFT
+    policy per entry, with those grpo fields changed, each in a root of its own; their
+    histories are "arm_histories", in order."""
     from schemas.record import StageRecord
     from stages import sft
     from stages.core import datasets, storage
@@ -76,6 +86,15 @@ def run_stages(
         mark("grpo")
         out = grpo.reinforce(dataset, sft_out.output, recipe.grpo, recipe.model, recipe.mesh, ctx)
         history = StageRecord.model_validate(storage.read_json(out.record_uri)).history
+        arm_histories = []
+        for index, changes in enumerate(arms):
+            config = type(recipe.grpo).model_validate({**recipe.grpo.model_dump(), **changes})
+            arm_ctx = RunContext(os.path.join(tmp, f"arm{index}"), "phases", cache_dir=cache_dir)
+            arm = grpo.reinforce(
+                dataset, sft_out.output, config, recipe.model, recipe.mesh, arm_ctx
+            )
+            record = StageRecord.model_validate(storage.read_json(arm.record_uri))
+            arm_histories.append(record.history)
         mark("end")
     return {
         "recipe": recipe,
@@ -84,6 +103,7 @@ def run_stages(
         "grpo_history": history,
         "prompt_lengths": prompt_lengths,
         "sft_targets": int(loss_mask.sum(axis=1).max()),
+        "arm_histories": arm_histories,
     }
 
 
@@ -92,20 +112,132 @@ def phase_seconds(history: dict[str, list[float]]) -> dict[str, list[float]]:
     return {k.removeprefix(SECONDS_PREFIX): v for k, v in history.items() if SECONDS_PREFIX in k}
 
 
+INFORMATIVE = "far/informative_groups"  # stages/grpo/metrics.INFORMATIVE
+
+
+def update_informative(fraction: float, groups: int, skip_flat: bool) -> float:
+    """The informative share of the groups the actor update runs over, from a step's
+    informative-group fraction: all groups, or with skip_flat_groups the informative ones
+    filled with flat ones up to a power of two (stages/grpo/advantages.informative_rows)."""
+    informative = round(fraction * groups)
+    kept = min(groups, 1 << max(0, informative - 1).bit_length()) if skip_flat else groups
+    return informative / kept
+
+
+def arm_summary(
+    history: dict[str, list[float]], grpo: Any, skip_flat: bool = False
+) -> dict[str, Any]:
+    """One GRPO run's mean seconds per phase, completions per second (timed seconds) and
+    informative-group fraction (of the step's groups, and of the groups the actor update
+    runs over) over the steps after the first (the first one compiles)."""
+    completions_per_step = grpo.batch_size * grpo.num_generations
+    phases = {name: values[1:] for name, values in phase_seconds(history).items()}
+    steps = max((len(values) for values in phases.values()), default=0)
+    if steps == 0:
+        raise ValueError("a GRPO arm needs at least 2 steps to time one after compiling")
+    step_seconds = sum(sum(values) for values in phases.values()) / steps
+    # a step that compiles a new shape of the actor's step (trim_padding, skip_flat_groups)
+    # counts in the mean; the median shows the steps that did not
+    totals = sorted(sum(v[i] for v in phases.values() if i < len(v)) for i in range(steps))
+    median = (totals[(steps - 1) // 2] + totals[steps // 2]) / 2
+    later = history.get(INFORMATIVE, [])[1:]
+    return {
+        "phases": {name: sum(values) / steps for name, values in phases.items()},
+        "step_seconds": step_seconds,
+        "completions_per_s": completions_per_step / step_seconds,
+        "median_step_seconds": median,
+        "median_completions_per_s": completions_per_step / median,
+        "informative_groups": sum(later) / len(later) if later else float("nan"),
+        "update_informative": (
+            sum(update_informative(f, grpo.batch_size, skip_flat) for f in later) / len(later)
+            if later
+            else float("nan")
+        ),
+        "completion_max_length": history.get("completions/max_length", [])[1:],
+    }
+
+
+def parse_changes(pairs: Sequence[str]) -> dict[str, Any]:
+    """--compare's KEY=VALUE pairs as grpo fields (VALUE read as YAML: 8, null, true)."""
+    import yaml
+
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--compare wants KEY=VALUE (a grpo field), got {pair!r}")
+        changes[key] = yaml.safe_load(value)
+    return changes
+
+
+def print_steps(title: str, history: dict[str, list[float]]) -> None:
+    phases = phase_seconds(history)
+    steps = max((len(v) for v in phases.values()), default=0)
+    print(f"\n{title}: GRPO seconds per step and phase (load average {os.getloadavg()})")
+    print("phase             " + " ".join(f"step {i:>3}" for i in range(steps)))
+    for phase, values in phases.items():
+        print(f"{phase:<17} " + " ".join(f"{v:8.3f}" for v in values))
+
+
+def compare(
+    args: argparse.Namespace, changes: dict[str, Any]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """`args.reps` (before, after) pairs from one SFT policy: before runs first in each pair
+    (the first before is run_stages' own GRPO)."""
+    arms: list[Mapping[str, Any]] = [changes, *([{}, changes] * (args.reps - 1))]
+    run = run_stages(args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, arms=arms)
+    grpo = run["recipe"].grpo
+    per_step = grpo.batch_size * grpo.num_generations
+    histories = [run["grpo_history"], *run["arm_histories"]]
+    pairs = []
+    for rep in range(args.reps):
+        before, after = histories[2 * rep], histories[2 * rep + 1]
+        print_steps(f"{args.recipe}, pair {rep}, before", before)
+        print_steps(f"{args.recipe}, pair {rep}, after ({changes})", after)
+        skip = bool(changes.get("skip_flat_groups", grpo.skip_flat_groups))
+        pairs.append(
+            (arm_summary(before, grpo, grpo.skip_flat_groups), arm_summary(after, grpo, skip))
+        )
+    print(f"\n{args.recipe}: {per_step} completions a step; steps 1-{args.grpo_steps - 1} of each")
+    for rep, (before, after) in enumerate(pairs):
+        names = list(dict.fromkeys([*before["phases"], *after["phases"]]))
+        print(f"pair {rep}             before     after")
+        for name in names:
+            b, a = before["phases"].get(name, 0.0), after["phases"].get(name, 0.0)
+            print(f"  {name:<17} {b:8.3f}  {a:8.3f}")
+        for key in (
+            "step_seconds",
+            "completions_per_s",
+            "median_step_seconds",
+            "median_completions_per_s",
+            "informative_groups",
+            "update_informative",
+        ):
+            print(f"  {key:<17} {before[key]:8.3f}  {after[key]:8.3f}")
+        print(f"  completions/max_length before {before['completion_max_length']}")
+        print(f"  completions/max_length after  {after['completion_max_length']}")
+        ratio = after["completions_per_s"] / before["completions_per_s"]
+        median = after["median_completions_per_s"] / before["median_completions_per_s"]
+        print(f"  completions/s after / before: {ratio:.3f} (mean), {median:.3f} (median)")
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="smoke")
     parser.add_argument("--sft-steps", type=int, default=4)
     parser.add_argument("--grpo-steps", type=int, default=6)
     parser.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"))
+    parser.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--reps", type=int, default=1, help="(before, after) pairs, --compare")
     args = parser.parse_args()
+    if args.compare:
+        compare(args, parse_changes(args.compare))
+        return
 
     run = run_stages(args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir)
     phases = phase_seconds(run["grpo_history"])
-    print(f"\n{args.recipe}: GRPO seconds per step and phase (load average {os.getloadavg()})")
-    print("phase             " + " ".join(f"step {i:>3}" for i in range(args.grpo_steps)))
-    for phase, values in phases.items():
-        print(f"{phase:<17} " + " ".join(f"{v:8.3f}" for v in values))
+    print_steps(args.recipe, run["grpo_history"])
     later = {phase: sum(values[1:]) for phase, values in phases.items()}
     total = sum(later.values())
     print(f"\nsteps 1-{args.grpo_steps - 1}: {total / (args.grpo_steps - 1):.2f} s a step timed")

@@ -188,6 +188,22 @@ class GRPOConfig(Frozen):
     completions still count in the loss's mean over sequences (Tunix's GRPO), diluting the
     informative groups' gradient; `drop`: they are left out of that mean (the informative
     groups' advantages scaled by groups / informative groups; grpo and gspo-token only)."""
+    trim_padding: PositiveInt | None = None
+    """null: the actor update runs, forward and backward, over every prompt padded to
+    max_prompt_len and every completion to max_generation_tokens, as Tunix pads them. N:
+    before the update, each step's examples lose the columns no row uses, the prompts' and
+    the completions' each kept to the step's longest rounded up to a multiple of N (a larger
+    N: fewer compiled shapes of the actor's step, more padding left). Same tokens at the same
+    positions: loss and gradients equal to float rounding, not bit for bit. dr-grpo keeps the
+    completion's width (its loss divides by it); the reference and old-policy log-probs are
+    still computed at the full width, then cut."""
+    skip_flat_groups: bool = False
+    """true: the actor update leaves out the groups whose advantages are all 0 (no reward
+    spread), whose rows add exactly 0 to the loss and its gradient without a KL term, keeping
+    the informative groups (filled with flat ones up to a power-of-two count of groups, for
+    few compiled shapes) with their advantages scaled so that the loss and gradients equal
+    the full step's to float rounding. Needs beta 0, algorithm grpo or gspo-token and one
+    micro-batch a step (train_micro_batch_size null or batch_size)."""
     baseline: Literal["group", "greedy"] = "group"
     """What a completion's reward is compared with. `group`: the mean of its group (Tunix's
     GRPO, normalized by the group's std). `greedy` (ReMax, arXiv 2310.10505): the reward of
@@ -214,6 +230,7 @@ class GRPOConfig(Frozen):
     @model_validator(mode="after")
     def _algorithm_knobs(self) -> GRPOConfig:
         self._greedy_baseline_knobs()
+        self._skip_flat_groups_knobs()
         if self.flat_groups == "drop" and self.algorithm not in ("grpo", "gspo-token"):
             raise ValueError(
                 f"flat_groups: drop rescales GRPO's group advantages; algorithm is "
@@ -234,6 +251,26 @@ class GRPOConfig(Frozen):
                 f"epsilon_high must be >= epsilon, got {self.epsilon_high} < {self.epsilon}"
             )
         return self
+
+    def _skip_flat_groups_knobs(self) -> None:
+        if not self.skip_flat_groups:
+            return
+        if self.beta != 0:
+            raise ValueError(
+                f"skip_flat_groups needs beta: 0 (got beta={self.beta}): the KL term of a "
+                f"group without reward spread is not 0, so its rows cannot be left out"
+            )
+        if self.algorithm not in ("grpo", "gspo-token"):
+            raise ValueError(
+                f"skip_flat_groups rescales GRPO's sequence-mean loss; algorithm is "
+                f"{self.algorithm!r} (use grpo or gspo-token, or skip_flat_groups: false)"
+            )
+        micro = self.train_micro_batch_size
+        if micro is not None and micro != self.batch_size:
+            raise ValueError(
+                f"skip_flat_groups needs one micro-batch a step: train_micro_batch_size is "
+                f"{micro}, batch_size {self.batch_size} (set it to null or {self.batch_size})"
+            )
 
     def _greedy_baseline_knobs(self) -> None:
         if self.baseline != "greedy":
@@ -335,7 +372,13 @@ GRPO_KIND = StageSpec(
     {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
     section="grpo",
     progress=True,
-    hash_exempt_defaults=("flat_groups", "keep_checkpoints", "baseline"),
+    hash_exempt_defaults=(
+        "flat_groups",
+        "keep_checkpoints",
+        "baseline",
+        "trim_padding",
+        "skip_flat_groups",
+    ),
     summary="Reinforcement on the rewards (GRPO and its variants).",
 )
 """The grpo kind (stages/grpo/training.py)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 from tunix.rl import algo_core, function_registry
+from tunix.rl.common import TrainExample
 
 INFORMATIVE_GROUPS = "far_informative_groups"
 """The estimator's name in Tunix's registry (GRPOConfig.advantage_estimator)."""
@@ -51,3 +52,48 @@ def greedy_baseline_advantages(rewards: np.ndarray, num_generations: int) -> np.
     """
     del num_generations
     return np.asarray(rewards, dtype=np.float32)
+
+
+ROW_FIELDS = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "ref_per_token_logps",
+    "old_per_token_logps",
+    "sampler_is_weights",
+)
+"""A TrainExample's per-row arrays besides the advantages (Tunix 0.1.7, unpacked)."""
+
+
+def informative_rows(example: TrainExample, num_generations: int) -> TrainExample:
+    """`example` without the groups whose advantages are all exactly 0, for the actor update.
+
+    With no KL term (beta 0), such a group's rows add exactly 0 to the GRPO policy loss and
+    its gradient (the clipped objective is linear in the advantage), yet the update runs its
+    forward and backward over them: at half the groups without reward spread, half of the
+    update is spent on nothing. The kept rows are the informative groups and, to keep the
+    number of compiled shapes of the actor's step small, as many flat groups as fill the
+    count of groups up to a power of two (at least one group). Tunix's
+    `sequence-mean-token-mean` loss divides the rows' sum by the non-empty rows, so the
+    kept advantages are scaled by kept / all non-empty rows: the loss and gradients equal
+    the full example's to float rounding (tests/unit/test_grpo_padding.py). 2-D (packed,
+    per-token) advantages are left alone.
+    """
+    advantages = np.asarray(example.advantages)
+    if advantages.ndim != 1:
+        return example
+    groups = advantages.reshape(-1, num_generations)
+    informative = np.any(groups != 0, axis=1)
+    wanted = min(groups.shape[0], 1 << max(0, int(informative.sum()) - 1).bit_length())
+    fill = np.flatnonzero(~informative)[: wanted - int(informative.sum())]
+    chosen = np.sort(np.concatenate([np.flatnonzero(informative), fill]))
+    rows = (chosen[:, None] * num_generations + np.arange(num_generations)).ravel()
+    nonempty = np.asarray(example.completion_mask).sum(axis=1) > 0
+    scale = max(1, int(nonempty[rows].sum())) / max(1, int(nonempty.sum()))
+    fields = {
+        name: getattr(example, name)[rows]
+        for name in ROW_FIELDS
+        if getattr(example, name, None) is not None
+    }
+    return example.replace(**fields, advantages=example.advantages[rows] * scale)

@@ -288,6 +288,9 @@ def build_session(
         baseline,
     )
     learner = _learner(cluster, config, reward_fns, observer)
+    transform = example_transform(config)
+    if transform is not None:  # the actor update without rows or columns that add nothing
+        tunix_compat.transform_train_examples(learner, transform)
     return Session(
         cluster,
         learner,
@@ -300,6 +303,28 @@ def build_session(
         log_uri,
         local_logs,
     )
+
+
+def example_transform(config: GRPOConfig) -> Callable[[Any], Any] | None:
+    """What the recipe cuts from each step's training example before the actor update: the
+    groups without gradient (skip_flat_groups), then the padding no row uses (trim_padding);
+    None when nothing."""
+    steps: list[Callable[[Any], Any]] = []
+    if config.skip_flat_groups:
+        steps.append(
+            functools.partial(advantages.informative_rows, num_generations=config.num_generations)
+        )
+    if config.trim_padding is not None:
+        steps.append(
+            functools.partial(
+                tunix_compat.trim_train_example,
+                multiple=config.trim_padding,
+                completions=config.algorithm != "dr-grpo",
+            )
+        )
+    if not steps:
+        return None
+    return functools.reduce(lambda f, g: lambda example: g(f(example)), steps)
 
 
 def _reference_and_actor(

@@ -407,6 +407,76 @@ def prefill_last_position_only() -> None:
     gemma3_model.Gemma3.__call__ = _gemma3_call
 
 
+# --- GRPO's training examples: padding no row uses cut off -------------------------------------
+
+
+def padded_width(used: int, multiple: int, cap: int) -> int:
+    """`used` columns rounded up to a multiple of `multiple`, at most `cap` and at least 1
+    column (a batch of empty completions keeps one): few compiled shapes, little padding."""
+    return min(cap, max(1, -(-used // multiple) * multiple))
+
+
+def trim_train_example(
+    example: rl_common.TrainExample, multiple: int, completions: bool = True
+) -> rl_common.TrainExample:
+    """`example` without the columns no row uses: the prompts' leftmost (Tunix left-pads them
+    to max_prompt_len) and, with `completions`, the completions' rightmost (padded to
+    max_generation_tokens), each side kept to its longest row rounded up to `multiple`.
+
+    A cut column is padding in every row (its mask is 0 everywhere), and Tunix derives
+    positions and the attention mask from the masks, so every kept position sees the same
+    tokens at the same positions: the log-probs, loss and gradients equal the uncut ones to
+    float rounding (the attention's sums over keys are shorter; test). The per-token
+    reference and old-policy log-probs lose the same completion columns. `completions`
+    False keeps the completion's width, for a loss normalised by it (Dr. GRPO's
+    `sequence-mean-token-scale` divides by the completion columns). Packed examples
+    (segment ids) are returned unchanged.
+    """
+    if getattr(example, "segment_ids", None) is not None:
+        return example
+    prompt_used = np.asarray(np.asarray(example.prompt_mask).any(axis=0))
+    prompt_cap = prompt_used.shape[0]
+    first = int(np.argmax(prompt_used)) if prompt_used.any() else prompt_cap
+    prompt_keep = padded_width(prompt_cap - first, multiple, prompt_cap)
+    fields: dict[str, Any] = {
+        "prompt_ids": example.prompt_ids[:, prompt_cap - prompt_keep :],
+        "prompt_mask": example.prompt_mask[:, prompt_cap - prompt_keep :],
+    }
+    if completions:
+        completion_used = np.asarray(np.asarray(example.completion_mask).any(axis=0))
+        cap = completion_used.shape[0]
+        last = cap - int(np.argmax(completion_used[::-1])) if completion_used.any() else 0
+        keep = padded_width(last, multiple, cap)
+        for name in ("completion_ids", "completion_mask", "ref_per_token_logps",
+                     "old_per_token_logps", "sampler_is_weights"):  # fmt: skip
+            value = getattr(example, name, None)
+            if value is not None:
+                fields[name] = value[:, :keep]
+    return example.replace(**fields)
+
+
+def transform_train_examples(
+    learner: Any, transform: Callable[[rl_common.TrainExample], rl_common.TrainExample]
+) -> None:
+    """Hand the actor update, on this learner only, `transform(example)` for each step's
+    training example (trim_train_example, stages/grpo/advantages.informative_rows).
+
+    Tunix 0.1.7's GRPO learner builds each step's example (rollouts, rewards, advantages,
+    padded to the recipe's caps) in its private `_generate_and_compute_advantage`, whose
+    result goes straight to the micro-batch split and the actor update; this wraps it on the
+    instance. The split slices rows by the step's row count, so a transform that drops rows
+    needs one micro-batch a step (the recipe checks it). Test:
+    tests/unit/test_grpo_padding.py (the wrapped learner hands out the transformed example;
+    the method exists on Tunix's GRPOLearner).
+    """
+    produce = learner._generate_and_compute_advantage
+
+    def transformed(*args: Any, **kwargs: Any) -> rl_common.TrainExample:
+        return transform(produce(*args, **kwargs))
+
+    learner._generate_and_compute_advantage = transformed
+
+
 # --- SFT's loss: logits at the loss positions only ----------------------------------------------
 
 # Tunix 0.1.7's PeftTrainer loss, kept for the models the replacement does not handle.

@@ -186,6 +186,8 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "flat_groups",
         "keep_checkpoints",
         "baseline",
+        "trim_padding",
+        "skip_flat_groups",
     )
     assert registry.spec("hard_subset").hash_exempt_defaults == (
         "above",
