@@ -10,7 +10,8 @@ The schema is split by section, one module each, and this package re-exports eve
 - common: number and duration types, the mesh, the model and its LoRA adapters;
 - kinds: how a stage kind is declared (StageSpec, Port), shipped or plugged in;
 - data: sources, column maps, splits, the prompt format (the `data` section);
-- training: SFT, GRPO, DPO / ORPO and distillation configs;
+- training: SFT, DPO / ORPO and distillation configs;
+- grpo: the GRPO config, its algorithms and reward presets;
 - evaluation: the `eval` section;
 - subsets: hard_subset, self_teach, preferences and pick configs;
 - runtime: the sandbox and logging sections (never hashed, never drift);
@@ -72,6 +73,14 @@ from schemas.recipe.evaluation import (
     EVALUATE_KIND,
     EvalConfig,
 )
+from schemas.recipe.grpo import (
+    GRPO_KIND,
+    REWARD_PRESETS,
+    GRPOAlgorithm,
+    GRPOConfig,
+    OverlongPenalty,
+    _expand_reward_preset,
+)
 from schemas.recipe.kinds import (
     ALL_SPLITS,
     DATASET_FOR,
@@ -123,16 +132,10 @@ from schemas.recipe.subsets import (
 from schemas.recipe.training import (
     DISTILL_KIND,
     DPO_KIND,
-    GRPO_KIND,
-    REWARD_PRESETS,
     SFT_KIND,
     DistillConfig,
     DPOConfig,
-    GRPOAlgorithm,
-    GRPOConfig,
-    OverlongPenalty,
     SFTConfig,
-    _expand_reward_preset,
 )
 
 __all__ = [

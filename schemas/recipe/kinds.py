@@ -4,9 +4,10 @@ entry point (named by string, "module:function"), and the rest the pipeline read
 Every kind, shipped or plugged in, is one `StageSpec`, registered once with
 stages.registry.register. A plugged-in kind declares it at the end of its own module. A
 shipped kind declares it here in the recipe schema, beside its config model (data_prep in
-data.py; sft, grpo, dpo, distill in training.py; evaluate in evaluation.py; hard_subset,
-self_teach, preferences, pick in subsets.py): the schema's `pipeline:` node union is assembled
-from those declarations (nodes.py) and the registry registers exactly them (its BUILTIN).
+data.py; sft, dpo, distill in training.py; grpo in grpo.py; evaluate in evaluation.py;
+hard_subset, self_teach, preferences, pick in subsets.py): the schema's `pipeline:` node union
+is assembled from those declarations (nodes.py) and the registry registers exactly them (its
+BUILTIN).
 
 Why here and not in the stage's own module, as a plugin does: schemas/ imports nothing of FAR
 and the registry imports no stage (import-linter contracts in pyproject.toml), because reading

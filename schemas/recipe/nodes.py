@@ -23,9 +23,10 @@ from schemas.base import Frozen
 from schemas.recipe.common import NodeId
 from schemas.recipe.data import DATA_PREP_KIND
 from schemas.recipe.evaluation import EVALUATE_KIND
+from schemas.recipe.grpo import GRPO_KIND
 from schemas.recipe.kinds import StageSpec
 from schemas.recipe.subsets import HARD_SUBSET_KIND, PICK_KIND, PREFERENCES_KIND, SELF_TEACH_KIND
-from schemas.recipe.training import DISTILL_KIND, DPO_KIND, GRPO_KIND, SFT_KIND
+from schemas.recipe.training import DISTILL_KIND, DPO_KIND, SFT_KIND
 
 SHIPPED_KINDS: tuple[StageSpec, ...] = (
     DATA_PREP_KIND,

@@ -24,9 +24,10 @@ from schemas.recipe.common import (
 )
 from schemas.recipe.data import DataPrepConfig
 from schemas.recipe.evaluation import EvalConfig
+from schemas.recipe.grpo import GRPOConfig
 from schemas.recipe.nodes import DataPrepNode, GRPONode, StageNode
 from schemas.recipe.runtime import LoggingConfig, SandboxConfig
-from schemas.recipe.training import DistillConfig, GRPOConfig, SFTConfig
+from schemas.recipe.training import DistillConfig, SFTConfig
 
 
 class Recipe(Frozen):

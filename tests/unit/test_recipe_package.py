@@ -18,6 +18,7 @@ ORDER = [
     "kinds",
     "data",
     "training",
+    "grpo",
     "evaluation",
     "subsets",
     "runtime",
