@@ -12,7 +12,9 @@ prints and records:
 - JAX's live arrays: how many and their bytes, as the node left them;
 - the same after `gc.collect()` (what only reference cycles kept);
 - with `--clear-caches`, the same after `jax.clear_caches()` and another collection (what
-  JAX's tracing and compilation caches kept: closures over a model's arrays).
+  JAX's tracing and compilation caches kept: closures over a model's arrays);
+- with `--malloc-trim`, the resident memory after glibc's `malloc_trim(0)` (freed memory the
+  allocator still held, not returned to the system).
 
     JAX_PLATFORMS=cpu .venv/bin/python bench/node_memory.py recipes/smoke.yaml --clear-caches
     flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/node_memory.py \\
@@ -63,8 +65,10 @@ def snapshot() -> dict[str, float]:
     }
 
 
-def after_node(clear_caches: bool) -> dict[str, dict[str, float]]:
-    """The three measurements taken after a node returns (see the module docstring)."""
+def after_node(clear_caches: bool, trim: bool) -> dict[str, dict[str, float]]:
+    """The measurements taken after a node returns (see the module docstring)."""
+    import ctypes
+
     import jax
 
     found = {"as_left": snapshot()}
@@ -74,6 +78,9 @@ def after_node(clear_caches: bool) -> dict[str, dict[str, float]]:
         jax.clear_caches()
         gc.collect()
         found["after_clear_caches"] = snapshot()
+    if trim:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        found["after_malloc_trim"] = snapshot()
     return found
 
 
@@ -90,7 +97,7 @@ def uncollected(recipe: Any, node: Any, config: Any, inputs: Any, ctx: Any) -> A
 
 
 def run(
-    recipe_path: str, root: str, assignments: list[str], clear: bool, collect: bool
+    recipe_path: str, root: str, assignments: list[str], clear: bool, trim: bool, collect: bool
 ) -> list[dict[str, Any]]:
     from pipeline.dag import build_dag, node_config
     from pipeline.nodes import run_node
@@ -102,7 +109,7 @@ def run(
     recipe = load_recipe(recipe_path, {"storage_root": root}, assignments)
     ctx = RunContext(root=root, run=recipe.name, shared=SharedBuilds())
     step = run_node if collect else uncollected
-    measure = (lambda: after_node(clear)) if collect else (lambda: {"as_left": snapshot()})
+    measure = (lambda: after_node(clear, trim)) if collect else (lambda: {"as_left": snapshot()})
     outputs: dict[str, Artifact] = {}
     rows: list[dict[str, Any]] = [{"node": "(start)", "kind": "-", **measure()}]
     for node in build_dag(recipe).nodes:
@@ -115,7 +122,7 @@ def run(
 
 def line(row: dict[str, Any]) -> str:
     parts = [f"{row['node']:>12} ({row['kind']})"]
-    for when in ("as_left", "after_gc", "after_clear_caches"):
+    for when in ("as_left", "after_gc", "after_clear_caches", "after_malloc_trim"):
         if when in row:
             s = row[when]
             parts.append(
@@ -135,6 +142,9 @@ def main() -> None:
         "--clear-caches", action="store_true", help="also measure after jax.clear_caches()"
     )
     parser.add_argument(
+        "--malloc-trim", action="store_true", help="also measure after glibc's malloc_trim(0)"
+    )
+    parser.add_argument(
         "--without-collect",
         action="store_true",
         help="the before: no collection after a node (see above)",
@@ -142,7 +152,14 @@ def main() -> None:
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     root = args.root or tempfile.mkdtemp(prefix="far-node-memory-")
-    rows = run(args.recipe, root, args.set, args.clear_caches, not args.without_collect)
+    rows = run(
+        args.recipe,
+        root,
+        args.set,
+        args.clear_caches,
+        args.malloc_trim,
+        not args.without_collect,
+    )
     if args.out:
         found = {"recipe": args.recipe, "collect": not args.without_collect, "rows": rows}
         Path(args.out).write_text(json.dumps(found, indent=2))
