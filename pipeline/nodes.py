@@ -13,7 +13,10 @@ reference cycles (Tunix's trainers and Flax NNX modules refer back to each other
 Python's cyclic collector frees, and it runs rarely: on the real Gemma 3 270M an SFT node left
 1,744 live JAX arrays (2,087 MB) of which a collection freed 1,526 (1,064 MB), and a
 reinforce-mode run grew to 15.9 GB by its 11th node (bench/node_memory.py, docs/log.md
-session 17). So `run_node` collects after every node, whether it returned or raised.
+session 17). So `run_node` collects after every node that ran, whether it returned or
+raised; not after a skipped node or a plan-mode decision, which build nothing (a collection
+costs about 0.2 CPU-s in a process that has imported Tunix and Prefect, and `far validate` or
+a re-run of a finished run stays quick).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from schemas.artifacts import Artifact
 from schemas.recipe import Recipe, StageNode
 from stages import registry
-from stages.core.runner import RunContext, StageOutcome
+from stages.core.runner import Planned, RunContext, StageOutcome
 
 __all__ = ["Artifact", "run_node"]
 
@@ -44,6 +47,11 @@ def run_node(
     )
     try:
         outcome: StageOutcome[Any] = spec.entry_point()(inputs, config, ctx)
-    finally:
+    except Planned:  # plan mode: the node decided, built nothing
+        raise
+    except BaseException:
+        gc.collect()  # what the node built before it failed or stopped (module docstring)
+        raise
+    if not outcome.skipped:  # a skipped node read its record and built nothing
         gc.collect()  # the node's trainer and models, held in cycles (module docstring)
     return outcome
