@@ -7,16 +7,16 @@ on storage whether it runs or is skipped; this module only finds the node's regi
 `run(inputs, config, ctx)`. The node id, the recipe's model, its mesh and its logging go into
 the RunContext, so a stage's directory is {node id}-{hash}.
 
-A run's nodes share one process, so what a node built must be gone before the next one
-builds its own. A training stage leaves its trainer, optimizer state and LoRA clone in
-reference cycles (Tunix's trainers and Flax NNX modules refer back to each other), which only
-Python's cyclic collector frees, and it runs rarely: on the real Gemma 3 270M an SFT node left
-1,744 live JAX arrays (2,087 MB) of which a collection freed 1,526 (1,064 MB), and a
-reinforce-mode run grew to 15.9 GB by its 11th node (bench/node_memory.py, docs/log.md
-session 17). So `run_node` collects after every node that ran, whether it returned or
-raised; not after a skipped node or a plan-mode decision, which build nothing (a collection
-costs about 0.2 CPU-s in a process that has imported Tunix and Prefect, and `far validate` or
-a re-run of a finished run stays quick).
+A run's nodes share one process, so what a node built must be gone before the next one builds
+its own. A training stage leaves its trainer, optimizer state and LoRA clone in reference
+cycles (Tunix's trainers and Flax NNX modules refer back to each other), which only Python's
+cyclic collector frees, and it runs rarely: on the real Gemma 3 270M an SFT node left 1,744
+live JAX arrays (2,087 MB) of which a collection freed 1,526 (1,064 MB), memory that otherwise
+sat beside the next nodes' own until Python collected on its own (bench/node_memory.py,
+docs/log.md session 17). So `run_node` collects after every node that ran, whether it returned
+or raised; not after a skipped node or a plan-mode decision, which build nothing (a collection
+costs about 0.2 CPU-s in a process that has imported Tunix and Prefect, and `far validate` or a
+re-run of a finished run stays quick).
 """
 
 from __future__ import annotations
