@@ -86,14 +86,10 @@ def after_node(clear_caches: bool, trim: bool) -> dict[str, dict[str, float]]:
 
 def uncollected(recipe: Any, node: Any, config: Any, inputs: Any, ctx: Any) -> Any:
     """pipeline.nodes.run_node without its collection after the node (the before)."""
-    import dataclasses
-
+    from pipeline.nodes import node_context
     from stages import registry
 
-    ctx = dataclasses.replace(
-        ctx, node=node.id, model=recipe.model, mesh=recipe.mesh, metrics_logging=recipe.logging
-    )
-    return registry.spec(node.kind).entry_point()(inputs, config, ctx)
+    return registry.spec(node.kind).entry_point()(inputs, config, node_context(recipe, node, ctx))
 
 
 def run(

@@ -30,7 +30,14 @@ from schemas.recipe import Recipe, StageNode
 from stages import registry
 from stages.core.runner import Planned, RunContext, StageOutcome
 
-__all__ = ["Artifact", "run_node"]
+__all__ = ["Artifact", "node_context", "run_node"]
+
+
+def node_context(recipe: Recipe, node: StageNode, ctx: RunContext) -> RunContext:
+    """The run's context for one node: its id, the recipe's model, mesh and logging."""
+    return dataclasses.replace(
+        ctx, node=node.id, model=recipe.model, mesh=recipe.mesh, metrics_logging=recipe.logging
+    )
 
 
 def run_node(
@@ -42,11 +49,10 @@ def run_node(
         raise TypeError(
             f"node {node.id}: expected a {spec.config.__name__} config, got {type(config).__name__}"
         )
-    ctx = dataclasses.replace(
-        ctx, node=node.id, model=recipe.model, mesh=recipe.mesh, metrics_logging=recipe.logging
-    )
     try:
-        outcome: StageOutcome[Any] = spec.entry_point()(inputs, config, ctx)
+        outcome: StageOutcome[Any] = spec.entry_point()(
+            inputs, config, node_context(recipe, node, ctx)
+        )
     except Planned:  # plan mode: the node decided, built nothing
         raise
     except BaseException:

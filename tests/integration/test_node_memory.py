@@ -6,14 +6,13 @@ Tiny smoke model, 2 SFT steps."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from pathlib import Path
 
 import jax
 
 from pipeline.dag import build_dag, node_config
-from pipeline.nodes import run_node
+from pipeline.nodes import node_context, run_node
 from schemas.artifacts import Artifact
 from schemas.recipe import Recipe, StageNode
 from stages import registry
@@ -47,7 +46,7 @@ def test_a_training_stage_leaves_its_arrays_in_cycles(tmp_path: Path) -> None:
     gc.disable()  # no automatic collection may hide the cycles before they are counted
     try:
         # what run_node does, but its collection
-        node_ctx = dataclasses.replace(ctx, node="sft", model=recipe.model, mesh=recipe.mesh)
+        node_ctx = node_context(recipe, node, ctx)
         registry.spec("sft").entry_point()(inputs, node_config(recipe, node), node_ctx)
         freed = _arrays_only_cycles_hold()
     finally:
