@@ -130,5 +130,8 @@ def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
     kept = seed0["mode_prompts"]
     wrong = kept["prompts_greedy_wrong_kept"]
     assert f"kept {kept['prompts_kept']:.0f} of 128 prompts, {wrong:.0f} greedy-wrong" in flat
+    signs = seed0["answer_signs"]
+    grpo, gold = signs["held_out_answers_negative"]["grpo"], signs["held_out_gold_negative"]
+    assert f"GRPO answers negative {grpo:.3f} of the time, gold {gold:.3f}" in flat
     minutes = [str(round(run["total_seconds"] / 60)) for run in runs]
     assert f"{', '.join(minutes[:-1])} and {minutes[-1]} minutes" in flat
