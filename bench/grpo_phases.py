@@ -14,7 +14,8 @@ one run: after data_prep and SFT, GRPO runs from the same SFT policy first as th
 ("before"), then with the changed fields ("after"), each in its own stage root (so neither
 reuses the other's result), with the same sampling seeds; `--reps N` alternates N such pairs.
 It prints each arm's phases, completions per second over the timed steps after the first, the
-informative-group fraction, and after / before.
+informative-group fraction, the process's peak resident memory during that GRPO run, and
+after / before.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ if str(REPO) not in sys.path:
 SECONDS_PREFIX = "far/seconds/"  # stages/grpo/timing.PREFIX (kept here: older trees import it)
 
 
+def peak_rss_mb(measure: Callable[[], Any]) -> tuple[Any, float]:
+    """measure()'s result and the process's peak resident memory while it ran, in MB: the
+    peak (VmHWM) is reset first by writing 5 to /proc/self/clear_refs (Linux), so each GRPO
+    run of one process gets its own; NaN where /proc cannot do that."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return measure(), float("nan")
+    result = measure()
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return result, int(line.split()[1]) / 1024
+    return result, float("nan")
+
+
 def run_stages(
     recipe_name: str,
     sft_steps: int,
@@ -52,7 +68,8 @@ def run_stages(
     GRPO record's history, the real prompt lengths of the GRPO split in tokens, and the most
     SFT loss targets a row holds. `arms`: after that GRPO, one more GRPO from the same SFT
     policy per entry, with those grpo fields changed, each in a root of its own; their
-    histories are "arm_histories", in order."""
+    histories are "arm_histories", in order. "grpo_peak_rss_mb": the process's peak resident
+    memory during each GRPO run (the first, then each arm's)."""
     from schemas.record import StageRecord
     from stages import sft
     from stages.core import datasets, storage
@@ -84,17 +101,24 @@ def run_stages(
         sft_out = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
         sft_record = StageRecord.model_validate(storage.read_json(sft_out.record_uri))
         mark("grpo")
-        out = grpo.reinforce(dataset, sft_out.output, recipe.grpo, recipe.model, recipe.mesh, ctx)
+        out, peak = peak_rss_mb(
+            lambda: grpo.reinforce(
+                dataset, sft_out.output, recipe.grpo, recipe.model, recipe.mesh, ctx
+            )
+        )
         history = StageRecord.model_validate(storage.read_json(out.record_uri)).history
-        arm_histories = []
+        arm_histories, peaks = [], [peak]
         for index, changes in enumerate(arms):
             config = type(recipe.grpo).model_validate({**recipe.grpo.model_dump(), **changes})
             arm_ctx = RunContext(os.path.join(tmp, f"arm{index}"), "phases", cache_dir=cache_dir)
-            arm = grpo.reinforce(
-                dataset, sft_out.output, config, recipe.model, recipe.mesh, arm_ctx
+            arm, peak = peak_rss_mb(
+                lambda config=config, arm_ctx=arm_ctx: grpo.reinforce(
+                    dataset, sft_out.output, config, recipe.model, recipe.mesh, arm_ctx
+                )
             )
             record = StageRecord.model_validate(storage.read_json(arm.record_uri))
             arm_histories.append(record.history)
+            peaks.append(peak)
         mark("end")
     return {
         "recipe": recipe,
@@ -104,6 +128,7 @@ def run_stages(
         "prompt_lengths": prompt_lengths,
         "sft_targets": int(loss_mask.sum(axis=1).max()),
         "arm_histories": arm_histories,
+        "grpo_peak_rss_mb": peaks,
     }
 
 
@@ -189,15 +214,17 @@ def compare(
     grpo = run["recipe"].grpo
     per_step = grpo.batch_size * grpo.num_generations
     histories = [run["grpo_history"], *run["arm_histories"]]
+    peaks = run["grpo_peak_rss_mb"]
     pairs = []
     for rep in range(args.reps):
         before, after = histories[2 * rep], histories[2 * rep + 1]
         print_steps(f"{args.recipe}, pair {rep}, before", before)
         print_steps(f"{args.recipe}, pair {rep}, after ({changes})", after)
         skip = bool(changes.get("skip_flat_groups", grpo.skip_flat_groups))
-        pairs.append(
-            (arm_summary(before, grpo, grpo.skip_flat_groups), arm_summary(after, grpo, skip))
-        )
+        summaries = arm_summary(before, grpo, grpo.skip_flat_groups), arm_summary(after, grpo, skip)
+        for summary, peak in zip(summaries, peaks[2 * rep : 2 * rep + 2], strict=True):
+            summary["peak_rss_mb"] = peak
+        pairs.append(summaries)
     print(f"\n{args.recipe}: {per_step} completions a step; steps 1-{args.grpo_steps - 1} of each")
     for rep, (before, after) in enumerate(pairs):
         names = list(dict.fromkeys([*before["phases"], *after["phases"]]))
@@ -212,6 +239,7 @@ def compare(
             "median_completions_per_s",
             "informative_groups",
             "update_informative",
+            "peak_rss_mb",
         ):
             print(f"  {key:<17} {before[key]:8.3f}  {after[key]:8.3f}")
         print(f"  completions/max_length before {before['completion_max_length']}")

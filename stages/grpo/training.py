@@ -111,6 +111,9 @@ def _cluster_config(
         max_steps=config.max_steps * updates,
         mini_batch_size=config.batch_size,
         train_micro_batch_size=config.train_micro_batch_size,
+        # Tunix would roll out micro-batch by micro-batch too: one rollout of the step's
+        # prompts keeps decode's rows (its lever: it is memory-bound) whatever the backward's.
+        rollout_micro_batch_size=config.batch_size,
         checkpoint_root_directory=ckpt_dir,
         checkpointing_options=ocp.CheckpointManagerOptions(
             save_interval_steps=config.checkpoint_every_steps * updates,

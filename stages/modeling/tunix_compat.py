@@ -344,8 +344,10 @@ def completion_per_token_logps(
         per_token_logps = jax.lax.stop_gradient(per_token_logps)
     if not return_logits:
         return per_token_logps
-    # Tunix's GRPO loss asks for the logits and, without an entropy term, never reads them:
-    # computed apart from the log-probs, they are compiled away unless something reads them
+    # Tunix 0.1.7's GRPO loss reads these logits for its `entropy` metric: a second projection
+    # of the completion positions. Taking the entropy from the log-probs' own logits instead
+    # was measured (docs/log.md, session 18): the actor update's time did not change beyond
+    # the noise, so the logits are decoded here, plainly. Unread, they are compiled away.
     logits = model.embedder.decode(predicting)
     if temperature not in (0.0, 1.0):
         logits /= temperature
