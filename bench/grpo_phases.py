@@ -42,15 +42,14 @@ def peak_rss_mb(measure: Callable[[], Any]) -> tuple[Any, float]:
     """measure()'s result and the process's peak resident memory while it ran, in MB: the
     peak (VmHWM) is reset first by writing 5 to /proc/self/clear_refs (Linux), so each GRPO
     run of one process gets its own; NaN where /proc cannot do that."""
+    from node_memory import proc_kib  # bench/ is on the path, run here or from roofline.py
+
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         return measure(), float("nan")
     result = measure()
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return result, int(line.split()[1]) / 1024
-    return result, float("nan")
+    return result, proc_kib("VmHWM") / 1024
 
 
 def run_stages(
