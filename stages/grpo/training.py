@@ -137,7 +137,9 @@ def _cluster_config(
     # SeededRollout samples with the actor's own model (RLCluster hands custom engines the
     # actor); a rollout apart from the actor needs Tunix's engine, which copies the weights.
     engine: Any = functools.partial(
-        tunix_compat.SeededRollout, seed_of=functools.partial(rollouts.step_seed, config.seed)
+        tunix_compat.SeededRollout,
+        seed_of=functools.partial(rollouts.step_seed, config.seed),
+        draw=config.draw,
     )
     role = rl_cluster_lib.Role
     return rl_cluster_lib.ClusterConfig(

@@ -10,9 +10,10 @@ upgrade must be a decision, re-checked against these tests, never a silent chang
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
 
@@ -22,12 +23,13 @@ import numpy as np
 from flax import nnx
 from qwix import version as qwix_version
 from qwix._src.providers import lora as qwix_lora
+from tunix.generate import sampler as tunix_sampler
 from tunix.models.gemma3 import model as gemma3_model
 from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 from tunix.sft import peft_trainer
 
-from stages.modeling import projection, tunix_version
+from stages.modeling import projection, sampling, tunix_version
 
 tunix_version.check_installed()
 
@@ -215,7 +217,8 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     (rollout_actor, tokenizer, mesh, rollout_config), which is why the signature is fixed.
     A greedy call (top_p None: Tunix's sampler then takes the argmax, the greedy baseline's
     EVAL config) draws nothing, so it takes no seed: the sampled calls keep their seeds and
-    `seeds_used` stays one entry per sampled call.
+    `seeds_used` stays one entry per sampled call. A sampled call draws its tokens by `draw`
+    (`drawing`: Tunix's Gumbel-max, or the inverse CDF).
     Test: tests/unit/test_grpo_parts.py and the GRPO samples' seeds after a resume.
     """
 
@@ -227,6 +230,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         rollout_config: base_rollout.RolloutConfig,
         *,
         seed_of: Callable[[int, int], int],
+        draw: str = "gumbel",
     ) -> None:
         config = rollout_actor.config
         cache = base_rollout.CacheConfig(
@@ -237,6 +241,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         )
         super().__init__(rollout_actor, tokenizer, cache_config_or_size=cache)
         self.seed_of = seed_of
+        self.draw = draw  # how a sampled call draws its tokens: see `drawing`
         self.seeds_used: list[tuple[int, int]] = []  # (global step, seed) per generate call
         self._step_of: Callable[[], int] | None = None
 
@@ -259,7 +264,8 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         if rollout_config.top_p is None:  # greedy: Sampler.init_sample_state picks argmax
             return super().generate(prompts, rollout_config, **kwargs)
         seeded = dataclasses.replace(rollout_config, seed=jax.random.PRNGKey(self.next_seed()))
-        return super().generate(prompts, seeded, **kwargs)
+        with drawing(self.draw):
+            return super().generate(prompts, seeded, **kwargs)
 
 
 # --- Gemma 3 attention -----------------------------------------------------------------------
@@ -407,6 +413,56 @@ def prefill_last_position_only() -> None:
     position (compiled FLOPs) and the sampled completions equal with this.
     """
     gemma3_model.Gemma3.__call__ = _gemma3_call
+
+
+# --- sampling: one uniform number per row ---------------------------------------------------
+
+_TUNIX_SAMPLE_TOP_P = tunix_sampler.sample_top_p
+
+
+def _sample_top_p(
+    logits: jax.Array,
+    key: jax.Array,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    return_logprobs: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Tunix 0.1.7's `sample_top_p` with its no-filter path drawing by inverse CDF."""
+    if top_p < 1.0 or (top_k is not None and top_k > 0):  # static: the sampler's settings
+        return _TUNIX_SAMPLE_TOP_P(logits, key, temperature, top_p, top_k, return_logprobs)
+    next_token_logits = logits[:, -1].astype(jnp.float32) / temperature
+    next_token = sampling.inverse_cdf_categorical(key, next_token_logits)
+    if not return_logprobs:
+        return next_token, None
+    logp = jax.nn.log_softmax(next_token_logits, axis=-1)
+    return next_token, jnp.take_along_axis(logp, next_token[:, None], axis=-1)[:, 0]
+
+
+DRAWS: dict[str, Callable[..., Any]] = {"gumbel": _TUNIX_SAMPLE_TOP_P, "inverse_cdf": _sample_top_p}
+
+
+@contextlib.contextmanager
+def drawing(draw: str) -> Iterator[None]:
+    """Tunix's samplers that trace their decode step inside this block draw a sampled token
+    by `draw`: "gumbel" (Tunix's own) or "inverse_cdf" (one uniform number per row).
+
+    Tunix 0.1.7's `sample_top_p`, at top_p 1 and no top_k (unfiltered sampling), calls
+    `jax.random.categorical`: Gumbel-max, one random number per vocabulary entry and row,
+    which at Gemma 3's vocabulary costs more than the decode step's weight products
+    (stages/modeling/sampling.py has the numbers). "inverse_cdf" replaces that path with
+    `sampling.inverse_cdf_categorical`: the same distribution, other tokens for a given seed.
+    A sampler looks the function up when it traces its decode step (its first call), and
+    keeps what it compiled; the module attribute is restored on leaving the block.
+    Test: tests/unit/test_sampling.py shows Tunix's path drawing rows x vocabulary random
+    numbers, and this one rows.
+    """
+    previous = tunix_sampler.sample_top_p
+    tunix_sampler.sample_top_p = DRAWS[draw]
+    try:
+        yield
+    finally:
+        tunix_sampler.sample_top_p = previous
 
 
 # --- GRPO's training examples: padding no row uses cut off -------------------------------------

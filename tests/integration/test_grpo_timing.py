@@ -1,6 +1,6 @@
 """Per-phase GRPO timing on the tiny model: every phase's seconds per step land in the
 record's history and in TensorBoard; with the backward in micro-batches, each step still
-rolls out all of its prompts in one call."""
+rolls out all of its prompts in one call; `draw: inverse_cdf` reaches the rollout's sampler."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_each_phase_is_timed_per_step_and_rolled_out_in_one_call(
             "num_iterations": 2,
             "checkpoint_every_steps": 1,
             "train_micro_batch_size": 1,  # two backward passes a step
+            "draw": "inverse_cdf",
         },
     )
     rows: list[int] = []  # prompts (times num_generations) per sampled rollout call
@@ -54,6 +55,14 @@ def test_each_phase_is_timed_per_step_and_rolled_out_in_one_call(
         return real_generate(self, prompts, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(tunix_compat.SeededRollout, "generate", counting)
+    traced: list[int] = []  # the sampler's decode step, traced with the inverse-CDF draw
+    inverse_cdf = tunix_compat.DRAWS["inverse_cdf"]
+
+    def tracing(logits: object, *args: object, **kw: object):  # type: ignore[no-untyped-def]
+        traced.append(1)
+        return inverse_cdf(logits, *args, **kw)
+
+    monkeypatch.setitem(tunix_compat.DRAWS, "inverse_cdf", tracing)
     ctx = RunContext(str(tmp_path), "t")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
@@ -61,6 +70,7 @@ def test_each_phase_is_timed_per_step_and_rolled_out_in_one_call(
     history = StageRecord.model_validate(storage.read_json(outcome.record_uri)).history
     # Tunix would roll out one micro-batch at a time (2 calls of 4 rows); FAR asks for one
     assert rows == [recipe.grpo.batch_size * recipe.grpo.num_generations] * STEPS, rows
+    assert traced  # traced once per compiled shape, then run compiled
     for phase in TIMED:
         seconds = history[f"far/seconds/{phase}"]
         assert len(seconds) == STEPS and all(np.isfinite(s) and s >= 0 for s in seconds), phase

@@ -1,0 +1,137 @@
+"""stages/modeling/sampling.py: a categorical draw from one uniform per row, and
+tunix_compat.drawing, which puts it in Tunix's sampler (GRPO's `draw: inverse_cdf`). Tunix
+0.1.7's draw at top_p 1 (Gumbel-max) takes a random number per vocabulary entry and row; this
+takes one a row, from the same distribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from tunix.generate import sampler as tunix_sampler
+
+from schemas.recipe import GRPOConfig
+from stages.modeling import models, sampling, tunix_compat
+from stages.modeling.generation import build_sampler, generate
+from stages.modeling.tokenizers import build_tokenizer
+from tests.conftest import recipe_with
+
+
+def random_numbers_drawn(fn: Any, *args: Any) -> int:
+    """How many random numbers `fn(*args)`'s program draws (its random_bits primitives)."""
+
+    def walk(jaxpr: Any) -> int:
+        total = 0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "random_bits":
+                total += int(np.prod(eqn.params["shape"]))
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", None)
+                if inner is not None:
+                    total += walk(getattr(inner, "jaxpr", inner))
+        return total
+
+    return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def test_tunix_draws_a_number_per_vocabulary_entry_this_draws_one_per_row() -> None:
+    rows, vocab = 4, 1000
+    logits = jnp.zeros((rows, 1, vocab))
+    key = jax.random.PRNGKey(0)
+    theirs = random_numbers_drawn(
+        lambda k, x: tunix_sampler.sample_top_p(x, k, 1.0, 1.0, None), key, logits
+    )
+    ours = random_numbers_drawn(
+        lambda k, x: tunix_compat._sample_top_p(x, k, 1.0, 1.0, None), key, logits
+    )
+    assert (theirs, ours) == (rows * vocab, rows)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 7, 10, 50])
+def test_draws_follow_the_softmax_and_never_a_zero_probability_entry(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    probs = rng.dirichlet(np.ones(vocab))
+    probs[rng.random(vocab) < 0.3] = 0.0  # some entries impossible (logit -inf)
+    if probs.sum() == 0:
+        probs[-1] = 1.0
+    probs /= probs.sum()
+    logits = jnp.log(jnp.asarray(np.tile(probs, (8, 1)), jnp.float32))  # 8 rows, -inf at zeros
+    keys = jax.random.split(jax.random.PRNGKey(vocab), 4000)
+    draws = np.asarray(
+        jax.jit(jax.vmap(lambda k: sampling.inverse_cdf_categorical(k, logits)))(keys)
+    )
+    assert draws.shape == (4000, 8)
+    counts = np.bincount(draws.ravel(), minlength=vocab)
+    assert counts[probs == 0].sum() == 0
+    n = draws.size
+    # each entry's count within 5 binomial standard deviations (one entry failing by chance:
+    # under 1e-5)
+    sigma = np.sqrt(n * probs * (1 - probs))
+    assert np.all(np.abs(counts - n * probs) <= 5 * sigma + 1e-9), (counts / n, probs)
+
+
+def test_a_certain_entry_in_any_block_is_always_drawn() -> None:
+    vocab = 1000  # 32 blocks of 32: the first, a middle and the last entry, and one in the pad
+    for index in (0, 517, 999):
+        logits = jnp.full((3, vocab), -jnp.inf).at[:, index].set(0.0)
+        keys = jax.random.split(jax.random.PRNGKey(index), 50)
+        draws = jax.vmap(lambda k, x=logits: sampling.inverse_cdf_categorical(k, x))(keys)
+        assert set(np.asarray(draws).ravel()) == {index}
+
+
+def test_leading_axes_are_kept() -> None:
+    draws = sampling.inverse_cdf_categorical(jax.random.PRNGKey(0), jnp.zeros((2, 3, 11)))
+    assert draws.shape == (2, 3) and draws.dtype == jnp.int32
+
+
+def test_the_patched_sampler_path_keeps_logprobs_and_tunixs_filtered_paths() -> None:
+    logits = jax.random.normal(jax.random.PRNGKey(1), (4, 1, 64))
+    key = jax.random.PRNGKey(2)
+    token, logp = tunix_compat._sample_top_p(logits, key, 0.7, 1.0, None, return_logprobs=True)
+    expected = jax.nn.log_softmax(logits[:, -1] / 0.7, axis=-1)[jnp.arange(4), token]
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(expected), rtol=1e-6)
+    for top_p, top_k in ((0.9, None), (1.0, 5)):  # filtered: Tunix's own draw, unchanged
+        ours = tunix_compat._sample_top_p(logits, key, 0.7, top_p, top_k, True)
+        theirs = tunix_sampler.sample_top_p(logits, key, 0.7, top_p, top_k, True)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_a_sampler_traced_inside_the_block_draws_its_way_and_reproducibly(tmp_path: Any) -> None:
+    """The real Tunix sampler on the tiny smoke model: a sampler traced inside
+    `drawing("inverse_cdf")` keeps that draw after the block (the same seed, the same
+    completions) and differs from Tunix's own draw from the same seed."""
+    recipe = recipe_with(str(tmp_path))
+    mesh = models.build_mesh(recipe.mesh)
+    network = models.build_base_model(recipe.model, mesh, str(tmp_path))
+    tokenizer = build_tokenizer(recipe.model, str(tmp_path))
+    length = recipe.data.max_prompt_len
+    prompts = ["Calculate 1 + 2.", "Calculate 3 - 4."]
+
+    def draw(sampler: Any, seed: int) -> list[str]:
+        with mesh:
+            return generate(
+                sampler, tokenizer, prompts, prompt_len=length, max_tokens=8, batch_size=2,
+                temperature=1.0, seed=seed,
+            )  # fmt: skip
+
+    tunix_own = tunix_sampler.sample_top_p
+    inverse = build_sampler(network, tokenizer, recipe.model, length, 8)
+    with tunix_compat.drawing("inverse_cdf"):
+        assert tunix_sampler.sample_top_p is tunix_compat._sample_top_p
+        first = draw(inverse, 0)
+    assert tunix_sampler.sample_top_p is tunix_own  # restored
+    assert draw(inverse, 0) == first and draw(inverse, 1) != first
+    gumbel = build_sampler(network, tokenizer, recipe.model, length, 8)
+    assert draw(gumbel, 0) != first
+
+
+def test_inverse_cdf_with_a_sampling_filter_is_refused() -> None:
+    required = {"max_steps": 1, "batch_size": 1}
+    GRPOConfig(draw="inverse_cdf", top_p=None, **required)
+    for filters in ({"top_p": 0.9}, {"top_k": 40}):
+        with pytest.raises(ValidationError, match="draw: inverse_cdf draws from the whole"):
+            GRPOConfig(draw="inverse_cdf", **filters, **required)
