@@ -141,6 +141,7 @@ def _sample_chunks(
             batch_size=config.batch_size,
             temperature=config.temperature,
             seed=config.seed + 1000 * number,
+            draw=config.draw,
         )
         scored = verified(chunk, completions, config, answer_format)
         storage.write_bytes(chunk_uri, jsonl_bytes(scored))

@@ -44,6 +44,10 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 LearningRate = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 MAX_SAMPLING_TEMPERATURE = 5.0
 SamplingTemperature = Annotated[float, Field(gt=0, le=MAX_SAMPLING_TEMPERATURE)]
+# How a sampled token is drawn (stages/modeling/sampling.py): gumbel, Tunix's own (one random
+# number per vocabulary entry and row), or inverse_cdf (one per row: the same distribution,
+# other tokens for a given seed, and on 2 CPU cores a sampled decode step as fast as greedy)
+Draw = Literal["gumbel", "inverse_cdf"]
 EVAL_BATCH_SLACK = 4  # an eval batch may be this many times its split's completions (padding)
 GENERATION_PER_ROW = 8  # max_generation_tokens may be at most this many max_seq_len rows
 

@@ -14,6 +14,7 @@ from schemas.recipe.common import (
     _NODE_ID,
     EVAL_MODELS,
     MAX_SAMPLING_TEMPERATURE,
+    Draw,
     PositiveInt,
 )
 from schemas.recipe.kinds import Port, StageSpec
@@ -45,6 +46,10 @@ class EvalConfig(Frozen):
     """0: greedy decoding; above 0: sampled, with `samples` per prompt."""
     samples: PositiveInt = 1
     """Completions per prompt (needs temperature > 0 when above 1)."""
+    draw: Draw = "gumbel"
+    """How a sampled completion draws each token: gumbel (Tunix's) or inverse_cdf (one
+    uniform number per row; the same distribution, other tokens for a seed; needs a
+    temperature)."""
     seed: int = 0
     """Seeds sampling."""
     steps: Literal["last", "saved"] = "last"
@@ -85,6 +90,11 @@ class EvalConfig(Frozen):
                 f"greedy: true adds a greedy row beside a sampled one; it needs samples >= 2 "
                 f"and a temperature, got samples={self.samples}"
             )
+        if self.draw != "gumbel" and self.temperature == 0:
+            raise ValueError(
+                f"draw: {self.draw} chooses how sampled tokens are drawn; temperature is 0 "
+                f"(greedy): set a temperature or remove draw"
+            )
         if self.samples > 1 and self.temperature == 0:
             raise ValueError(
                 f"samples={self.samples} needs a temperature > 0 (greedy "
@@ -102,7 +112,7 @@ EVALUATE_KIND = StageSpec(
     any_other_input=Port(("checkpoint",)),
     section="eval",
     progress=True,
-    hash_exempt_defaults=("split", "greedy", "rewards", "steps", "max_prompts"),
+    hash_exempt_defaults=("split", "greedy", "rewards", "steps", "max_prompts", "draw"),
     summary="Format rate and accuracy of each model compared.",
 )
 """The evaluate kind (stages/evaluate/evaluation.py)."""

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from schemas.base import Frozen
 from schemas.recipe.common import (
+    Draw,
     LearningRate,
     NonNegativeFloat,
     NonNegativeInt,
@@ -106,7 +107,7 @@ class GRPOConfig(Frozen):
     """Rollout nucleus sampling; null or 1.0: off."""
     top_k: PositiveInt | None = None
     """Rollout top-k sampling; null: off."""
-    draw: Literal["gumbel", "inverse_cdf"] = "gumbel"
+    draw: Draw = "gumbel"
     """How a rollout draws each sampled token (unfiltered sampling: top_p 1 or null, top_k
     null). gumbel: Tunix's own, one random number per vocabulary entry and row; inverse_cdf:
     one uniform number per row (stages/modeling/sampling.py), the same distribution, other

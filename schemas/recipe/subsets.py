@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Frozen
 from schemas.recipe.common import (
+    Draw,
     NodeId,
     NonNegativeFloat,
     PositiveInt,
@@ -90,6 +91,9 @@ class SelfTeachConfig(Frozen):
     """Completions sampled per prompt."""
     temperature: SamplingTemperature = 0.9
     """Sampling temperature."""
+    draw: Draw = "gumbel"
+    """How each token is drawn: gumbel (Tunix's) or inverse_cdf (one uniform number per row;
+    the same distribution, other tokens for a seed)."""
     max_generation_tokens: PositiveInt = 32
     """Tokens a completion may take."""
     batch_size: PositiveInt = 8
@@ -204,6 +208,7 @@ SELF_TEACH_KIND = StageSpec(
     "dataset",
     {"dataset": DATASET_FOR["grpo"], "policy": Port(("checkpoint",))},
     splits=ALL_SPLITS,
+    hash_exempt_defaults=("draw",),
     summary="SFT rows from a policy's own completions that the rewards verify.",
 )
 """The self_teach kind (stages/self_teach.py)."""

@@ -101,6 +101,7 @@ def generate(
         temperature=config.temperature,
         seed=config.seed,
         store=progress,
+        draw=config.draw,
     )
 
 

@@ -63,8 +63,10 @@ def generate(
     temperature: float,
     seed: int,
     store: BatchStore | None = None,
+    draw: str = "gumbel",
 ) -> list[str]:
-    """One completion per prompt; greedy when `temperature` is 0. Batch n uses seed + n.
+    """One completion per prompt; greedy when `temperature` is 0. Batch n uses seed + n;
+    sampled tokens are drawn by `draw` (tunix_compat.drawing: gumbel or inverse_cdf).
 
     With `store`, the batches it holds are read back, each new one is saved as soon as it is
     done; `sampler` may be None when the store holds every batch.
@@ -82,14 +84,15 @@ def generate(
             raise ValueError(f"batch {number} is not stored and no sampler was given to make it")
         batch = list(prompts[start : start + batch_size])
         padded = batch + [batch[-1]] * (batch_size - len(batch))
-        result = sampler(
-            padded,
-            max_generation_steps=max_tokens,
-            max_prompt_length=prompt_len,
-            seed=seed + number,
-            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
-            **sampling,
-        )
+        with tunix_compat.drawing(draw):  # read when the sampler traces (its first call)
+            result = sampler(
+                padded,
+                max_generation_steps=max_tokens,
+                max_prompt_length=prompt_len,
+                seed=seed + number,
+                eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
+                **sampling,
+            )
         texts = list(result.text[: len(batch)])
         if store is not None:
             store.save(number, texts)

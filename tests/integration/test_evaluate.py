@@ -31,6 +31,7 @@ from stages.modeling import export_card, models
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import REPO, _free_port, _wait_for_port, recipe_with
 from tests.hub_server import TOKEN
+from tests.unit.test_sampling import spy_on_inverse_cdf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -136,12 +137,14 @@ def test_report_files_scores_and_records(trained) -> None:
     assert written.scores["format_rate"] == by_name["sft"].format_rate
 
 
-def test_sampling_gives_pass_at_k(trained) -> None:
+def test_sampling_gives_pass_at_k(trained, monkeypatch: pytest.MonkeyPatch) -> None:
     recipe, ctx, dataset, checkpoint = trained
+    traced = spy_on_inverse_cdf(monkeypatch)
     sampling = {
         "models": ["sft"],
         "temperature": 0.8,
         "samples": 3,
+        "draw": "inverse_cdf",  # one uniform number per token (tests/unit/test_sampling.py)
         "max_generation_tokens": 24,
         "batch_size": 8,
         "max_prompts": recipe.data.eval.size // 2,  # sampled on the split's first half
@@ -158,6 +161,7 @@ def test_sampling_gives_pass_at_k(trained) -> None:
     first_half = [r["id"] for r in load_prompts(dataset, "eval")][: recipe.data.eval.size // 2]
     assert [s["id"] for s in samples[::3]] == first_half  # 3 samples each, in the split's order
     assert len(samples) == 3 * len(first_half)
+    assert traced  # the evaluation's sampler traced its decode step with that draw
 
 
 @pytest.fixture

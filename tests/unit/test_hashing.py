@@ -103,18 +103,20 @@ def test_hash_is_stable_across_processes() -> None:
 
 
 def test_options_added_later_leave_default_hashes_alone() -> None:
-    """eval.split (default: eval), eval.greedy, eval.rewards and eval.steps, sft's
+    """eval.split (default: eval), eval.greedy, eval.rewards, eval.steps and eval.draw, sft's
     keep_checkpoints, hard_subset.above and
     hard_subset.by are not hashed at their defaults, and an sft without a policy
     has the inputs it always had, so stages made before either existed keep their
     directories; a policy to continue from moves the sft hash."""
     identity = evaluate.identity(BASE.eval, BASE.model, FP_DATA, {})
     assert "split" not in identity.config["eval"]
-    later = {"split", "greedy", "rewards", "steps", "max_prompts"}
+    later = {"split", "greedy", "rewards", "steps", "max_prompts", "draw"}
     assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - later
     headroom = BASE.eval.model_copy(update={"samples": 4, "temperature": 1.0, "greedy": True})
     moved = evaluate.identity(headroom, BASE.model, FP_DATA, {})
     assert moved.config["eval"]["greedy"] is True and moved.digest != identity.digest
+    drawn = headroom.model_copy(update={"draw": "inverse_cdf"})
+    assert evaluate.identity(drawn, BASE.model, FP_DATA, {}).digest != moved.digest
     fewer = BASE.eval.model_copy(update={"max_prompts": 8})
     assert evaluate.identity(fewer, BASE.model, FP_DATA, {}).digest != identity.digest
     every_step = BASE.eval.model_copy(update={"steps": "saved"})

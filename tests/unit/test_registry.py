@@ -178,7 +178,9 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "rewards",
         "steps",
         "max_prompts",
+        "draw",
     )
+    assert registry.spec("self_teach").hash_exempt_defaults == ("draw",)
     assert registry.spec("pick").hash_exempt_defaults == ("max_p",)
     for kind in ("sft", "dpo", "distill"):
         assert registry.spec(kind).hash_exempt_defaults == ("keep_checkpoints",)
@@ -188,6 +190,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "baseline",
         "trim_padding",
         "skip_flat_groups",
+        "draw",
     )
     assert registry.spec("hard_subset").hash_exempt_defaults == (
         "above",
@@ -196,7 +199,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "right_share",
     )
     plain = registry.hashed_config("evaluate", EvalConfig())
-    assert not {"split", "greedy", "rewards", "steps", "max_prompts"} & set(plain)
+    assert not {"split", "greedy", "rewards", "steps", "max_prompts", "draw"} & set(plain)
     greedy = EvalConfig(samples=4, temperature=0.8, greedy=True, split="grpo_train")
     assert {"split": "grpo_train", "greedy": True}.items() <= registry.hashed_config(
         "evaluate", greedy

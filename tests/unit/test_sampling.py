@@ -14,7 +14,9 @@ import pytest
 from pydantic import ValidationError
 from tunix.generate import sampler as tunix_sampler
 
-from schemas.recipe import GRPOConfig
+from schemas.recipe import EvalConfig, GRPOConfig, SelfTeachConfig
+from stages import self_teach
+from stages.core.runner import RunContext
 from stages.modeling import models, sampling, tunix_compat
 from stages.modeling.generation import build_sampler, generate
 from stages.modeling.tokenizers import build_tokenizer
@@ -100,38 +102,87 @@ def test_the_patched_sampler_path_keeps_logprobs_and_tunixs_filtered_paths() -> 
         assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
-def test_a_sampler_traced_inside_the_block_draws_its_way_and_reproducibly(tmp_path: Any) -> None:
-    """The real Tunix sampler on the tiny smoke model: a sampler traced inside
-    `drawing("inverse_cdf")` keeps that draw after the block (the same seed, the same
-    completions) and differs from Tunix's own draw from the same seed."""
-    recipe = recipe_with(str(tmp_path))
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The smoke recipe's tiny network: (recipe, mesh, network, tokenizer)."""
+    root = str(tmp_path_factory.mktemp("tiny"))
+    recipe = recipe_with(root)
     mesh = models.build_mesh(recipe.mesh)
-    network = models.build_base_model(recipe.model, mesh, str(tmp_path))
-    tokenizer = build_tokenizer(recipe.model, str(tmp_path))
+    network = models.build_base_model(recipe.model, mesh, root)
+    return recipe, mesh, network, build_tokenizer(recipe.model, root)
+
+
+def test_a_sampler_keeps_the_draw_it_traced_with_and_the_attribute_is_restored(
+    tiny: Any,
+) -> None:
+    """The real Tunix sampler on the tiny smoke model, through the shared sampling loop
+    (`generate(draw=...)`, which enters `drawing`): the same seed draws the same completions,
+    another seed others, and Tunix's own draw from the same seed differs."""
+    recipe, mesh, network, tokenizer = tiny
     length = recipe.data.max_prompt_len
     prompts = ["Calculate 1 + 2.", "Calculate 3 - 4."]
 
-    def draw(sampler: Any, seed: int) -> list[str]:
+    def draw(sampler: Any, seed: int, how: str) -> list[str]:
         with mesh:
             return generate(
                 sampler, tokenizer, prompts, prompt_len=length, max_tokens=8, batch_size=2,
-                temperature=1.0, seed=seed,
+                temperature=1.0, seed=seed, draw=how,
             )  # fmt: skip
 
     tunix_own = tunix_sampler.sample_top_p
     inverse = build_sampler(network, tokenizer, recipe.model, length, 8)
+    first = draw(inverse, 0, "inverse_cdf")
+    assert tunix_sampler.sample_top_p is tunix_own  # restored after the call
+    assert draw(inverse, 0, "inverse_cdf") == first and draw(inverse, 1, "inverse_cdf") != first
+    gumbel = build_sampler(network, tokenizer, recipe.model, length, 8)
+    assert draw(gumbel, 0, "gumbel") != first
     with tunix_compat.drawing("inverse_cdf"):
         assert tunix_sampler.sample_top_p is tunix_compat._sample_top_p
-        first = draw(inverse, 0)
-    assert tunix_sampler.sample_top_p is tunix_own  # restored
-    assert draw(inverse, 0) == first and draw(inverse, 1) != first
-    gumbel = build_sampler(network, tokenizer, recipe.model, length, 8)
-    assert draw(gumbel, 0) != first
+    assert tunix_sampler.sample_top_p is tunix_own
 
 
-def test_inverse_cdf_with_a_sampling_filter_is_refused() -> None:
+def test_self_teach_samples_with_its_draw(
+    tiny: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe, mesh, network, tokenizer = tiny
+    traced = spy_on_inverse_cdf(monkeypatch)
+    config = SelfTeachConfig(
+        samples=2, temperature=1.0, draw="inverse_cdf", max_generation_tokens=8, batch_size=2
+    )
+    rows = [
+        {"id": "a", "prompt": "Calculate 1 + 2.", "answer": "3"},
+        {"id": "b", "prompt": "Calculate 3 - 4.", "answer": "-1"},
+    ]
+    length = recipe.data.max_prompt_len
+    sampler = build_sampler(network, tokenizer, recipe.model, length, 8)
+    ctx = RunContext(str(tmp_path), "t")
+    with mesh:
+        samples = self_teach._sample_chunks(
+            str(tmp_path / "teach"), rows, sampler, tokenizer, config, length, ctx
+        )
+    assert [s["prompt_id"] for s in samples] == ["a", "a", "b", "b"]
+    assert traced  # the sampler traced its decode step with the inverse-CDF draw
+
+
+def spy_on_inverse_cdf(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows each time a sampler traces the inverse-CDF draw."""
+    traced: list[int] = []
+    inverse_cdf = tunix_compat.DRAWS["inverse_cdf"]
+
+    def tracing(*args: Any, **kwargs: Any) -> Any:
+        traced.append(1)
+        return inverse_cdf(*args, **kwargs)
+
+    monkeypatch.setitem(tunix_compat.DRAWS, "inverse_cdf", tracing)
+    return traced
+
+
+def test_inverse_cdf_with_a_sampling_filter_or_greedy_decoding_is_refused() -> None:
     required = {"max_steps": 1, "batch_size": 1}
     GRPOConfig(draw="inverse_cdf", top_p=None, **required)
     for filters in ({"top_p": 0.9}, {"top_k": 40}):
         with pytest.raises(ValidationError, match="draw: inverse_cdf draws from the whole"):
             GRPOConfig(draw="inverse_cdf", **filters, **required)
+    EvalConfig(draw="inverse_cdf", temperature=1.0)
+    with pytest.raises(ValidationError, match="draw: inverse_cdf chooses how sampled tokens"):
+        EvalConfig(draw="inverse_cdf")  # greedy: nothing is drawn
