@@ -2,12 +2,12 @@
 `jax.random.categorical`) against stages/modeling/sampling.py's inverse CDF.
 
 Part 1 times the draw alone on [rows, vocabulary] logits (Gemma 3's 262,144 entries), with
-the log-softmax Tunix adds for the log-probs and the greedy argmax beside it. Part 2
-(`--rollout`) runs the real Gemma 3 270M sampler of a recipe: rows x tokens, sampled at
-temperature 1 with Tunix's draw, then with the inverse CDF (a second sampler traced inside
-`tunix_compat.drawing("inverse_cdf")`, GRPO's `draw: inverse_cdf`), then greedy;
-alternating, after one compiling call each. Every number is a median of one run, on one
-machine, the arms interleaved.
+the log-softmax Tunix adds for the log-probs, the greedy argmax and a flat cumulative sum
+beside it. Part 2 (`--rollout`) runs the real Gemma 3 270M sampler of a recipe: rows x
+tokens, sampled at temperature 1 with Tunix's draw, then with the inverse CDF (a second
+sampler, through `generation.generate(draw="inverse_cdf")` as evaluate and self_teach call
+it), then greedy; alternating, after one compiling call each. Every number is a median of one
+run, on one machine, the arms interleaved.
 
     JAX_PLATFORMS=cpu .venv/bin/python bench/sampling_cost.py --rollout \\
         --out bench/results/sampling-cost.json
@@ -51,13 +51,15 @@ def draw_alone(rows: int, reps: int) -> dict[str, float]:
         "inverse_cdf_ms": jax.jit(sampling.inverse_cdf_categorical),
         "log_softmax_ms": jax.jit(lambda k, x: jax.nn.log_softmax(x, axis=-1)),
         "argmax_ms": jax.jit(lambda k, x: jnp.argmax(x, axis=-1)),
+        # why sampling.py sums in two levels: one cumulative sum over the whole vocabulary
+        "flat_cumsum_ms": jax.jit(lambda k, x: jnp.cumsum(x, axis=-1)),
     }
     return {name: median_ms(lambda f=f: f(key, logits), reps) for name, f in programs.items()}
 
 
 def rollout(recipe_path: str, rows: int, tokens: int, reps: int, cache: str) -> dict[str, Any]:
     from pipeline.recipes import load_recipe
-    from stages.modeling import generation, models, tunix_compat
+    from stages.modeling import generation, models
     from stages.modeling.tokenizers import build_tokenizer
 
     recipe = load_recipe(recipe_path)
@@ -69,23 +71,24 @@ def rollout(recipe_path: str, rows: int, tokens: int, reps: int, cache: str) -> 
     length = recipe.data.max_prompt_len
     prompts = [f"Calculate {i} + {3 * i - 7}." for i in range(rows)]
 
-    def arm(temperature: float) -> Callable[[int], None]:
+    def arm(temperature: float, draw: str) -> Callable[[int], None]:
         sampler = generation.build_sampler(network, tokenizer, recipe.model, length, tokens)
 
         def call(seed: int) -> None:
             with mesh:
                 generation.generate(
                     sampler, tokenizer, prompts, prompt_len=length, max_tokens=tokens,
-                    batch_size=rows, temperature=temperature, seed=seed,
+                    batch_size=rows, temperature=temperature, seed=seed, draw=draw,
                 )  # fmt: skip
 
-        call(0)  # traced and compiled now, with the draw in place at this moment
+        call(0)  # traced and compiled now, with its draw (generate passes it to the sampler)
         return call
 
-    arms = {"gumbel_max_s": arm(1.0)}
-    with tunix_compat.drawing("inverse_cdf"):
-        arms["inverse_cdf_s"] = arm(1.0)
-    arms["greedy_s"] = arm(0.0)
+    arms = {
+        "gumbel_max_s": arm(1.0, "gumbel"),
+        "inverse_cdf_s": arm(1.0, "inverse_cdf"),
+        "greedy_s": arm(0.0, "gumbel"),
+    }
     times: dict[str, list[float]] = {name: [] for name in arms}
     for rep in range(reps):
         for name, call in arms.items():

@@ -111,8 +111,8 @@ class GRPOConfig(Frozen):
     """How a rollout draws each sampled token (unfiltered sampling: top_p 1 or null, top_k
     null). gumbel: Tunix's own, one random number per vocabulary entry and row; inverse_cdf:
     one uniform number per row (stages/modeling/sampling.py), the same distribution, other
-    tokens for a given seed, and on 2 CPU cores a 32 x 32 rollout of Gemma 3 270M in 8.0 s
-    instead of 10.8 s, as fast as greedy decoding (bench/sampling_cost.py)."""
+    tokens for a given seed, and on 2 CPU cores a 32 x 32 rollout of Gemma 3 270M in 7.7 s
+    instead of 10.2 s, greedy taking 7.5 s (bench/sampling_cost.py)."""
     beta: NonNegativeFloat = 0.04
     """Weight of the KL penalty to the reference (SFT) policy; 0 for dapo."""
     epsilon: Annotated[float, Field(gt=0, lt=1)] = 0.2

@@ -2,12 +2,13 @@
 
 Why it exists: `jax.random.categorical` draws by the Gumbel-max trick, one random number for
 every vocabulary entry of every row. At Gemma 3's 262,144-token vocabulary that is most of a
-sampled decode step's cost on this machine's CPU: 139 ms for 32 rows, against about 105 ms
-for all the step's weight products and 14 ms for the log-softmax Tunix also computes
-(`bench/sampling_cost.py`; docs/log.md, session 19). Inverse-CDF sampling needs one uniform
-per row: the softmax, a cumulative sum, and a search. A flat cumulative sum over 262,144
-entries is itself slow on XLA CPU (48 ms), so it runs in two levels: sums of blocks of about
-sqrt(V) entries, the block holding the uniform, then the entries inside that block (27 ms).
+sampled decode step's cost on this machine's CPU: 124 ms for 32 rows, against 108 ms for
+all the step's weight products and 15 ms for the log-softmax Tunix also computes
+(bench/results/sampling-cost.json and bf16-matmul.json; docs/log.md, session 19).
+Inverse-CDF sampling needs one uniform per row: the softmax, a cumulative sum, and a search.
+A flat cumulative sum over 262,144 entries is itself slow on XLA CPU (38 ms), so it runs in
+two levels: sums of blocks of about sqrt(V) entries, the block holding the uniform, then the
+entries inside that block (22 ms in all).
 
 The draw is from the same distribution, softmax(logits), up to float32 rounding of the sums
 (an entry's share of the total is off by at most a few ulps of the total); it is a different

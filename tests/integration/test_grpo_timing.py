@@ -18,6 +18,7 @@ from stages.grpo import training as grpo
 from stages.modeling import tunix_compat
 from tests.conftest import recipe_with
 from tests.tensorboard_events import scalar_tags
+from tests.unit.test_sampling import spy_on_inverse_cdf
 
 pytestmark = pytest.mark.slow
 STEPS = 2
@@ -55,14 +56,7 @@ def test_each_phase_is_timed_per_step_and_rolled_out_in_one_call(
         return real_generate(self, prompts, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(tunix_compat.SeededRollout, "generate", counting)
-    traced: list[int] = []  # the sampler's decode step, traced with the inverse-CDF draw
-    inverse_cdf = tunix_compat.DRAWS["inverse_cdf"]
-
-    def tracing(logits: object, *args: object, **kw: object):  # type: ignore[no-untyped-def]
-        traced.append(1)
-        return inverse_cdf(logits, *args, **kw)
-
-    monkeypatch.setitem(tunix_compat.DRAWS, "inverse_cdf", tracing)
+    traced = spy_on_inverse_cdf(monkeypatch)  # grows when the rollout's sampler traces it
     ctx = RunContext(str(tmp_path), "t")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     policy = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx).output
