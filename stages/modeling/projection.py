@@ -67,9 +67,23 @@ def _forward(
 def _backward(
     temperature: float, saved: tuple[Any, ...], grad: jax.Array
 ) -> tuple[jax.Array, jax.Array, None]:
-    flat, embedding, chosen, logits, log_norm = saved
+    return _gradients(temperature, saved, grad, None)
+
+
+def _gradients(
+    temperature: float, saved: tuple[Any, ...], grad: jax.Array, grad_entropy: Any
+) -> tuple[jax.Array, jax.Array, None]:
+    """The gradients of the log-probs (and, with `grad_entropy`, of the entropies) with
+    respect to the hidden states and the embedding."""
+    flat, embedding, chosen, logits, log_norm = saved[:5]
     g = grad.reshape(-1) * _scale(temperature)  # d out / d (unscaled logit) carries the scale
-    d_logits = -jnp.exp(logits - log_norm) * g  # [vocabulary, positions]: -softmax * g
+    probs = jnp.exp(logits - log_norm)  # [vocabulary, positions]: the softmax
+    if grad_entropy is None:
+        d_logits = -probs * g  # d log p(target) / d logit = onehot - softmax
+    else:  # d H / d logit = -softmax * (log softmax + H), at the same scale
+        entropy = saved[5]
+        h = grad_entropy.reshape(-1) * _scale(temperature)
+        d_logits = -probs * (g + h * (logits - log_norm + entropy))
     rows = jnp.take(embedding, chosen, axis=0)
     d_hidden = jnp.dot(d_logits.T, embedding) + g[:, None] * rows
     d_embedding = jnp.dot(d_logits, flat).at[chosen].add(g[:, None] * flat)
@@ -77,3 +91,33 @@ def _backward(
 
 
 token_logps.defvjp(_forward, _backward)  # the forward pass keeps what the backward reads
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def token_logps_entropy(
+    hidden: jax.Array, embedding: jax.Array, targets: jax.Array, temperature: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """token_logps and, at each position, the entropy of the same softmax, from one
+    projection: H = log-sum-exp - sum(softmax * logit), one more reduction over the
+    vocabulary-major logits token_logps already makes. Both differentiable (GRPO reports the
+    entropy; a loss with an entropy term trains on it)."""
+    (out, entropy), _ = _forward_entropy(hidden, embedding, targets, temperature)
+    return out, entropy
+
+
+def _forward_entropy(
+    hidden: jax.Array, embedding: jax.Array, targets: jax.Array, temperature: float
+) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    out, saved = _forward(hidden, embedding, targets, temperature)
+    logits, log_norm = saved[3], saved[4]
+    entropy = log_norm - jnp.sum(jnp.exp(logits - log_norm) * logits, axis=0)
+    return (out, entropy.reshape(targets.shape)), (*saved, entropy)
+
+
+def _backward_entropy(
+    temperature: float, saved: tuple[Any, ...], grads: tuple[jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array, None]:
+    return _gradients(temperature, saved, grads[0], grads[1])
+
+
+token_logps_entropy.defvjp(_forward_entropy, _backward_entropy)

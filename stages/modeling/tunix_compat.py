@@ -25,6 +25,7 @@ from qwix import version as qwix_version
 from qwix._src.providers import lora as qwix_lora
 from tunix.generate import sampler as tunix_sampler
 from tunix.models.gemma3 import model as gemma3_model
+from tunix.rl import algo_core
 from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 from tunix.sft import peft_trainer
@@ -317,8 +318,11 @@ def completion_per_token_logps(
     completion tokens are projected, through `projection.token_logps` (vocabulary-major
     logits and a written-out backward: faster on XLA CPU, measured in bench/roofline.py).
     Log-probs and gradients equal Tunix's to float rounding (the order of sums differs;
-    test); logits, where asked for, are Tunix's bit for bit. Packed sequences, images and
-    other model families go to Tunix's function unchanged.
+    test). Where logits are asked for (`return_logits`: Tunix's losses, only for their
+    entropy) a TokenEntropy stands in their place, from the same projection; with
+    project_completion_only installed, Tunix's entropy function takes it and the entropy
+    equals Tunix's to rounding (test). Packed sequences, images and other model families go
+    to Tunix's function unchanged, with real logits.
     """
     model = nnx.merge(graphdef, state)
     if segment_ids is not None or images is not None or not isinstance(model, gemma3_model.Gemma3):
@@ -343,28 +347,55 @@ def completion_per_token_logps(
     hidden = jax.tree.leaves(nnx.pop(model, nnx.Intermediate))[-1]  # after the final norm
     keep = completion_tokens.shape[1]
     predicting = hidden[:, -keep - 1 : -1]
-    per_token_logps = projection.token_logps(
-        predicting, model.embedder.input_embedding.value, tokens[:, -keep:], temperature
+    embedding, targets = model.embedder.input_embedding.value, tokens[:, -keep:]
+    if not return_logits:
+        per_token_logps = projection.token_logps(predicting, embedding, targets, temperature)
+        return jax.lax.stop_gradient(per_token_logps) if stop_gradient else per_token_logps
+    # Tunix 0.1.7's GRPO loss asks for the logits only to report their entropy
+    # (algo_core.compute_entropy_from_logits): the entropy comes from the same projection, and
+    # stands where the logits would (TokenEntropy, read by _entropy_from_logits).
+    per_token_logps, entropy = projection.token_logps_entropy(
+        predicting, embedding, targets, temperature
     )
     if stop_gradient:
-        per_token_logps = jax.lax.stop_gradient(per_token_logps)
-    if not return_logits:
-        return per_token_logps
-    # Tunix 0.1.7's GRPO loss reads these logits for its `entropy` metric: a second projection
-    # of the completion positions. Taking the entropy from the log-probs' own logits instead
-    # was measured (docs/log.md, session 18): the actor update's time did not change beyond
-    # the noise, so the logits are decoded here, plainly. Unread, they are compiled away.
-    logits = model.embedder.decode(predicting)
-    if temperature not in (0.0, 1.0):
-        logits /= temperature
-    return per_token_logps, jax.lax.stop_gradient(logits) if stop_gradient else logits
+        per_token_logps, entropy = jax.lax.stop_gradient((per_token_logps, entropy))
+    return per_token_logps, TokenEntropy(entropy)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenEntropy:
+    """What completion_per_token_logps returns where Tunix asks for logits: the entropy of
+    each completion position's (temperature-scaled) distribution, [batch, completion].
+
+    Tunix 0.1.7 reads those logits in one place, `algo_core.compute_entropy_from_logits`
+    (GRPO's `entropy` metric, PPO's entropy term), which decodes the completion to
+    full-vocabulary logits a second time, positions-major, and runs log-softmax then softmax
+    over them: on reinforce-headroom's actor update (32 rows, 32 completion positions) that
+    was 6.5 of 18.7 s of the compiled step's thread time (docs/log.md, session 20). Anything
+    else that reads this as an array fails loudly (no shape, no arithmetic)."""
+
+    entropy: jax.Array
+
+
+TUNIX_ENTROPY_FROM_LOGITS = algo_core.compute_entropy_from_logits
+
+
+def _entropy_from_logits(logits: Any) -> jax.Array:
+    """algo_core.compute_entropy_from_logits that takes a TokenEntropy as it comes."""
+    if isinstance(logits, TokenEntropy):
+        return logits.entropy
+    return TUNIX_ENTROPY_FROM_LOGITS(logits)
 
 
 def project_completion_only() -> None:
     """Route every Tunix log-prob computation (GRPO's actor loss, reference and old-policy
-    log-probs, rollout log-probs) through completion_per_token_logps. Tunix reads the function
-    from its module at each call, so this is one assignment; idempotent."""
+    log-probs, rollout log-probs) through completion_per_token_logps, and Tunix's entropy
+    through _entropy_from_logits (the two go together: the first returns a TokenEntropy where
+    logits were asked for). Tunix reads both functions from their modules at each call, so
+    this is two assignments; idempotent."""
     rl_common.compute_per_token_logps = completion_per_token_logps
+    algo_core.compute_entropy_from_logits = _entropy_from_logits
 
 
 # --- the rollout's prompt pass: logits of the last prompt position only -------------------------

@@ -1,7 +1,8 @@
 """Log-probs of the completion without full-vocabulary logits over the prompt
 (tunix_compat.completion_per_token_logps): the cost Tunix's own function pays, and equal
-results (logits bit for bit; log-probs and gradients to float rounding, the fused projection
-summing in another order), on a tiny Gemma 3 with LoRA."""
+results (log-probs, entropy and gradients to float rounding, the fused projection summing in
+another order), on a tiny Gemma 3 with LoRA; Tunix's GRPO loss with the entropy taken from
+the log-probs' projection (tunix_compat.TokenEntropy) instead of a second one."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_tunix_projects_the_prompt_to_the_vocabulary_too(policy: tuple[Any, ...]
     assert tunix - ours == pytest.approx(projection * PROMPT, rel=0.05), (tunix, ours)
 
 
-def test_log_probs_logits_and_gradients_equal_tunixs(policy: tuple[Any, ...]) -> None:
+def test_log_probs_entropy_and_gradients_equal_tunixs(policy: tuple[Any, ...]) -> None:
     network, prompts, completions, mesh = policy
     temperature = 0.7  # the rollout temperature divides the logits on both paths
     with mesh:
@@ -71,12 +72,18 @@ def test_log_probs_logits_and_gradients_equal_tunixs(policy: tuple[Any, ...]) ->
             tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS,
             network, prompts, completions, return_logits=True, temperature=temperature,
         )  # fmt: skip
-        ours, our_logits = logps(
+        ours, our_entropy = logps(
             tunix_compat.completion_per_token_logps,
             network, prompts, completions, return_logits=True, temperature=temperature,
         )  # fmt: skip
         np.testing.assert_allclose(np.asarray(ours), np.asarray(tunix), rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(np.asarray(our_logits), np.asarray(tunix_logits))
+        assert isinstance(our_entropy, tunix_compat.TokenEntropy)
+        np.testing.assert_allclose(
+            np.asarray(tunix_compat._entropy_from_logits(our_entropy)),
+            np.asarray(tunix_compat.TUNIX_ENTROPY_FROM_LOGITS(tunix_logits)),
+            rtol=1e-5,
+            atol=1e-5,
+        )
         graphdef, _ = nnx.split(network)
         _, adapters, frozen = nnx.split(network, nnx.LoRAParam, ...)
 
@@ -97,3 +104,86 @@ def test_log_probs_logits_and_gradients_equal_tunixs(policy: tuple[Any, ...]) ->
         scale = float(np.abs(np.asarray(b)).max())  # rounding is relative to the leaf's size
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-4 * scale)
     assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(ours_grad))
+
+
+def grpo_loss(network: Any, prompts: Any, completions: Any) -> tuple[Any, Any]:
+    """Tunix 0.1.7's GRPO loss (algo_core.grpo_loss_fn, through the log-prob and entropy
+    functions its modules hold now): the compiled value-and-gradient with respect to the
+    adapters, and its arguments."""
+    from tunix.rl import algo_core
+    from tunix.rl import common as rl_common
+    from tunix.rl.grpo import grpo_learner
+
+    graphdef, adapters, frozen = nnx.split(network, nnx.LoRAParam, ...)
+    mask = (completions != 0).astype(jnp.int32)
+    example = rl_common.TrainExample(
+        prompt_ids=prompts,
+        prompt_mask=(prompts != 0).astype(jnp.int32),
+        completion_ids=completions,
+        completion_mask=mask,
+        advantages=jnp.array([1.0, -0.5, 0.25, -0.75]),
+        ref_per_token_logps=None,
+        old_per_token_logps=None,
+    )
+    config = grpo_learner.GRPOConfig(num_generations=2, beta=0.0)
+    config.temperature = 0.7  # set by Tunix's learner from the rollout config
+
+    def loss(trained: Any) -> Any:
+        model = nnx.merge(graphdef, trained, frozen)
+        return algo_core.grpo_loss_fn(model, example, config, pad_id=0, eos_id=1)
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True)), adapters
+
+
+def test_grpo_loss_takes_the_entropy_from_the_log_probs_projection(
+    policy: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The defect: Tunix's GRPO loss asks for the completion's full-vocabulary logits only to
+    report their entropy, so FAR's completion-only log-probs had to decode them a second
+    time. With project_completion_only the loss, its entropy and its gradient are Tunix's
+    own (to rounding), and the compiled step drops at least one completion projection."""
+    from tunix.rl import algo_core
+    from tunix.rl import common as rl_common
+
+    network, prompts, completions, mesh = policy
+
+    def run() -> tuple[Any, Any, float]:
+        step, adapters = grpo_loss(network, prompts, completions)
+        (value, aux), grads = step(adapters)
+        cost = step.lower(adapters).compile().cost_analysis()
+        return (
+            (value, aux["entropy"]),
+            grads,
+            float((cost[0] if isinstance(cost, list) else cost)["flops"]),
+        )
+
+    def decoded_logits(*args: Any, **kw: Any) -> Any:
+        """FAR before: completion-only log-probs, and Tunix's own logits for the entropy."""
+        out = tunix_compat.completion_per_token_logps(*args, **{**kw, "return_logits": False})
+        if not kw.get("return_logits"):
+            return out
+        _, logits = tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS(*args, **kw)
+        return out, logits
+
+    with mesh:
+        monkeypatch.setattr(
+            rl_common, "compute_per_token_logps", tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS
+        )
+        monkeypatch.setattr(
+            algo_core, "compute_entropy_from_logits", tunix_compat.TUNIX_ENTROPY_FROM_LOGITS
+        )
+        tunix_values, tunix_grads, _ = run()
+        monkeypatch.setattr(rl_common, "compute_per_token_logps", decoded_logits)
+        _, _, decoded_flops = run()
+        tunix_compat.project_completion_only()  # what the GRPO stage installs; monkeypatch restores
+        assert algo_core.compute_entropy_from_logits is tunix_compat._entropy_from_logits
+        our_values, our_grads, our_flops = run()
+    for ours, theirs in zip(our_values, tunix_values, strict=True):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
+    assert float(tunix_values[1]) > 1.0  # a real entropy over 4,096 tokens, not a stand-in 0
+    for a, b in zip(jax.tree.leaves(our_grads), jax.tree.leaves(tunix_grads), strict=True):
+        scale = float(np.abs(np.asarray(b)).max())
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-4 * scale)
+    embed = network.embedder.input_embedding.value.shape[1]
+    completion_projection = 2 * BATCH * COMPLETION * embed * VOCAB
+    assert decoded_flops - our_flops >= completion_projection, (decoded_flops, our_flops)

@@ -62,3 +62,48 @@ def test_a_stopped_gradient_stops_it(inputs: tuple[Any, ...]) -> None:
         lambda h: jnp.sum(jax.lax.stop_gradient(projection.token_logps(h, embedding, targets)))
     )(hidden)
     assert float(jnp.abs(grad).max()) == 0.0
+
+
+def textbook_entropy(hidden: Any, embedding: Any, temperature: float) -> Any:
+    """Tunix 0.1.7's own entropy (algo_core.compute_entropy_from_logits) of the same logits."""
+    from tunix.rl import algo_core
+
+    logits = hidden @ embedding.T
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    return algo_core.compute_entropy_from_logits(logits)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_entropy_and_its_gradient_equal_tunixs(
+    inputs: tuple[Any, ...], temperature: float
+) -> None:
+    """token_logps_entropy: the log-probs are token_logps', the entropy Tunix's; a loss
+    with both (as PPO's entropy term would train on) has autodiff's gradients."""
+    hidden, embedding, targets, weights = inputs
+    function = jax.jit(projection.token_logps_entropy, static_argnums=3)
+    logps, entropy = function(hidden, embedding, targets, temperature)
+    plain = textbook_entropy(hidden, embedding, temperature)
+    np.testing.assert_array_equal(
+        np.asarray(logps),
+        np.asarray(projection.token_logps(hidden, embedding, targets, temperature)),
+    )
+    assert entropy.shape == targets.shape and float(entropy.min()) > 0.1
+    np.testing.assert_allclose(np.asarray(entropy), np.asarray(plain), rtol=1e-5, atol=1e-5)
+
+    def ours(h: Any, e: Any) -> Any:
+        logps, entropy = projection.token_logps_entropy(h, e, targets, temperature)
+        return jnp.sum(logps * weights) + jnp.sum(entropy * weights[::-1])
+
+    def theirs(h: Any, e: Any) -> Any:
+        return jnp.sum(textbook(h, e, targets, temperature) * weights) + jnp.sum(
+            textbook_entropy(h, e, temperature) * weights[::-1]
+        )
+
+    for a, b in zip(
+        jax.jit(jax.grad(ours, argnums=(0, 1)))(hidden, embedding),
+        jax.grad(theirs, argnums=(0, 1))(hidden, embedding),
+        strict=True,
+    ):
+        assert float(jnp.abs(b).max()) > 0
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
