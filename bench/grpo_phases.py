@@ -59,6 +59,7 @@ def run_stages(
     cache_dir: str | None,
     between: Callable[[str, Any], None] | None = None,
     arms: Sequence[Mapping[str, Any]] = (),
+    grpo_changes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """data_prep, SFT and GRPO of `recipe_name` through FAR's stages in a temporary root.
 
@@ -68,7 +69,8 @@ def run_stages(
     SFT loss targets a row holds. `arms`: after that GRPO, one more GRPO from the same SFT
     policy per entry, with those grpo fields changed, each in a root of its own; their
     histories are "arm_histories", in order. "grpo_peak_rss_mb": the process's peak resident
-    memory during each GRPO run (the first, then each arm's)."""
+    memory during each GRPO run (the first, then each arm's). `grpo_changes`: grpo fields set
+    in every GRPO run here (bench/roofline.py's --grpo: a setting only this tree's code has)."""
     from schemas.record import StageRecord
     from stages import sft
     from stages.core import datasets, storage
@@ -88,7 +90,10 @@ def run_stages(
 
     with tempfile.TemporaryDirectory(prefix="far-grpo-phases-") as tmp:
         recipe = recipe_with(
-            tmp, recipe_name, sft={"max_steps": sft_steps}, grpo={"max_steps": grpo_steps}
+            tmp,
+            recipe_name,
+            sft={"max_steps": sft_steps},
+            grpo={**(grpo_changes or {}), "max_steps": grpo_steps},
         )
         ctx = RunContext(tmp, "phases", cache_dir=cache_dir)
         dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
@@ -189,7 +194,7 @@ def parse_changes(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--compare wants KEY=VALUE (a grpo field), got {pair!r}")
+            raise SystemExit(f"wanted KEY=VALUE (a grpo field), got {pair!r}")
         changes[key] = yaml.safe_load(value)
     return changes
 

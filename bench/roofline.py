@@ -7,7 +7,10 @@ FLOP/s and a large array update (x + 1: read and write) for bytes/s, so both see
 contention. For each phase it counts the work the model must do from its architecture, and
 prints and saves (JSON) the measured seconds, the achieved rate and the fraction of the bound
 each phase reaches. `--baseline REF` runs the same measurement with the code of a git ref
-(a temporary worktree), alternating with this tree (A, B, A, B ...), and prints the ratios.
+(a temporary worktree), alternating with this tree (A B, B A, A B ...: neither always first),
+and prints the ratios. `--grpo KEY=VALUE` sets a grpo field in this tree's measurements only:
+a setting the baseline's code does not have (e.g. `draw=inverse_cdf` against code from before
+it existed), so a ratio can be "this code as a recipe would run it" against "that code".
 
 The count (2 FLOPs a multiply-add; L layers, d embed, f hidden, H heads of h dims, K kv heads,
 V vocabulary, A LoRA parameters a layer, P prompt and C completion positions, R rows):
@@ -384,9 +387,15 @@ def others_on_the_machine() -> list[str]:
 
 
 def measure(
-    recipe_name: str, sft_steps: int, grpo_steps: int, cache_dir: str | None, xla: bool
+    recipe_name: str,
+    sft_steps: int,
+    grpo_steps: int,
+    cache_dir: str | None,
+    xla: bool,
+    grpo_changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Peaks before SFT, before GRPO and after it; the stages' times; the counted work."""
+    """Peaks before SFT, before GRPO and after it; the stages' times; the counted work.
+    `grpo_changes`: grpo fields set for this measurement (--grpo, this tree only)."""
     import jax
 
     import stages
@@ -422,7 +431,9 @@ def measure(
 
     started = time.time()
     with sft_step_clock() as sft_handouts:
-        run = grpo_phases.run_stages(recipe_name, sft_steps, grpo_steps, cache, between)
+        run = grpo_phases.run_stages(
+            recipe_name, sft_steps, grpo_steps, cache, between, grpo_changes=grpo_changes
+        )
     recipe, dataset, arch = run["recipe"], run["dataset"], state["arch"]
     shapes = Shapes.of(recipe, dataset, run["sft_targets"])
     history, sft_metrics = run["grpo_history"], run["sft_metrics"]
@@ -452,6 +463,7 @@ def measure(
     useful["old_logps"] = useful["actor_update"] = useful["reference_logps"]
     result = {
         "recipe": recipe_name,
+        "grpo": recipe.grpo.model_dump(mode="json"),
         "tree": tree,
         "stages": code,
         "commit": subprocess.run(
@@ -642,6 +654,8 @@ def child(tree: str | None, args: argparse.Namespace, out: Path, xla: bool) -> d
         command += ["--cache-dir", args.cache_dir]
     if not xla:
         command.append("--no-xla")
+    if not tree:  # the baseline's code may not have these fields
+        command += [f"--grpo={pair}" for pair in args.grpo]
     print(f"[{time.strftime('%H:%M:%S')}] measuring {tree or 'this tree'}", flush=True)
     subprocess.run(command, env=env, check=True)
     return json.loads(out.read_text())
@@ -657,6 +671,12 @@ def bad_argument(args: argparse.Namespace) -> str | None:
         return f"--grpo-steps {args.grpo_steps}: expected at least 2 (step 0 compiles, untimed)"
     if args.reps < 1:
         return f"--reps {args.reps}: expected at least 1"
+    from schemas.recipe import GRPOConfig
+
+    for pair in args.grpo:
+        key, sep, _ = pair.partition("=")
+        if not sep or key not in GRPOConfig.model_fields:
+            return f"--grpo {pair!r}: expected KEY=VALUE with KEY a grpo field"
     if args.baseline is not None:
         found = subprocess.run(
             [
@@ -692,6 +712,14 @@ def main() -> None:
         action="store_true",
         help="skip XLA's FLOP count cross-check (slow on a real model)",
     )
+    parser.add_argument(
+        "--grpo",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a grpo field for this tree's measurements only (VALUE read as YAML; repeatable): "
+        "a setting the baseline's code lacks, e.g. draw=inverse_cdf",
+    )
     parser.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"))
     parser.add_argument("--out", help="the JSON (default bench/results/roofline-<recipe>.json)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -701,10 +729,12 @@ def main() -> None:
     if problem:  # before any compute: one line, exit 2
         print(f"roofline: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    changes = grpo_phases.parse_changes(args.grpo)
     if args.child:
         result = measure(
-            args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, not args.no_xla
+            args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, not args.no_xla, changes
         )
+        result["grpo_changes"] = changes  # this tree's --grpo (the baseline runs the recipe)
         Path(args.child).write_text(json.dumps(result))
         return
 
@@ -727,8 +757,10 @@ def main() -> None:
         try:
             for rep in range(args.reps):
                 xla = not args.no_xla and rep == 0
+                if base_tree and rep % 2:  # ABBA: neither tree always runs first
+                    baseline.append(child(base_tree, args, partial / f"baseline-{rep}.json", False))
                 current.append(child(None, args, partial / f"current-{rep}.json", xla))
-                if base_tree:
+                if base_tree and not rep % 2:
                     baseline.append(child(base_tree, args, partial / f"baseline-{rep}.json", False))
         finally:
             if base_tree:

@@ -66,7 +66,8 @@ def generate(
     draw: str = "gumbel",
 ) -> list[str]:
     """One completion per prompt; greedy when `temperature` is 0. Batch n uses seed + n;
-    sampled tokens are drawn by `draw` (tunix_compat.drawing: gumbel or inverse_cdf).
+    sampled tokens are drawn by `draw` (tunix_compat.set_draw: gumbel or inverse_cdf; a sampler
+    keeps the draw it first sampled with, and refuses another).
 
     With `store`, the batches it holds are read back, each new one is saved as soon as it is
     done; `sampler` may be None when the store holds every batch.
@@ -84,15 +85,15 @@ def generate(
             raise ValueError(f"batch {number} is not stored and no sampler was given to make it")
         batch = list(prompts[start : start + batch_size])
         padded = batch + [batch[-1]] * (batch_size - len(batch))
-        with tunix_compat.drawing(draw):  # read when the sampler traces (its first call)
-            result = sampler(
-                padded,
-                max_generation_steps=max_tokens,
-                max_prompt_length=prompt_len,
-                seed=seed + number,
-                eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
-                **sampling,
-            )
+        tunix_compat.set_draw(sampler, draw)
+        result = sampler(
+            padded,
+            max_generation_steps=max_tokens,
+            max_prompt_length=prompt_len,
+            seed=seed + number,
+            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
+            **sampling,
+        )
         texts = list(result.text[: len(batch)])
         if store is not None:
             store.save(number, texts)

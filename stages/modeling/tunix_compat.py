@@ -10,10 +10,9 @@ upgrade must be a decision, re-checked against these tests, never a silent chang
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -219,7 +218,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     A greedy call (top_p None: Tunix's sampler then takes the argmax, the greedy baseline's
     EVAL config) draws nothing, so it takes no seed: the sampled calls keep their seeds and
     `seeds_used` stays one entry per sampled call. A sampled call draws its tokens by `draw`
-    (`drawing`: Tunix's Gumbel-max, or the inverse CDF).
+    (`set_draw` on the engine's sampler: Tunix's Gumbel-max, or the inverse CDF).
     Test: tests/unit/test_grpo_parts.py and the GRPO samples' seeds after a resume.
     """
 
@@ -242,7 +241,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         )
         super().__init__(rollout_actor, tokenizer, cache_config_or_size=cache)
         self.seed_of = seed_of
-        self.draw = draw  # how a sampled call draws its tokens: see `drawing`
+        set_draw(self._sampler, draw)  # how a sampled call draws its tokens
         self.seeds_used: list[tuple[int, int]] = []  # (global step, seed) per generate call
         self._step_of: Callable[[], int] | None = None
 
@@ -265,8 +264,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         if rollout_config.top_p is None:  # greedy: Sampler.init_sample_state picks argmax
             return super().generate(prompts, rollout_config, **kwargs)
         seeded = dataclasses.replace(rollout_config, seed=jax.random.PRNGKey(self.next_seed()))
-        with drawing(self.draw):
-            return super().generate(prompts, seeded, **kwargs)
+        return super().generate(prompts, seeded, **kwargs)
 
 
 # --- Gemma 3 attention -----------------------------------------------------------------------
@@ -471,29 +469,61 @@ def _sample_top_p(
 
 
 DRAWS: dict[str, Callable[..., Any]] = {"gumbel": _TUNIX_SAMPLE_TOP_P, "inverse_cdf": _sample_top_p}
+TUNIX_SAMPLER_SAMPLE = tunix_sampler.Sampler._sample
+_DRAW = "_far_draw"  # a Sampler's own draw, set by set_draw
+_TRACED = "_far_traced_draws"  # the draws its sampled decode step has been compiled with
 
 
-@contextlib.contextmanager
-def drawing(draw: str) -> Iterator[None]:
-    """Tunix's samplers that trace their decode step inside this block draw a sampled token
-    by `draw`: "gumbel" (Tunix's own) or "inverse_cdf" (one uniform number per row).
+def _sample_by_draw(
+    self: tunix_sampler.Sampler,
+    logits: jax.Array,
+    eos: jax.Array,
+    cache: Any,
+    sampler_state: Any,
+) -> Any:
+    """Tunix 0.1.7's Sampler._sample, its sampled path drawing by this sampler's own draw.
+
+    Tunix's `_sample` calls its module's `sample_top_p` by name while the decode step traces,
+    so the function is swapped for exactly that trace (XLA keeps what was traced)."""
+    draw = getattr(self, _DRAW, "gumbel")
+    if sampler_state.sampling_mode == "top_p":  # static: greedy steps draw nothing
+        self.__dict__.setdefault(_TRACED, set()).add(draw)
+    previous = tunix_sampler.sample_top_p
+    tunix_sampler.sample_top_p = DRAWS[draw]
+    try:
+        return TUNIX_SAMPLER_SAMPLE(self, logits, eos, cache, sampler_state)
+    finally:
+        tunix_sampler.sample_top_p = previous
+
+
+def set_draw(sampler: tunix_sampler.Sampler, draw: str) -> None:
+    """Fix how `sampler` draws a sampled token: "gumbel" (Tunix's own) or "inverse_cdf" (one
+    uniform number per row).
 
     Tunix 0.1.7's `sample_top_p`, at top_p 1 and no top_k (unfiltered sampling), calls
     `jax.random.categorical`: Gumbel-max, one random number per vocabulary entry and row,
     which at Gemma 3's vocabulary costs more than the decode step's weight products
     (stages/modeling/sampling.py has the numbers). "inverse_cdf" replaces that path with
     `sampling.inverse_cdf_categorical`: the same distribution, other tokens for a given seed.
-    A sampler looks the function up when it traces its decode step (its first call), and
-    keeps what it compiled; the module attribute is restored on leaving the block.
+
+    The draw belongs to the sampler (an attribute its patched `_sample` reads when the decode
+    step traces), so no enclosing block can change it. A compiled decode step keeps the draw
+    it was traced with, so a sampler that has sampled with one draw refuses another: build a
+    new sampler. The class patch is installed on the first call (idempotent); a sampler that
+    sampled before it drew with Tunix's function.
     Test: tests/unit/test_sampling.py shows Tunix's path drawing rows x vocabulary random
-    numbers, and this one rows.
+    numbers and this one rows, and a sampler keeping its draw inside another's block.
     """
-    previous = tunix_sampler.sample_top_p
-    tunix_sampler.sample_top_p = DRAWS[draw]
-    try:
-        yield
-    finally:
-        tunix_sampler.sample_top_p = previous
+    if draw not in DRAWS:
+        raise ValueError(f"draw {draw!r}: expected one of {sorted(DRAWS)}")
+    tunix_sampler.Sampler._sample = _sample_by_draw
+    compiled: set[str] = getattr(sampler, _TRACED, set()) - {draw}
+    if compiled:
+        raise ValueError(
+            f"this sampler has sampled drawing by {sorted(compiled)}: its compiled decode step "
+            f"keeps that draw; build another sampler to draw by {draw!r}"
+        )
+    setattr(sampler, _DRAW, draw)
 
 
 # --- GRPO's training examples: padding no row uses cut off -------------------------------------

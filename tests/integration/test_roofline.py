@@ -14,7 +14,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_bench_runs_on_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run = roofline.measure("smoke", 4, 3, str(tmp_path / "cache"), xla=False)
+    run = roofline.measure(
+        "smoke", 4, 3, str(tmp_path / "cache"), xla=False, grpo_changes={"draw": "inverse_cdf"}
+    )
+    assert run["grpo"]["draw"] == "inverse_cdf" and run["grpo"]["max_steps"] == 3  # --grpo
     assert len(run["peaks"]) == 3 and len(run["load_average"]) == 3  # before SFT, GRPO, after
     for peaks in run["peaks"]:
         assert all(rate > 0 for rate in peaks.values())

@@ -141,6 +141,8 @@ def test_sft_steps_are_timed_after_compilation_by_their_median() -> None:
         (["--baseline", ""], "--baseline ''"),
         (["--reps", "0"], "--reps 0"),
         (["--recipe", "no_such_recipe"], "--recipe no_such_recipe"),
+        (["--grpo", "no_such_field=1"], "--grpo 'no_such_field=1'"),
+        (["--grpo", "draw"], "--grpo 'draw'"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2_before_compute(argv: list[str], named: str) -> None:

@@ -1,5 +1,5 @@
 """stages/modeling/sampling.py: a categorical draw from one uniform per row, and
-tunix_compat.drawing, which puts it in Tunix's sampler (GRPO's `draw: inverse_cdf`). Tunix
+tunix_compat.set_draw, which puts it in a Tunix sampler (GRPO's `draw: inverse_cdf`). Tunix
 0.1.7's draw at top_p 1 (Gumbel-max) takes a random number per vocabulary entry and row; this
 takes one a row, from the same distribution."""
 
@@ -112,12 +112,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return recipe, mesh, network, build_tokenizer(recipe.model, root)
 
 
-def test_a_sampler_keeps_the_draw_it_traced_with_and_the_attribute_is_restored(
-    tiny: Any,
-) -> None:
+def test_a_sampler_draws_by_its_own_draw_and_keeps_it(tiny: Any) -> None:
     """The real Tunix sampler on the tiny smoke model, through the shared sampling loop
-    (`generate(draw=...)`, which enters `drawing`): the same seed draws the same completions,
-    another seed others, and Tunix's own draw from the same seed differs."""
+    (`generate(draw=...)`, which sets the sampler's draw): the same seed draws the same
+    completions, another seed others, and Tunix's own draw from the same seed differs. The
+    draw is the sampler's: a call made inside another sampler's trace, or with another draw
+    after it has sampled, cannot change it (the second is refused, not silently ignored)."""
     recipe, mesh, network, tokenizer = tiny
     length = recipe.data.max_prompt_len
     prompts = ["Calculate 1 + 2.", "Calculate 3 - 4."]
@@ -132,13 +132,26 @@ def test_a_sampler_keeps_the_draw_it_traced_with_and_the_attribute_is_restored(
     tunix_own = tunix_sampler.sample_top_p
     inverse = build_sampler(network, tokenizer, recipe.model, length, 8)
     first = draw(inverse, 0, "inverse_cdf")
-    assert tunix_sampler.sample_top_p is tunix_own  # restored after the call
+    assert tunix_sampler.sample_top_p is tunix_own  # swapped only while a decode step traces
     assert draw(inverse, 0, "inverse_cdf") == first and draw(inverse, 1, "inverse_cdf") != first
     gumbel = build_sampler(network, tokenizer, recipe.model, length, 8)
+    tunix_compat.set_draw(gumbel, "gumbel")
+    tunix_sampler.sample_top_p = tunix_compat._sample_top_p  # an outer "block" of another draw
+    try:
+        with mesh:
+            result = gumbel(
+                prompts, max_generation_steps=8, max_prompt_length=length, seed=0,
+                eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()], temperature=1.0,
+                top_p=1.0,
+            )  # fmt: skip
+    finally:
+        tunix_sampler.sample_top_p = tunix_own
+    assert list(result.text) != first  # it traced with its own draw, Tunix's
     assert draw(gumbel, 0, "gumbel") != first
-    with tunix_compat.drawing("inverse_cdf"):
-        assert tunix_sampler.sample_top_p is tunix_compat._sample_top_p
-    assert tunix_sampler.sample_top_p is tunix_own
+    with pytest.raises(ValueError, match="build another sampler"):
+        draw(gumbel, 0, "inverse_cdf")  # its compiled decode step keeps Tunix's draw
+    with pytest.raises(ValueError, match="expected one of"):
+        tunix_compat.set_draw(gumbel, "exact")
 
 
 def test_self_teach_samples_with_its_draw(
