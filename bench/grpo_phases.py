@@ -12,7 +12,8 @@ steps after the first (the first one compiles). bench/roofline.py runs the same 
 `--compare KEY=VALUE` (repeatable; grpo fields, VALUE read as YAML) measures two settings in
 one run: after data_prep and SFT, GRPO runs from the same SFT policy first as the recipe says
 ("before"), then with the changed fields ("after"), each in its own stage root (so neither
-reuses the other's result), with the same sampling seeds; `--reps N` alternates N such pairs.
+reuses the other's result), with the same sampling seeds; `--reps N` runs N such pairs in
+A B, B A order (in one process the second GRPO run reads faster, whatever it runs).
 It prints each arm's phases, completions per second over the timed steps after the first, the
 informative-group fraction, the process's peak resident memory during that GRPO run, and
 after / before.
@@ -211,9 +212,12 @@ def print_steps(title: str, history: dict[str, list[float]]) -> None:
 def compare(
     args: argparse.Namespace, changes: dict[str, Any]
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """`args.reps` (before, after) pairs from one SFT policy: before runs first in each pair
-    (the first before is run_stages' own GRPO)."""
-    arms: list[Mapping[str, Any]] = [changes, *([{}, changes] * (args.reps - 1))]
+    """`args.reps` (before, after) pairs from one SFT policy, in A B, B A order (the first
+    before is run_stages' own GRPO): in one process the second GRPO run's actor update reads
+    1.5-2 s lower whatever it runs (sessions 19 and 20), so neither setting always goes second."""
+    order = [rep % 2 == 1 for rep in range(args.reps) for _ in range(2)]  # True: after first
+    is_after = [flipped != (i % 2 == 1) for i, flipped in enumerate(order)]
+    arms: list[Mapping[str, Any]] = [changes if after else {} for after in is_after[1:]]
     run = run_stages(args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, arms=arms)
     grpo = run["recipe"].grpo
     per_step = grpo.batch_size * grpo.num_generations
@@ -221,18 +225,20 @@ def compare(
     peaks = run["grpo_peak_rss_mb"]
     pairs = []
     for rep in range(args.reps):
-        before, after = histories[2 * rep], histories[2 * rep + 1]
+        first, second = 2 * rep, 2 * rep + 1
+        b, a = (second, first) if is_after[first] else (first, second)
+        before, after = histories[b], histories[a]
         print_steps(f"{args.recipe}, pair {rep}, before", before)
         print_steps(f"{args.recipe}, pair {rep}, after ({changes})", after)
         skip = bool(changes.get("skip_flat_groups", grpo.skip_flat_groups))
         summaries = arm_summary(before, grpo, grpo.skip_flat_groups), arm_summary(after, grpo, skip)
-        for summary, peak in zip(summaries, peaks[2 * rep : 2 * rep + 2], strict=True):
+        for summary, peak in zip(summaries, (peaks[b], peaks[a]), strict=True):
             summary["peak_rss_mb"] = peak
         pairs.append(summaries)
     print(f"\n{args.recipe}: {per_step} completions a step; steps 1-{args.grpo_steps - 1} of each")
     for rep, (before, after) in enumerate(pairs):
         names = list(dict.fromkeys([*before["phases"], *after["phases"]]))
-        print(f"pair {rep}             before     after")
+        print(f"pair {rep} ({'after' if rep % 2 else 'before'} ran first)   before     after")
         for name in names:
             b, a = before["phases"].get(name, 0.0), after["phases"].get(name, 0.0)
             print(f"  {name:<17} {b:8.3f}  {a:8.3f}")

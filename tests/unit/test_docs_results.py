@@ -135,3 +135,37 @@ def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
     assert f"GRPO answers negative {grpo:.3f} of the time, gold {gold:.3f}" in flat
     minutes = [str(round(run["total_seconds"] / 60)) for run in runs]
     assert f"{', '.join(minutes[:-1])} and {minutes[-1]} minutes" in flat
+
+
+SPEED_RESULTS = REPO / "bench" / "results" / "roofline-reinforce-headroom-item5-s20.json"
+
+
+def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
+    """Issue 35 item 5's before and after (bench/roofline.py against the code the issue was
+    filed on, this tree with opt-in grpo settings) as the README shows them: the ratio, the
+    settings and the table's seconds and completions per second."""
+    run = json.loads(SPEED_RESULTS.read_text())
+    now, before = run["current"], run["baseline"]
+
+    def mean(runs: list[dict[str, Any]], phase: str) -> str:
+        return f"{sum(r['seconds'][phase] for r in runs) / len(runs):.2f}"
+
+    def rollout(runs: list[dict[str, Any]]) -> str:
+        return " + ".join(mean(runs, p) for p in ("rollout_prefill", "rollout_decode", "rollout"))
+
+    def rates(runs: list[dict[str, Any]]) -> str:
+        return " / ".join(f"{r['grpo_completions_per_s']:.2f}" for r in runs)
+
+    ratio = run["ratios"]["grpo_completions_per_s"]
+    settings = " and ".join(f"`{k}: {v}`" for k, v in now[0]["grpo_changes"].items())
+    flat = " ".join(README.read_text().split())
+    for quoted in (
+        f"**GRPO completions/s {ratio['median']:.2f}x** "
+        f"({', '.join(f'{p:.2f}' for p in ratio['pairs'])})",
+        f"this tree's GRPO at {settings}",
+        f"| actor update (32 rows x 96 positions) | {mean(before, 'actor_update')} | "
+        f"{mean(now, 'actor_update')} |",
+        f"| rollout: prefill + decode + host | {rollout(before)} | {rollout(now)} |",
+        f"| **completions/s, pair 1 / pair 2** | {rates(before)} | {rates(now)} |",
+    ):
+        assert quoted in flat, f"README.md should quote {quoted!r} from {SPEED_RESULTS.name}"

@@ -160,3 +160,18 @@ def test_bad_arguments_are_one_line_exit_2_before_compute(argv: list[str], named
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith(f"roofline: {named}:"), done.stderr
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("call", ["0", "5"])
+def test_grpo_trace_refuses_an_update_it_will_not_reach(call: str) -> None:
+    """bench/grpo_trace.py: a --call outside 1..--grpo-steps would run the stages and trace
+    nothing; it is one line, exit 2, before any compute."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "grpo_trace.py"), "--grpo-steps", "4", "--call", call],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"grpo_trace: --call {call}: expected 1 to 4 (--grpo-steps)\n"
