@@ -180,6 +180,7 @@ def load_source(
             unit=" rows",
             leave=False,
             mininterval=2,
+            disable=None,  # a terminal only: off one, tqdm's fragments ran into the log lines
         )
     ):
         total += 1

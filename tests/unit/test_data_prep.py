@@ -221,3 +221,14 @@ def test_card_markdown_names_splits_sources_and_quarantine(tmp_path: Path) -> No
     text = card_markdown(artifact)
     assert "| sft_train | 128 | reasoning_gym/basic_arithmetic 128 | math 1.00 / 1.00 |" in text
     assert "useful tokens" in text and "quarantined" in text
+
+
+def test_off_a_terminal_reading_a_source_writes_no_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: tqdm's "data_prep ...: 0 rows [00:00, ? rows/s]" and a carriage return in a
+    redirected log, with the next log line run into it (issue 38: nothing interleaved)."""
+    recipe = recipe_with(str(tmp_path))
+    data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
+    captured = capsys.readouterr()
+    assert "rows/s" not in captured.err and "\r" not in captured.err, captured.err[-300:]
