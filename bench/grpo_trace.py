@@ -18,10 +18,8 @@ thread-seconds went to a second, positions-major projection of the completion.
 from __future__ import annotations
 
 import argparse
-import collections
 import glob
 import os
-import re
 import sys
 import tempfile
 import time
@@ -78,25 +76,6 @@ def train_step_origins(dump_dir: str) -> dict[str, tuple[str, str]]:
     return op_origins(Path(steps[-1]).read_text())
 
 
-def thread_seconds(trace_dir: str, origins: dict[str, tuple[str, str]]) -> collections.Counter:
-    """Seconds per (op kind, result shape, JAX operation) of the train step's ops."""
-    from jax.profiler import ProfileData
-
-    (path,) = glob.glob(f"{trace_dir}/plugins/profile/*/*.xplane.pb")
-    totals: collections.Counter = collections.Counter()
-    for plane in ProfileData.from_file(path).planes:
-        for line in plane.lines:
-            if "XLA" not in line.name:
-                continue
-            for event in line.events:
-                if event.name.startswith(("ThunkExecutor", "SlinkyThreadPool")):
-                    continue  # the executor's own spans, around the ops
-                shape, origin = origins.get(event.name, ("", "(not in the train step)"))
-                kind = re.sub(r"\.\d+$", "", event.name)
-                totals[(kind, shape, origin)] += event.duration_ns / 1e9
-    return totals
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="reinforce-headroom")
@@ -120,10 +99,11 @@ def main() -> None:
         os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
     )  # read when JAX's backend starts, after this
     import grpo_phases
+    from train_step_profile import trace_totals
 
     _, walls = traced_updates(args.call, trace_dir)
     grpo_phases.run_stages(Path(args.recipe).stem, args.sft_steps, args.grpo_steps, args.cache_dir)
-    totals = thread_seconds(trace_dir, train_step_origins(dump_dir))
+    totals = trace_totals(trace_dir, train_step_origins(dump_dir))  # '?': not the step's
     print(f"{args.recipe}: actor updates' wall seconds {[round(w, 2) for w in walls]}")
     print(
         f"update {args.call} traced: thread time {sum(totals.values()):.2f} s "

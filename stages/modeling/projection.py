@@ -106,8 +106,9 @@ def token_logps_entropy(
 
 
 def _forward_entropy(
-    hidden: jax.Array, embedding: jax.Array, targets: jax.Array, temperature: float
+    hidden: Any, embedding: Any, targets: Any, temperature: float
 ) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    hidden, embedding, targets = (getattr(x, "value", x) for x in (hidden, embedding, targets))
     out, saved = _forward(hidden, embedding, targets, temperature)
     logits, log_norm = saved[3], saved[4]
     entropy = log_norm - jnp.sum(jnp.exp(logits - log_norm) * logits, axis=0)
@@ -115,9 +116,19 @@ def _forward_entropy(
 
 
 def _backward_entropy(
-    temperature: float, saved: tuple[Any, ...], grads: tuple[jax.Array, jax.Array]
-) -> tuple[jax.Array, jax.Array, None]:
-    return _gradients(temperature, saved, grads[0], grads[1])
+    temperature: float, saved: tuple[Any, ...], grads: tuple[Any, Any]
+) -> tuple[Any, Any, None]:
+    """A zero cotangent arrives symbolic (GRPO reads the entropy as a metric only): its term,
+    a pass over the vocabulary-wide logits, is then not computed at all."""
+    zero = jax.custom_derivatives.SymbolicZero
+    grad, grad_entropy = grads
+    if isinstance(grad, zero):
+        grad = jnp.zeros(grad.shape, grad.dtype)  # the log-probs unused: only the entropy trains
+    return _gradients(
+        temperature, saved, grad, None if isinstance(grad_entropy, zero) else grad_entropy
+    )
 
 
-token_logps_entropy.defvjp(_forward_entropy, _backward_entropy)
+# symbolic_zeros: the forward rule gets its arguments wrapped (`.value`), the backward rule
+# learns which cotangents are zero
+token_logps_entropy.defvjp(_forward_entropy, _backward_entropy, symbolic_zeros=True)

@@ -107,3 +107,23 @@ def test_the_entropy_and_its_gradient_equal_tunixs(
     ):
         assert float(jnp.abs(b).max()) > 0
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_either_output_alone_has_autodiffs_gradient(inputs: tuple[Any, ...]) -> None:
+    """An unused output's cotangent arrives as a symbolic zero (GRPO logs the entropy and
+    trains on the log-probs): its term is skipped, and the other's gradient is unchanged."""
+    hidden, embedding, targets, weights = inputs
+
+    def grad(of: Any, index: int) -> Any:
+        return jax.grad(lambda h: jnp.sum(of(h)[index] * weights))(hidden)
+
+    def ours(h: Any) -> Any:
+        return projection.token_logps_entropy(h, embedding, targets)
+
+    def theirs(h: Any) -> Any:
+        return textbook(h, embedding, targets, 1.0), textbook_entropy(h, embedding, 1.0)
+
+    for index in (0, 1):
+        np.testing.assert_allclose(
+            np.asarray(grad(ours, index)), np.asarray(grad(theirs, index)), rtol=1e-4, atol=1e-5
+        )
