@@ -215,8 +215,7 @@ def compare(
     """`args.reps` (before, after) pairs from one SFT policy, in A B, B A order (the first
     before is run_stages' own GRPO): in one process the second GRPO run's actor update reads
     1.5-2 s lower whatever it runs (sessions 19 and 20), so neither setting always goes second."""
-    order = [rep % 2 == 1 for rep in range(args.reps) for _ in range(2)]  # True: after first
-    is_after = [flipped != (i % 2 == 1) for i, flipped in enumerate(order)]
+    is_after = [(i % 2 == 1) != (i // 2 % 2 == 1) for i in range(2 * args.reps)]  # B A, A B, ...
     arms: list[Mapping[str, Any]] = [changes if after else {} for after in is_after[1:]]
     run = run_stages(args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, arms=arms)
     grpo = run["recipe"].grpo

@@ -99,7 +99,7 @@ def main() -> None:
         os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
     )  # read when JAX's backend starts, after this
     import grpo_phases
-    from train_step_profile import trace_totals
+    from train_step_profile import print_ops, trace_totals
 
     _, walls = traced_updates(args.call, trace_dir)
     grpo_phases.run_stages(Path(args.recipe).stem, args.sft_steps, args.grpo_steps, args.cache_dir)
@@ -109,9 +109,7 @@ def main() -> None:
         f"update {args.call} traced: thread time {sum(totals.values()):.2f} s "
         f"(HLO and trace in {work})"
     )
-    print(f"{'thread s':>8} {'op':<22} {'result':<24} JAX operation")
-    for (kind, shape, origin), seconds in totals.most_common(args.top):
-        print(f"{seconds:8.3f} {kind[:22]:<22} {shape[:24]:<24} {origin[-80:]}")
+    print_ops(totals, args.top, label="thread s")
 
 
 if __name__ == "__main__":

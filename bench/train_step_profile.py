@@ -93,6 +93,13 @@ def trace_totals(trace_dir: str, origins: dict[str, tuple[str, str]]) -> collect
     return totals
 
 
+def print_ops(totals: collections.Counter, top: int, per: int = 1, label: str = "s") -> None:
+    """The `top` ops of trace_totals' table, their seconds divided by `per`."""
+    print(f"{label:>8} {'op':<22} {'result':<24} JAX operation")
+    for (kind, shape, origin), total in totals.most_common(top):
+        print(f"{total / per:8.3f} {kind[:22]:<22} {shape[:24]:<24} {origin[-80:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="demo")
@@ -143,9 +150,7 @@ def main() -> None:
             f"memory: {memory.temp_size_in_bytes / 1e9:.2f} GB of XLA temporaries, "
             f"{memory.argument_size_in_bytes / 1e9:.2f} GB of arguments"
         )
-    print(f"{'s/step':>7} {'op':<22} {'result':<24} JAX operation")
-    for (kind, shape, origin), total in totals.most_common(args.top):
-        print(f"{total / args.steps:7.3f} {kind[:22]:<22} {shape[:24]:<24} {origin[-70:]}")
+    print_ops(totals, args.top, per=args.steps, label="s/step")
 
 
 if __name__ == "__main__":
