@@ -171,6 +171,13 @@ class GRPOConfig(Frozen):
     few compiled shapes) with their advantages scaled so that the loss and gradients equal
     the full step's to float rounding. Needs beta 0, algorithm grpo or gspo-token and one
     micro-batch a step (train_micro_batch_size null or batch_size)."""
+    share_prompts: bool = False
+    """true: the actor update runs each group's prompt through the model once, not once per
+    completion (Tunix repeats it num_generations times), and the group's completions on its
+    keys and values. Same tokens at the same positions: loss and gradients equal to float
+    rounding, not bit for bit. Gemma 3 only (other families, and sequences longer than a
+    sliding-window layer's window, run the full pass); needs one micro-batch a step
+    (train_micro_batch_size null or batch_size)."""
     baseline: Literal["group", "greedy"] = "group"
     """What a completion's reward is compared with. `group`: the mean of its group (Tunix's
     GRPO, normalized by the group's std). `greedy` (ReMax, arXiv 2310.10505): the reward of
@@ -198,6 +205,8 @@ class GRPOConfig(Frozen):
     def _algorithm_knobs(self) -> GRPOConfig:
         self._greedy_baseline_knobs()
         self._skip_flat_groups_knobs()
+        if self.share_prompts:
+            self._one_micro_batch("share_prompts")
         self._draw_knobs()
         if self.flat_groups == "drop" and self.algorithm not in ("grpo", "gspo-token"):
             raise ValueError(
@@ -233,10 +242,15 @@ class GRPOConfig(Frozen):
                 f"skip_flat_groups rescales GRPO's sequence-mean loss; algorithm is "
                 f"{self.algorithm!r} (use grpo or gspo-token, or skip_flat_groups: false)"
             )
+        self._one_micro_batch("skip_flat_groups")
+
+    def _one_micro_batch(self, knob: str) -> None:
+        """`knob` changes the rows of a step's example, which Tunix's micro-batch split
+        slices by the step's row count."""
         micro = self.train_micro_batch_size
         if micro is not None and micro != self.batch_size:
             raise ValueError(
-                f"skip_flat_groups needs one micro-batch a step: train_micro_batch_size is "
+                f"{knob} needs one micro-batch a step: train_micro_batch_size is "
                 f"{micro}, batch_size {self.batch_size} (set it to null or {self.batch_size})"
             )
 
@@ -281,6 +295,7 @@ GRPO_KIND = StageSpec(
         "trim_padding",
         "skip_flat_groups",
         "draw",
+        "share_prompts",
     ),
     summary="Reinforcement on the rewards (GRPO and its variants).",
 )

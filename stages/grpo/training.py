@@ -312,8 +312,8 @@ def build_session(
 
 def example_transform(config: GRPOConfig) -> Callable[[Any], Any] | None:
     """What the recipe cuts from each step's training example before the actor update: the
-    groups without gradient (skip_flat_groups), then the padding no row uses (trim_padding);
-    None when nothing."""
+    groups without gradient (skip_flat_groups), then the padding no row uses (trim_padding),
+    then each group's repeated prompt rows (share_prompts); None when nothing."""
     steps: list[Callable[[Any], Any]] = []
     if config.skip_flat_groups:
         steps.append(
@@ -326,6 +326,10 @@ def example_transform(config: GRPOConfig) -> Callable[[Any], Any] | None:
                 multiple=config.trim_padding,
                 completions=config.algorithm != "dr-grpo",
             )
+        )
+    if config.share_prompts:
+        steps.append(
+            functools.partial(tunix_compat.share_group_prompts, group=config.num_generations)
         )
     if not steps:
         return None

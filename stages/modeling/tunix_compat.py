@@ -321,8 +321,16 @@ def completion_per_token_logps(
     project_completion_only installed, Tunix's entropy function takes it and the entropy
     equals Tunix's to rounding (test). Packed sequences, images and other model families go
     to Tunix's function unchanged, with real logits.
+
+    Fewer prompt rows than completion rows (share_group_prompts: each group's prompt once)
+    run each prompt through the model once (_hidden_sharing_prompts); where that path does
+    not apply, the prompts are repeated back and the full pass runs.
     """
     model = nnx.merge(graphdef, state)
+    group = prompt_group(prompt_tokens, completion_tokens)
+    sharing = group > 1 and _shares_prompts(model, prompt_tokens, completion_tokens, segment_ids)
+    if group > 1 and not sharing:  # shared prompts (share_group_prompts) the full pass runs
+        prompt_tokens = jnp.repeat(prompt_tokens, group, axis=0)
     if segment_ids is not None or images is not None or not isinstance(model, gemma3_model.Gemma3):
         return TUNIX_COMPUTE_PER_TOKEN_LOGPS(
             graphdef,
@@ -338,14 +346,19 @@ def completion_per_token_logps(
             segment_positions=segment_positions,
             temperature=temperature,
         )
-    tokens, positions, mask, _ = rl_common.process_ids(
-        prompt_tokens, completion_tokens, pad_id, eos_id
-    )
-    model(tokens, positions=positions, cache=None, attention_mask=mask, output_hidden_states=True)
-    hidden = jax.tree.leaves(nnx.pop(model, nnx.Intermediate))[-1]  # after the final norm
-    keep = completion_tokens.shape[1]
-    predicting = hidden[:, -keep - 1 : -1]
-    embedding, targets = model.embedder.input_embedding.value, tokens[:, -keep:]
+    if sharing:
+        predicting = _hidden_sharing_prompts(
+            model, prompt_tokens, completion_tokens, pad_id, eos_id
+        )
+    else:
+        tokens, positions, mask, _ = rl_common.process_ids(
+            prompt_tokens, completion_tokens, pad_id, eos_id
+        )
+        model(
+            tokens, positions=positions, cache=None, attention_mask=mask, output_hidden_states=True
+        )
+        predicting = _final_hidden(model)[:, -completion_tokens.shape[1] - 1 : -1]
+    embedding, targets = model.embedder.input_embedding.value, completion_tokens
     if not return_logits:
         per_token_logps = projection.token_logps(predicting, embedding, targets, temperature)
         return jax.lax.stop_gradient(per_token_logps) if stop_gradient else per_token_logps
@@ -358,6 +371,115 @@ def completion_per_token_logps(
     if stop_gradient:
         per_token_logps, entropy = jax.lax.stop_gradient((per_token_logps, entropy))
     return per_token_logps, TokenEntropy(entropy)
+
+
+def _final_hidden(model: Any) -> jax.Array:
+    """The hidden states after the final norm that the model's last call sowed (its
+    `output_hidden_states`), taken out of the model."""
+    return jax.tree.leaves(nnx.pop(model, nnx.Intermediate))[-1]
+
+
+# --- the actor update's prompts: each group's prompt through the model once -----------------
+
+
+def share_group_prompts(example: rl_common.TrainExample, group: int) -> rl_common.TrainExample:
+    """`example` with each group's prompt once: prompt_ids and prompt_mask keep every
+    `group`-th row when the rows come in runs of `group` equal prompts, as Tunix's GRPO
+    learner repeats each prompt num_generations times. completion_per_token_logps reads the
+    group size from the rows (completion rows / prompt rows). An example whose rows do not
+    come in such runs, or a packed one, is returned unchanged (the full pass)."""
+    if group < 2 or getattr(example, "segment_ids", None) is not None:
+        return example
+    ids = np.asarray(example.prompt_ids)
+    if ids.shape[0] % group:
+        return example
+    runs = ids.reshape(ids.shape[0] // group, group, ids.shape[1])
+    if not (runs == runs[:, :1]).all():
+        return example
+    return example.replace(
+        prompt_ids=example.prompt_ids[::group], prompt_mask=example.prompt_mask[::group]
+    )
+
+
+def prompt_group(prompt_tokens: jax.Array, completion_tokens: jax.Array) -> int:
+    """How many completion rows share each prompt row: 1, or share_group_prompts' group."""
+    prompts, rows = prompt_tokens.shape[0], completion_tokens.shape[0]
+    if prompts == 0 or rows % prompts:
+        raise ValueError(
+            f"{prompts} prompt rows for {rows} completion rows: expected a prompt row per "
+            f"completion row or one per group of equal rows (share_group_prompts)"
+        )
+    return rows // prompts
+
+
+def _shares_prompts(
+    model: Any, prompt_tokens: jax.Array, completion_tokens: jax.Array, segment_ids: Any
+) -> bool:
+    """Whether _hidden_sharing_prompts serves this call: Gemma 3, unpacked, and every
+    sliding-window layer's window covers the whole sequence (Tunix's multi-position mask for
+    those layers assumes the queries start at key 0, which the completion pass does not)."""
+    if segment_ids is not None or not isinstance(model, gemma3_model.Gemma3):
+        return False
+    length = prompt_tokens.shape[1] + completion_tokens.shape[1]
+    return all(
+        layer.attn.attn_type != gemma3_model.AttentionType.LOCAL_SLIDING
+        or layer.attn.sliding_window_size >= length
+        for layer in model.layers
+    )
+
+
+def _empty_cache(model: Any, rows: int, length: int) -> dict[str, Any]:
+    """A zero key/value cache of `length` positions for `rows` rows, Tunix's Gemma 3 layout
+    (its Sampler builds the same one)."""
+    cache = {}
+    for index, layer in enumerate(model.layers):
+        attention = layer.attn
+        kv = attention.kv_einsum if hasattr(attention, "kv_einsum") else attention.qkv_einsum
+        weights = kv.w.value  # [2 or 3, kv heads, features, head dim]
+        shape = (rows, length, weights.shape[1], weights.shape[3])
+        cache[f"layer_{index}"] = {
+            "k": jnp.zeros(shape, weights.dtype),
+            "v": jnp.zeros(shape, weights.dtype),
+            "end_index": jnp.zeros((rows,), jnp.int32),
+        }
+    return cache
+
+
+def _hidden_sharing_prompts(
+    model: Any, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int, eos_id: int
+) -> jax.Array:
+    """[rows, completion, features]: the final hidden states that predict each completion
+    token, with each group's prompt run through the model once.
+
+    Tunix's GRPO learner repeats every prompt num_generations times, and its actor update
+    runs each copy through every layer, forward and backward: on reinforce-headroom 8 x 41
+    prompt tokens of each 73-token group. Here the group's prompt runs once, into a key/value
+    cache of the whole sequence's length, which is then repeated for the group's rows; the
+    completions run on it (Tunix's own cached attention, with the full sequence's positions
+    and mask rows). The adapters' gradient through the prompt is the sum over the group, as
+    autodiff of the repeat gives. The same tokens at the same positions as the full pass:
+    log-probs and gradients equal to float rounding (test)."""
+    group = prompt_group(prompt_tokens, completion_tokens)
+    width = prompt_tokens.shape[1]
+    tokens, positions, mask, _ = rl_common.process_ids(
+        jnp.repeat(prompt_tokens, group, axis=0), completion_tokens, pad_id, eos_id
+    )
+    _, cache = model(
+        prompt_tokens,
+        positions=positions[::group, :width],
+        cache=_empty_cache(model, prompt_tokens.shape[0], tokens.shape[1]),
+        attention_mask=mask[::group, :width],
+        output_hidden_states=True,
+    )
+    last_prompt = jnp.repeat(_final_hidden(model)[:, -1:], group, axis=0)
+    model(
+        completion_tokens,
+        positions=positions[:, width:],
+        cache=jax.tree.map(lambda array: jnp.repeat(array, group, axis=0), cache),
+        attention_mask=mask[:, width:],
+        output_hidden_states=True,
+    )
+    return jnp.concatenate([last_prompt, _final_hidden(model)[:, :-1]], axis=1)
 
 
 @jax.tree_util.register_dataclass
@@ -423,8 +545,7 @@ def _gemma3_call(
     _, new_cache = TUNIX_GEMMA3_CALL(
         self, last_tokens, positions, cache, attention_mask, True, images=images
     )
-    hidden = jax.tree.leaves(nnx.pop(self, nnx.Intermediate))[-1]  # after the final norm
-    return self.embedder.decode(hidden[:, -1:]), new_cache
+    return self.embedder.decode(_final_hidden(self)[:, -1:]), new_cache
 
 
 def prefill_last_position_only() -> None:
@@ -639,7 +760,7 @@ def target_positions_loss(keep: int) -> Callable[..., jax.Array]:
                 model, input_tokens, input_mask, positions, attention_mask, images
             )
         model(input_tokens, positions, None, attention_mask, output_hidden_states=True)
-        hidden = jax.tree.leaves(nnx.pop(model, nnx.Intermediate))[-1][:, :-1]
+        hidden = _final_hidden(model)[:, :-1]
         target_mask = input_mask[:, 1:]
         # the loss positions first, in order (a stable sort of "not in the loss")
         order = jnp.argsort(~target_mask.astype(bool), axis=1, stable=True)[:, :keep]

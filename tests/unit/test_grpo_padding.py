@@ -1,9 +1,11 @@
-"""grpo.trim_padding (tunix_compat.trim_train_example) and grpo.skip_flat_groups
-(advantages.informative_rows): the actor update without the columns no row of the step uses
-and without the groups that carry no gradient. Tunix pads every prompt to max_prompt_len and
-every completion to max_generation_tokens; the cut example keeps each side to its longest
-row rounded up to the multiple. Both give Tunix's GRPO loss and its adapter gradients to
-float rounding on a tiny Gemma 3 with LoRA."""
+"""grpo.trim_padding (tunix_compat.trim_train_example), grpo.skip_flat_groups
+(advantages.informative_rows) and grpo.share_prompts (tunix_compat.share_group_prompts): the
+actor update without the columns no row of the step uses, without the groups that carry no
+gradient, and with each group's prompt run once. Tunix pads every prompt to max_prompt_len
+and every completion to max_generation_tokens; the cut example keeps each side to its
+longest row rounded up to the multiple. Tunix repeats each prompt num_generations times; the
+shared example keeps one row of each. All give Tunix's GRPO loss and its adapter gradients
+to float rounding on a tiny Gemma 3 with LoRA."""
 
 from __future__ import annotations
 
@@ -264,3 +266,102 @@ def test_the_recipe_field_is_a_positive_multiple_or_off() -> None:
     assert GRPOConfig(**base, trim_padding=8).trim_padding == 8
     with pytest.raises(ValueError, match="greater than 0"):
         GRPOConfig(**base, trim_padding=0)
+
+
+def grouped_example(vocab: int, generations: int = 2) -> rl_common.TrainExample:
+    """tunix_example's first two prompts, each repeated `generations` times as Tunix's GRPO
+    learner repeats them, with a completion of its own per row."""
+    example = tunix_example(vocab)
+    rows = np.repeat(np.arange(2), generations)
+    completions = tunix_example(vocab, seed=1)
+    take = np.arange(2 * generations) % 4
+    return example.replace(
+        prompt_ids=example.prompt_ids[rows],
+        prompt_mask=example.prompt_mask[rows],
+        completion_ids=completions.completion_ids[take],
+        completion_mask=completions.completion_mask[take],
+        advantages=jnp.asarray(np.linspace(-1.0, 1.5, 2 * generations), jnp.float32),
+        ref_per_token_logps=completions.ref_per_token_logps[take],
+        old_per_token_logps=completions.old_per_token_logps[take],
+    )
+
+
+def test_shared_prompts_keep_one_row_per_group_and_only_for_equal_runs() -> None:
+    example = grouped_example(256)
+    shared = tunix_compat.share_group_prompts(example, 2)
+    np.testing.assert_array_equal(shared.prompt_ids, example.prompt_ids[::2])
+    np.testing.assert_array_equal(shared.prompt_mask, example.prompt_mask[::2])
+    np.testing.assert_array_equal(shared.completion_ids, example.completion_ids)
+    assert tunix_compat.prompt_group(shared.prompt_ids, shared.completion_ids) == 2
+    # rows that are not runs of equal prompts, a group that does not divide them, group 1:
+    # unchanged (the full pass)
+    for unchanged in (
+        tunix_compat.share_group_prompts(tunix_example(), 2),
+        tunix_compat.share_group_prompts(example, 3),
+        tunix_compat.share_group_prompts(example, 1),
+    ):
+        assert unchanged.prompt_ids.shape[0] == unchanged.completion_ids.shape[0]
+    with pytest.raises(ValueError, match="3 prompt rows for 4 completion rows"):
+        tunix_compat.prompt_group(example.prompt_ids[:3], example.completion_ids)
+
+
+def compiled_flops(network: Any, example: Any, algo: Any) -> float:
+    graphdef, adapters, frozen = nnx.split(network, nnx.LoRAParam, ...)
+
+    def of(trained: Any) -> Any:
+        return algo_core.grpo_loss_fn(
+            nnx.merge(graphdef, trained, frozen), example, algo, PAD, EOS
+        )[0]
+
+    return float(jax.jit(jax.grad(of)).lower(adapters).compile().cost_analysis()["flops"])
+
+
+@pytest.mark.parametrize("window", [None, 8], ids=["shared", "window-too-short"])
+def test_shared_prompts_give_the_same_loss_and_gradients(
+    policy: tuple[Any, Any], window: int | None
+) -> None:
+    """Each group's prompt runs once into a key/value cache that its completions attend to:
+    the same loss and adapter gradients as the full pass (tolerances as above), for fewer
+    compiled FLOPs. A sliding window shorter than the sequence (window 8 here) runs the full
+    pass instead, with the prompts repeated back: the same numbers, the full FLOPs."""
+    network, mesh = policy
+    tunix_compat.project_completion_only()  # as the GRPO stage installs it
+    vocab = network.embedder.input_embedding.value.shape[0]
+    grouped = grouped_example(vocab, generations=4)
+    shared = tunix_compat.share_group_prompts(grouped, 4)
+    assert shared.prompt_ids.shape == (2, PROMPT_CAP)
+    algo = grpo_learner.GRPOConfig(num_generations=4, beta=0.0)
+    layers = [layer.attn for layer in network.layers]
+    kept = [(attn.attn_type, attn.sliding_window_size) for attn in layers]
+    try:
+        if window is not None:  # every layer a sliding-window one, with a short window
+            for attn in layers:
+                attn.attn_type = tunix_compat.gemma3_model.AttentionType.LOCAL_SLIDING
+                attn.sliding_window_size = window
+        with mesh:
+            loss, grads = loss_and_grads(network, grouped, algo)
+            shared_loss, shared_grads = loss_and_grads(network, shared, algo)
+            flops = compiled_flops(network, grouped, algo), compiled_flops(network, shared, algo)
+    finally:
+        for attn, (kind, size) in zip(layers, kept, strict=True):
+            attn.attn_type, attn.sliding_window_size = kind, size
+    assert loss != 0.0 and shared_loss == pytest.approx(loss, rel=1e-5)
+    for a, b in zip(shared_grads, grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-4 * float(np.abs(b).max()))
+    assert any(float(np.abs(g).max()) > 0 for g in grads)
+    if window is None:
+        assert flops[1] < 0.8 * flops[0]
+    else:  # the full pass: no fewer FLOPs
+        assert flops[1] >= 0.99 * flops[0]
+
+
+def test_the_recipe_composes_shared_prompts_after_the_cut() -> None:
+    config = GRPOConfig(
+        max_steps=1, batch_size=2, num_generations=2, beta=0.0, trim_padding=4, share_prompts=True
+    )
+    transform = training.example_transform(config)
+    assert transform is not None
+    out = transform(grouped_example(256))
+    assert out.prompt_ids.shape == (2, 12) and out.completion_ids.shape == (4, 12)
+    with pytest.raises(ValueError, match="share_prompts needs one micro-batch a step"):
+        GRPOConfig(max_steps=1, batch_size=4, share_prompts=True, train_micro_batch_size=2)
