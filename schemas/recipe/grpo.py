@@ -172,12 +172,13 @@ class GRPOConfig(Frozen):
     the full step's to float rounding. Needs beta 0, algorithm grpo or gspo-token and one
     micro-batch a step (train_micro_batch_size null or batch_size)."""
     share_prompts: bool = False
-    """true: the actor update runs each group's prompt through the model once, not once per
-    completion (Tunix repeats it num_generations times), and the group's completions on its
-    keys and values. Same tokens at the same positions: loss and gradients equal to float
-    rounding, not bit for bit. Gemma 3 only (other families, and sequences longer than a
-    sliding-window layer's window, run the full pass); needs one micro-batch a step
-    (train_micro_batch_size null or batch_size)."""
+    """true: each group's prompt runs through the model once, not once per completion (Tunix
+    repeats it num_generations times): in the rollout's prefill, whose first token is then
+    drawn for every row, and in the actor update, whose completions run on the prompt's keys
+    and values. Same tokens at the same positions: completions, loss and gradients equal to
+    float rounding, not bit for bit. The actor update's part is Gemma 3's (other families,
+    and sequences longer than a sliding-window layer's window, run the full pass); needs one
+    micro-batch a step (train_micro_batch_size null or batch_size)."""
     baseline: Literal["group", "greedy"] = "group"
     """What a completion's reward is compared with. `group`: the mean of its group (Tunix's
     GRPO, normalized by the group's std). `greedy` (ReMax, arXiv 2310.10505): the reward of

@@ -187,6 +187,12 @@ class Recipe(Frozen):
                 f"grpo.batch_size must be a multiple of grpo.train_micro_batch_size, got "
                 f"{self.grpo.batch_size} and {micro}"
             )
+        if self.grpo.share_prompts and self.grpo.batch_size % self.mesh.fsdp:
+            raise ValueError(
+                f"grpo.share_prompts gives the actor update one prompt row a prompt, split over "
+                f"the mesh's fsdp axis: grpo.batch_size ({self.grpo.batch_size}) must be a "
+                f"multiple of mesh.fsdp ({self.mesh.fsdp})"
+            )
         if self.grpo.batch_size > self.data.grpo.size:
             raise ValueError(
                 f"grpo.batch_size must be <= data.grpo.size, got {self.grpo.batch_size} "

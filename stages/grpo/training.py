@@ -140,6 +140,7 @@ def _cluster_config(
         tunix_compat.SeededRollout,
         seed_of=functools.partial(rollouts.step_seed, config.seed),
         draw=config.draw,
+        prompt_group=config.num_generations if config.share_prompts else 1,
     )
     role = rl_cluster_lib.Role
     return rl_cluster_lib.ClusterConfig(

@@ -219,6 +219,9 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     EVAL config) draws nothing, so it takes no seed: the sampled calls keep their seeds and
     `seeds_used` stays one entry per sampled call. A sampled call draws its tokens by `draw`
     (`set_draw` on the engine's sampler: Tunix's Gumbel-max, or the inverse CDF).
+    `prompt_group` > 1 (grpo.share_prompts: num_generations): a call whose prompts come in
+    runs of that many equal prompts runs its prefill on one prompt of each run
+    (_prefill_sharing_prompts); any other call, Tunix's prefill.
     Test: tests/unit/test_grpo_parts.py and the GRPO samples' seeds after a resume.
     """
 
@@ -231,6 +234,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         *,
         seed_of: Callable[[int, int], int],
         draw: str = "gumbel",
+        prompt_group: int = 1,
     ) -> None:
         config = rollout_actor.config
         cache = base_rollout.CacheConfig(
@@ -242,6 +246,15 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         super().__init__(rollout_actor, tokenizer, cache_config_or_size=cache)
         self.seed_of = seed_of
         set_draw(self._sampler, draw)  # how a sampled call draws its tokens
+        self.prompt_group = prompt_group
+        self._prefills = (
+            self._sampler._compiled_prefill_fn,  # Tunix's, jitted by the Sampler
+            jax.jit(
+                functools.partial(_prefill_sharing_prompts, self._sampler, prompt_group),
+                donate_argnums=(1,),  # as Tunix's: the state's buffers are reused
+                static_argnames=("echo",),
+            ),
+        )
         self.seeds_used: list[tuple[int, int]] = []  # (global step, seed) per generate call
         self._step_of: Callable[[], int] | None = None
 
@@ -261,6 +274,8 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     def generate(
         self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs: Any
     ) -> base_rollout.RolloutOutput:
+        shared = prompt_runs(list(prompts), self.prompt_group)
+        self._sampler._compiled_prefill_fn = self._prefills[shared]  # read by Sampler.__call__
         if rollout_config.top_p is None:  # greedy: Sampler.init_sample_state picks argmax
             return super().generate(prompts, rollout_config, **kwargs)
         seeded = dataclasses.replace(rollout_config, seed=jax.random.PRNGKey(self.next_seed()))
@@ -563,6 +578,65 @@ def prefill_last_position_only() -> None:
     position (compiled FLOPs) and the sampled completions equal with this.
     """
     gemma3_model.Gemma3.__call__ = _gemma3_call
+
+
+# --- the rollout's prompt pass: each group's prompt once ------------------------------------
+
+TUNIX_PREFILL = tunix_sampler.Sampler._prefill_fn
+_ROW_FIELDS = ("token_buffer", "positions", "done", "logits_buffer", "logprobs_buffer")
+
+
+class _EveryRow:
+    """Stands for a Sampler inside Tunix's prefill run on every `group`-th row: everything is
+    the sampler's, except that the first token is drawn for every row (`_sample`), from the
+    state, logits and cache repeated `group` times."""
+
+    def __init__(self, sampler: tunix_sampler.Sampler, group: int) -> None:
+        self._sampler, self._group = sampler, group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+    def _sample(self, logits: Any, cache: Any, eos: Any, sampler_state: Any) -> Any:
+        def repeat(tree: Any) -> Any:
+            return jax.tree.map(lambda array: jnp.repeat(array, self._group, axis=0), tree)
+
+        rows = {name: repeat(getattr(sampler_state, name)) for name in _ROW_FIELDS}
+        state = dataclasses.replace(sampler_state, cache=repeat(cache), **rows)
+        return type(self._sampler)._sample(
+            self._sampler, logits=repeat(logits), cache=state.cache, eos=eos, sampler_state=state
+        )
+
+
+def _prefill_sharing_prompts(
+    sampler: tunix_sampler.Sampler,
+    group: int,
+    params: Any,
+    sampler_state: Any,
+    images: Any = None,
+    echo: bool = True,
+) -> Any:
+    """Tunix's Sampler prefill with each group's prompt run through the model once: Tunix's
+    own prefill on every `group`-th row of the state, then the first token drawn for every
+    row (_EveryRow). For a call whose rows come in runs of `group` equal prompts (the caller
+    checks: SeededRollout.generate); echo, images and beam search take Tunix's."""
+    if echo or images is not None or sampler_state.sampling_mode == "beam_search":
+        return TUNIX_PREFILL(sampler, params, sampler_state, images, echo)
+
+    def every(tree: Any) -> Any:
+        return jax.tree.map(lambda array: array[::group], tree)
+
+    rows = {name: every(getattr(sampler_state, name)) for name in _ROW_FIELDS}
+    reduced = dataclasses.replace(sampler_state, cache=every(sampler_state.cache), **rows)
+    return TUNIX_PREFILL(_EveryRow(sampler, group), params, reduced, images, echo)
+
+
+def prompt_runs(prompts: list[str], group: int) -> bool:
+    """Whether `prompts` come in runs of `group` equal prompts (as Tunix's GRPO learner
+    repeats each prompt num_generations times)."""
+    if group < 2 or not prompts or len(prompts) % group:
+        return False
+    return all(prompts[i] == prompts[i - i % group] for i in range(len(prompts)))
 
 
 # --- sampling: one uniform number per row ---------------------------------------------------

@@ -365,3 +365,7 @@ def test_the_recipe_composes_shared_prompts_after_the_cut() -> None:
     assert out.prompt_ids.shape == (2, 12) and out.completion_ids.shape == (4, 12)
     with pytest.raises(ValueError, match="share_prompts needs one micro-batch a step"):
         GRPOConfig(max_steps=1, batch_size=4, share_prompts=True, train_micro_batch_size=2)
+    grpo = {"batch_size": 3, "share_prompts": True}
+    assert recipe_with("/tmp/unused", grpo=grpo).grpo.share_prompts
+    with pytest.raises(ValueError, match=r"grpo.batch_size \(3\) must be a multiple of mesh.fsdp"):
+        recipe_with("/tmp/unused", grpo=grpo, mesh={"fsdp": 2})
