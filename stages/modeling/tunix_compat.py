@@ -247,16 +247,29 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         self.seed_of = seed_of
         set_draw(self._sampler, draw)  # how a sampled call draws its tokens
         self.prompt_group = prompt_group
-        self._prefills = (
-            self._sampler._compiled_prefill_fn,  # Tunix's, jitted by the Sampler
-            jax.jit(
-                functools.partial(_prefill_sharing_prompts, self._sampler, prompt_group),
-                donate_argnums=(1,),  # as Tunix's: the state's buffers are reused
-                static_argnames=("echo",),
-            ),
-        )
+        self._share_prompts = False  # this call's prompts come in runs of prompt_group
+        if prompt_group > 1:
+            self._sampler._compiled_prefill_fn = self._prefill_choosing(
+                self._sampler._compiled_prefill_fn,
+                jax.jit(
+                    functools.partial(_prefill_sharing_prompts, self._sampler, prompt_group),
+                    donate_argnums=(1,),  # as Tunix's: the state's buffers are reused
+                    static_argnames=("echo",),
+                ),
+            )
         self.seeds_used: list[tuple[int, int]] = []  # (global step, seed) per generate call
         self._step_of: Callable[[], int] | None = None
+
+    def _prefill_choosing(
+        self, tunix_prefill: Callable[..., Any], shared_prefill: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        """The sampler's one compiled prefill (what Sampler.__call__ calls, and the phase
+        timer wraps): the shared one for a call whose prompts come in runs, else Tunix's."""
+
+        def prefill(*args: Any, **kwargs: Any) -> Any:
+            return (shared_prefill if self._share_prompts else tunix_prefill)(*args, **kwargs)
+
+        return prefill
 
     def follow(self, step_of: Callable[[], int]) -> None:
         """Read the global step from `step_of` (the cluster's counter) at each generate call."""
@@ -274,8 +287,7 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     def generate(
         self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs: Any
     ) -> base_rollout.RolloutOutput:
-        shared = prompt_runs(list(prompts), self.prompt_group)
-        self._sampler._compiled_prefill_fn = self._prefills[shared]  # read by Sampler.__call__
+        self._share_prompts = prompt_runs(list(prompts), self.prompt_group)
         if rollout_config.top_p is None:  # greedy: Sampler.init_sample_state picks argmax
             return super().generate(prompts, rollout_config, **kwargs)
         seeded = dataclasses.replace(rollout_config, seed=jax.random.PRNGKey(self.next_seed()))

@@ -303,6 +303,8 @@ def informative_curve(
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     history = StageRecord.model_validate(storage.read_json(outcome.record_uri)).history
     assert len(history["rewards/banded_letters"]) == LEARN_STEPS
+    if recipe.grpo.share_prompts:  # the phase timer sees the prefill SeededRollout picks
+        assert min(history["far/seconds/rollout_prefill"]) > 0, history
     return history[grpo_metrics.INFORMATIVE], history["rewards/banded_letters"]
 
 
