@@ -355,7 +355,7 @@ def completion_per_token_logps(
     """
     model = nnx.merge(graphdef, state)
     group = prompt_group(prompt_tokens, completion_tokens)
-    sharing = group > 1 and _shares_prompts(model, prompt_tokens, completion_tokens, segment_ids)
+    sharing = group > 1 and _shares_prompts(model, prompt_tokens, completion_tokens, images)
     if group > 1 and not sharing:  # shared prompts (share_group_prompts) the full pass runs
         prompt_tokens = jnp.repeat(prompt_tokens, group, axis=0)
     if segment_ids is not None or images is not None or not isinstance(model, gemma3_model.Gemma3):
@@ -440,12 +440,13 @@ def prompt_group(prompt_tokens: jax.Array, completion_tokens: jax.Array) -> int:
 
 
 def _shares_prompts(
-    model: Any, prompt_tokens: jax.Array, completion_tokens: jax.Array, segment_ids: Any
+    model: Any, prompt_tokens: jax.Array, completion_tokens: jax.Array, images: Any
 ) -> bool:
-    """Whether _hidden_sharing_prompts serves this call: Gemma 3, unpacked, and every
+    """Whether _hidden_sharing_prompts serves this call: Gemma 3, no images, and every
     sliding-window layer's window covers the whole sequence (Tunix's multi-position mask for
-    those layers assumes the queries start at key 0, which the completion pass does not)."""
-    if segment_ids is not None or not isinstance(model, gemma3_model.Gemma3):
+    those layers assumes the queries start at key 0, which the completion pass does not).
+    Packed examples never get here with fewer prompt rows (share_group_prompts keeps them)."""
+    if images is not None or not isinstance(model, gemma3_model.Gemma3):
         return False
     length = prompt_tokens.shape[1] + completion_tokens.shape[1]
     return all(
