@@ -457,20 +457,13 @@ def _shares_prompts(
 
 
 def _empty_cache(model: Any, rows: int, length: int) -> dict[str, Any]:
-    """A zero key/value cache of `length` positions for `rows` rows, Tunix's Gemma 3 layout
-    (its Sampler builds the same one)."""
-    cache = {}
-    for index, layer in enumerate(model.layers):
-        attention = layer.attn
-        kv = attention.kv_einsum if hasattr(attention, "kv_einsum") else attention.qkv_einsum
-        weights = kv.w.value  # [2 or 3, kv heads, features, head dim]
-        shape = (rows, length, weights.shape[1], weights.shape[3])
-        cache[f"layer_{index}"] = {
-            "k": jnp.zeros(shape, weights.dtype),
-            "v": jnp.zeros(shape, weights.dtype),
-            "end_index": jnp.zeros((rows,), jnp.int32),
-        }
-    return cache
+    """A zero key/value cache of `length` positions for `rows` rows: Tunix's Sampler's own
+    (`_init_cache`), in the model's parameter dtype."""
+    config = model.config
+    dtype = model.embedder.input_embedding.value.dtype
+    return tunix_sampler._init_cache(
+        config.num_layers, length, rows, config.num_kv_heads, config.head_dim, dtype
+    )
 
 
 def _hidden_sharing_prompts(
