@@ -393,9 +393,11 @@ def measure(
     cache_dir: str | None,
     xla: bool,
     grpo_changes: dict[str, Any] | None = None,
+    xla_cache_dir: str | None = None,
 ) -> dict[str, Any]:
     """Peaks before SFT, before GRPO and after it; the stages' times; the counted work.
-    `grpo_changes`: grpo fields set for this measurement (--grpo, this tree only)."""
+    `grpo_changes`: grpo fields set for this measurement (--grpo, this tree only);
+    `xla_cache_dir`: JAX's persistent compilation cache (default: xla-bench in the cache)."""
     import jax
 
     import stages
@@ -408,7 +410,8 @@ def measure(
     from stages.modeling import models, tunix_compat
 
     cache = cache_dir or str(Path.home() / ".cache" / "far")
-    jax.config.update("jax_compilation_cache_dir", str(Path(cache) / "xla-bench"))
+    xla_cache = xla_cache_dir or str(Path(cache) / "xla-bench")
+    jax.config.update("jax_compilation_cache_dir", xla_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     peaks: list[dict[str, float]] = []
     loads: list[float] = []
@@ -486,6 +489,9 @@ def measure(
         "useful": useful,
         "grpo_completions_per_s": shapes.rows
         / sum(v for k, v in seconds.items() if k != "sft_step"),
+        "grpo_steps": phases,  # every step's seconds a phase, step 0 (compiling) included
+        "informative_groups": grpo_phases.arm_summary(history, recipe.grpo)["informative_groups"],
+        "xla_cache": xla_cache,
         "sft_tokens_per_s": shapes.sft_rows
         * sft_metrics["useful_token_fraction"]
         * shapes.sft_len
@@ -555,12 +561,22 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def steps_in(phases: dict[str, list[float]]) -> int:
+    return max((len(v) for v in phases.values()), default=0)
+
+
 def print_table(label: str, runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     loads = [load for run in runs for load in run["load_average"]]
     print(f"\n{label}: {len(runs)} run(s), load average {min(loads):.1f}-{max(loads):.1f}")
     for name in ("matmul_hidden_flops", "matmul_vocab_flops"):
         print(f"  peak {name}: {peak(runs, name) / 1e9:.1f} GFLOP/s")
     print(f"  peak copy: {peak(runs, 'copy_bytes') / 1e9:.2f} GB/s")
+    groups = [f"{run['informative_groups']:.3f}" for run in runs if "informative_groups" in run]
+    print(f"  informative groups (steps 1-, each run): {', '.join(groups) or '-'}")
+    for i, run in enumerate(runs):  # a step far above the others compiled a new shape
+        steps = run.get("grpo_steps", {})
+        totals = [sum(v[j] for v in steps.values() if j < len(v)) for j in range(steps_in(steps))]
+        print(f"  run {i} GRPO seconds a step: {' '.join(f'{t:.1f}' for t in totals)}")
     head = (
         "phase",
         "s/step",
@@ -632,8 +648,11 @@ def ratios(current: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dic
 # --- the run ---------------------------------------------------------------------------------
 
 
-def child(tree: str | None, args: argparse.Namespace, out: Path, xla: bool) -> dict[str, Any]:
-    """One measurement in a fresh process, with `tree`'s code (None: this one's)."""
+def child(
+    tree: str | None, args: argparse.Namespace, out: Path, xla: bool, scratch: str
+) -> dict[str, Any]:
+    """One measurement in a fresh process, with `tree`'s code (None: this one's); with
+    --fresh-xla-cache its compilation cache is a new directory under `scratch`."""
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     env.pop("FAR_BENCH_TREE", None)
     if tree:
@@ -652,6 +671,8 @@ def child(tree: str | None, args: argparse.Namespace, out: Path, xla: bool) -> d
     ]
     if args.cache_dir:
         command += ["--cache-dir", args.cache_dir]
+    if args.fresh_xla_cache:
+        command += ["--xla-cache-dir", tempfile.mkdtemp(prefix="far-roofline-xla-", dir=scratch)]
     if not xla:
         command.append("--no-xla")
     if not tree:  # the baseline's code may not have these fields
@@ -721,6 +742,14 @@ def main() -> None:
         "a setting the baseline's code lacks, e.g. draw=inverse_cdf",
     )
     parser.add_argument("--cache-dir", default=os.environ.get("FAR_CACHE_DIR"))
+    parser.add_argument(
+        "--fresh-xla-cache",
+        action="store_true",
+        help="give every measurement an empty compilation cache, so each pays all of its "
+        "compiles (default: one cache under the cache dir, shared by all measurements: a "
+        "shape another measurement compiled with the same code is loaded, not compiled)",
+    )
+    parser.add_argument("--xla-cache-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out", help="the JSON (default bench/results/roofline-<recipe>.json)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -732,7 +761,13 @@ def main() -> None:
     changes = grpo_phases.parse_changes(args.grpo)
     if args.child:
         result = measure(
-            args.recipe, args.sft_steps, args.grpo_steps, args.cache_dir, not args.no_xla, changes
+            args.recipe,
+            args.sft_steps,
+            args.grpo_steps,
+            args.cache_dir,
+            not args.no_xla,
+            changes,
+            args.xla_cache_dir,
         )
         result["grpo_changes"] = changes  # this tree's --grpo (the baseline runs the recipe)
         Path(args.child).write_text(json.dumps(result))
@@ -758,10 +793,14 @@ def main() -> None:
             for rep in range(args.reps):
                 xla = not args.no_xla and rep == 0
                 if base_tree and rep % 2:  # ABBA: neither tree always runs first
-                    baseline.append(child(base_tree, args, partial / f"baseline-{rep}.json", False))
-                current.append(child(None, args, partial / f"current-{rep}.json", xla))
+                    baseline.append(
+                        child(base_tree, args, partial / f"baseline-{rep}.json", False, tmp)
+                    )
+                current.append(child(None, args, partial / f"current-{rep}.json", xla, tmp))
                 if base_tree and not rep % 2:
-                    baseline.append(child(base_tree, args, partial / f"baseline-{rep}.json", False))
+                    baseline.append(
+                        child(base_tree, args, partial / f"baseline-{rep}.json", False, tmp)
+                    )
         finally:
             if base_tree:
                 subprocess.run(
