@@ -179,6 +179,13 @@ class GRPOConfig(Frozen):
     float rounding, not bit for bit. The actor update's part is Gemma 3's (other families,
     and sequences longer than a sliding-window layer's window, run the full pass); needs one
     micro-batch a step (train_micro_batch_size null or batch_size)."""
+    sampler_projection: Literal["float32", "bfloat16"] = "float32"
+    """The rollout's output projection (hidden state to vocabulary logits, every decode
+    step). `bfloat16`: a bfloat16 copy of Gemma 3's tied embedding, made once, with bfloat16
+    operands and float32 sums: on 2 CPU cores a decode step's projection at 32 rows takes
+    about 60% of the float32 one (docs/performance.md). Other logits, so other sampled
+    completions for a seed; the actor's log-probs and loss keep the float32 table. Gemma 3
+    with a LoRA policy only (the copy is never updated, so the embedding must not train)."""
     baseline: Literal["group", "greedy"] = "group"
     """What a completion's reward is compared with. `group`: the mean of its group (Tunix's
     GRPO, normalized by the group's std). `greedy` (ReMax, arXiv 2310.10505): the reward of
@@ -297,6 +304,7 @@ GRPO_KIND = StageSpec(
         "skip_flat_groups",
         "draw",
         "share_prompts",
+        "sampler_projection",
     ),
     summary="Reinforcement on the rewards (GRPO and its variants).",
 )

@@ -141,6 +141,7 @@ def _cluster_config(
         seed_of=functools.partial(rollouts.step_seed, config.seed),
         draw=config.draw,
         prompt_group=config.num_generations if config.share_prompts else 1,
+        projection=config.sampler_projection,
     )
     role = rl_cluster_lib.Role
     return rl_cluster_lib.ClusterConfig(

@@ -221,7 +221,9 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
     (`set_draw` on the engine's sampler: Tunix's Gumbel-max, or the inverse CDF).
     `prompt_group` > 1 (grpo.share_prompts: num_generations): a call whose prompts come in
     runs of that many equal prompts runs its prefill on one prompt of each run
-    (_prefill_sharing_prompts); any other call, Tunix's prefill.
+    (_prefill_sharing_prompts); any other call, Tunix's prefill. `projection` "bfloat16"
+    (grpo.sampler_projection) gives the sampler a bfloat16 vocabulary table
+    (attach_vocab_table; the actor's log-probs keep the float32 one).
     Test: tests/unit/test_grpo_parts.py and the GRPO samples' seeds after a resume.
     """
 
@@ -235,8 +237,10 @@ class SeededRollout(vanilla_rollout.VanillaRollout):
         seed_of: Callable[[int, int], int],
         draw: str = "gumbel",
         prompt_group: int = 1,
+        projection: str = "float32",
     ) -> None:
         config = rollout_actor.config
+        attach_vocab_table(rollout_actor, projection)  # before the sampler splits the model
         cache = base_rollout.CacheConfig(
             cache_size=rollout_config.kv_cache_size,
             num_layers=config.num_layers,
@@ -725,6 +729,73 @@ def set_draw(sampler: tunix_sampler.Sampler, draw: str) -> None:
             f"keeps that draw; build another sampler to draw by {draw!r}"
         )
     setattr(sampler, _DRAW, draw)
+
+
+# --- the sampler's output projection in bfloat16 ----------------------------------------------
+
+TUNIX_EMBEDDER_DECODE = gemma3_model.Embedder.decode
+PROJECTIONS = {"float32": None, "bfloat16": jnp.bfloat16}
+
+
+class DecodeTable(nnx.Variable):
+    """A copy of the tied embedding, [embed, vocabulary] in bfloat16, that the embedder's
+    `decode` reads instead of the float32 table (attach_vocab_table). Not an nnx.Param: no
+    optimizer, checkpoint or export sees it."""
+
+
+def _embedder_decode(self: Any, x: jax.Array) -> jax.Array:
+    """Embedder.decode through the module's DecodeTable where it has one (bfloat16 operands,
+    float32 sums and logits); Tunix's own float32 product otherwise."""
+    table = getattr(self, "vocab_table", None)
+    if table is None:
+        return TUNIX_EMBEDDER_DECODE(self, x)
+    with jax.named_scope("embedder_decode"):
+        return jnp.dot(x.astype(table.value.dtype), table.value, preferred_element_type=jnp.float32)
+
+
+def attach_vocab_table(model: Any, projection: str) -> None:
+    """Give `model`'s Gemma 3 embedder a bfloat16 copy of its vocabulary table for `decode`,
+    which only the sampler calls in FAR (the log-probs and losses project through
+    `projection`, reading the float32 table): grpo.sampler_projection.
+
+    At 32 rows a decode step's vocabulary projection streams the 671 MB float32 table; with
+    bfloat16 operands, stored [embed, vocabulary] (the layout whose bf16 product XLA CPU runs
+    fast here: [vocabulary, embed] transposed ran 4-8x slower), it takes about 60% of the
+    time (docs/performance.md). Other logits, so other sampled tokens: a recipe choice. The
+    copy is made once, so the table must not train: a model with adapters on its embedder,
+    or with no adapters at all (full-weight training), is refused. "float32" does nothing.
+    Test: tests/unit/test_vocab_table.py.
+    """
+    if projection not in PROJECTIONS:
+        raise ValueError(f"projection {projection!r}: expected one of {sorted(PROJECTIONS)}")
+    dtype = PROJECTIONS[projection]
+    if dtype is None:
+        return
+    if not isinstance(model, gemma3_model.Gemma3):
+        raise ValueError(
+            f"a bfloat16 sampler projection is Gemma 3's; this model is {type(model).__name__}"
+        )
+    if not jax.tree.leaves(nnx.state(model, nnx.LoRAParam)) or jax.tree.leaves(
+        nnx.state(model.embedder, nnx.LoRAParam)
+    ):
+        raise ValueError(
+            "a bfloat16 sampler projection copies the embedding once, so it needs a LoRA "
+            "policy whose embedder has no adapters (full-weight training changes the "
+            "embedding every step)"
+        )
+    gemma3_model.Embedder.decode = _embedder_decode
+    table = jax.jit(lambda e: e.T.astype(dtype))(model.embedder.input_embedding.value)
+    first = _first_variable_dtype(model)
+    model.embedder.vocab_table = DecodeTable(table)
+    # Tunix 0.1.7's Sampler takes its KV cache's dtype from the model's first variable
+    # (`Sampler.dtype`); the attribute's name sorts after input_embedding so that stays
+    if _first_variable_dtype(model) != first:
+        del model.embedder.vocab_table
+        raise RuntimeError("the bfloat16 table would set the sampler's KV cache dtype")
+
+
+def _first_variable_dtype(model: Any) -> Any:
+    return jax.tree.leaves(nnx.variables(model))[0].dtype
 
 
 # --- GRPO's training examples: padding no row uses cut off -------------------------------------

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from tunix.models.gemma3 import model as gemma3_model
 
 from schemas.recipe import HardSubsetConfig
 from schemas.record import StageRecord
@@ -354,26 +355,42 @@ def test_lora_grpo_learns_a_learnable_reward_through_the_filter(
     steps), so the difference of two 5-step means has sd ~0.10; 0.15 is 1.5 of those below
     the smallest rise measured. The runs are deterministic on a machine (seeded rollouts),
     so the margin guards against a code change that slows learning, not run-to-run noise.
-    Seed 2 runs with the speed settings (share_prompts, trim_padding, draw inverse_cdf):
-    its rollout prefill and actor update take the shared-prompt paths (counted here), and
-    it learns too (measured with them: 0.55 -> 1.00; the 0.53 -> 1.00 above is without).
+    Seed 2 runs with the speed settings (share_prompts, trim_padding, draw inverse_cdf,
+    sampler_projection bfloat16): its rollout prefill and actor update take the shared-prompt
+    paths and its rollout the bfloat16 table (counted here), and it learns too (measured
+    with them: 0.55 -> 1.00, before sampler_projection; the 0.53 -> 1.00 above is without).
     """
     _, policy, root = lora_sft
     kept = filtered
     register_test_rewards(monkeypatch)
     fast = seed == 2
-    changes = {"share_prompts": True, "trim_padding": 4, "draw": "inverse_cdf"} if fast else {}
+    changes = {"share_prompts": True, "trim_padding": 4, "draw": "inverse_cdf",
+               "sampler_projection": "bfloat16"} if fast else {}  # fmt: skip
     traced = count_shared_prompt_paths(monkeypatch)
     _, curve = informative_curve(kept, policy, root, seed, f"filtered-{seed}", **changes)
     assert np.mean(curve[-5:]) > np.mean(curve[:5]) + 0.15, curve
-    # traced once per compiled shape: the prefill (one), the actor update (a trimmed width each)
-    assert (traced["prefill"] >= 1 and traced["actor"] >= 1) if fast else not any(traced.values())
+    # traced once per compiled shape: the prefill (one), the actor update (a trimmed width each),
+    # the rollout's projection through the bfloat16 table (prefill and decode step)
+    assert (
+        (traced["prefill"] >= 1 and traced["actor"] >= 1 and traced["vocab_table"] >= 2)
+        if fast
+        else not any(traced.values())
+    ), traced
 
 
 def count_shared_prompt_paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many times the rollout's shared prefill and the actor's shared-prompt pass are
-    traced from now on (each once per compiled shape)."""
-    traced = {"prefill": 0, "actor": 0}
+    """How many times the rollout's shared prefill, the actor's shared-prompt pass and the
+    rollout's bfloat16 projection are traced from now on (each once per compiled shape)."""
+    traced = {"prefill": 0, "actor": 0, "vocab_table": 0}
+    real_decode = tunix_compat._embedder_decode
+
+    def decode(self: Any, x: Any) -> Any:
+        traced["vocab_table"] += getattr(self, "vocab_table", None) is not None
+        return real_decode(self, x)
+
+    # attach_decode_table installs this module's function on Tunix's Embedder: put it back
+    monkeypatch.setattr(gemma3_model.Embedder, "decode", gemma3_model.Embedder.decode)
+    monkeypatch.setattr(tunix_compat, "_embedder_decode", decode)
     for key, name in (
         ("prefill", "_prefill_sharing_prompts"),
         ("actor", "_hidden_sharing_prompts"),

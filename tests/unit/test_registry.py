@@ -192,6 +192,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "skip_flat_groups",
         "draw",
         "share_prompts",
+        "sampler_projection",
     )
     assert registry.spec("hard_subset").hash_exempt_defaults == (
         "above",
