@@ -5,7 +5,7 @@ trainable or saved sees the copy, and a table that could go stale is refused."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,12 @@ from tests.unit.test_prefill_last_position import base_and_tokenizer, lora_clone
 PROMPTS = ["What is 3 + 4?", "What is 12 * 7?"]
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """(recipe, base network, tokenizer): one tiny model for the module's tests."""
+    return base_and_tokenizer(tmp_path_factory.mktemp("decode-table"))
+
+
 def greedy_logits(network: object, tokenizer: object, recipe: object) -> np.ndarray:
     sampler = generation.build_sampler(network, tokenizer, recipe.model, 16, 8)  # type: ignore[attr-defined]
     out = sampler(input_strings=PROMPTS, max_generation_steps=8, max_prompt_length=16,
@@ -26,8 +32,8 @@ def greedy_logits(network: object, tokenizer: object, recipe: object) -> np.ndar
     return np.stack([np.asarray(x) for x in out.logits])
 
 
-def test_the_sampler_projects_through_the_bfloat16_table(tmp_path: Path) -> None:
-    recipe, base, tokenizer = base_and_tokenizer(tmp_path)
+def test_the_sampler_projects_through_the_bfloat16_table(built: tuple[Any, Any, Any]) -> None:
+    recipe, base, tokenizer = built
     network = lora_clone(recipe, base)
     embedding = network.embedder.input_embedding.value
     hidden = jax.random.normal(jax.random.key(0), (3, 1, embedding.shape[1]))
@@ -64,15 +70,15 @@ def test_the_sampler_projects_through_the_bfloat16_table(tmp_path: Path) -> None
     )  # fmt: skip
 
 
-def test_float32_leaves_the_model_as_it_is(tmp_path: Path) -> None:
-    recipe, base, _ = base_and_tokenizer(tmp_path)
+def test_float32_leaves_the_model_as_it_is(built: tuple[Any, Any, Any]) -> None:
+    recipe, base, _ = built
     network = lora_clone(recipe, base)
     tunix_compat.attach_vocab_table(network, "float32")
     assert getattr(network.embedder, "vocab_table", None) is None
 
 
-def test_a_table_that_could_go_stale_is_refused(tmp_path: Path) -> None:
-    recipe, base, _ = base_and_tokenizer(tmp_path)
+def test_a_table_that_could_go_stale_is_refused(built: tuple[Any, Any, Any]) -> None:
+    recipe, base, _ = built
     with pytest.raises(ValueError, match="needs a LoRA policy"):
         tunix_compat.attach_vocab_table(base, "bfloat16")  # full weights: the embedding trains
     with pytest.raises(ValueError, match="expected one of"):
