@@ -490,6 +490,8 @@ def measure(
         "grpo_completions_per_s": shapes.rows
         / sum(v for k, v in seconds.items() if k != "sft_step"),
         "grpo_steps": phases,  # every step's seconds a phase, step 0 (compiling) included
+        # every step's other metrics: rewards, informative groups, completion lengths
+        "grpo_metrics": {k: v for k, v in history.items() if grpo_phases.SECONDS_PREFIX not in k},
         "informative_groups": grpo_phases.arm_summary(history, recipe.grpo)["informative_groups"],
         "xla_cache": xla_cache,
         "sft_tokens_per_s": shapes.sft_rows

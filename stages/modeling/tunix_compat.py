@@ -737,14 +737,14 @@ TUNIX_EMBEDDER_DECODE = gemma3_model.Embedder.decode
 PROJECTIONS = {"float32": None, "bfloat16": jnp.bfloat16}
 
 
-class DecodeTable(nnx.Variable):
+class VocabTable(nnx.Variable):
     """A copy of the tied embedding, [embed, vocabulary] in bfloat16, that the embedder's
     `decode` reads instead of the float32 table (attach_vocab_table). Not an nnx.Param: no
     optimizer, checkpoint or export sees it."""
 
 
 def _embedder_decode(self: Any, x: jax.Array) -> jax.Array:
-    """Embedder.decode through the module's DecodeTable where it has one (bfloat16 operands,
+    """Embedder.decode through the module's VocabTable where it has one (bfloat16 operands,
     float32 sums and logits); Tunix's own float32 product otherwise."""
     table = getattr(self, "vocab_table", None)
     if table is None:
@@ -786,7 +786,7 @@ def attach_vocab_table(model: Any, projection: str) -> None:
     gemma3_model.Embedder.decode = _embedder_decode
     table = jax.jit(lambda e: e.T.astype(dtype))(model.embedder.input_embedding.value)
     first = _first_variable_dtype(model)
-    model.embedder.vocab_table = DecodeTable(table)
+    model.embedder.vocab_table = VocabTable(table)
     # Tunix 0.1.7's Sampler takes its KV cache's dtype from the model's first variable
     # (`Sampler.dtype`); the attribute's name sorts after input_embedding so that stays
     if _first_variable_dtype(model) != first:

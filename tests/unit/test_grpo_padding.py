@@ -369,3 +369,30 @@ def test_the_recipe_composes_shared_prompts_after_the_cut() -> None:
     assert recipe_with("/tmp/unused", grpo=grpo).grpo.share_prompts
     with pytest.raises(ValueError, match=r"grpo.batch_size \(3\) must be a multiple of mesh.fsdp"):
         recipe_with("/tmp/unused", grpo=grpo, mesh={"fsdp": 2})
+
+
+def test_flat_groups_then_shared_prompts_give_the_same_loss_and_gradients(
+    policy: tuple[Any, Any],
+) -> None:
+    """skip_flat_groups, trim_padding and share_prompts, as the stage composes them: the flat
+    second group is dropped, its one informative group keeps one prompt row for its two
+    completions, and Tunix's loss and adapter gradients equal the full step's (tolerances as
+    above)."""
+    network, mesh = policy
+    vocab = network.embedder.input_embedding.value.shape[0]
+    example = grouped_example(vocab).replace(advantages=jnp.asarray([1.0, -1.0, 0.0, 0.0]))
+    config = GRPOConfig(
+        max_steps=1, batch_size=2, num_generations=2, beta=0.0, skip_flat_groups=True,
+        trim_padding=4, share_prompts=True,
+    )  # fmt: skip
+    transform = training.example_transform(config)
+    assert transform is not None
+    cut = transform(example)
+    assert cut.prompt_ids.shape[0] == 1 and cut.completion_ids.shape[0] == 2
+    algo = grpo_learner.GRPOConfig(num_generations=2, beta=0.0)
+    with mesh:
+        loss, grads = loss_and_grads(network, example, algo)
+        cut_loss, cut_grads = loss_and_grads(network, cut, algo)
+    assert loss != 0.0 and cut_loss == pytest.approx(loss, rel=1e-5)
+    for a, b in zip(cut_grads, grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-4 * float(np.abs(b).max()))

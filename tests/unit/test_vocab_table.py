@@ -22,7 +22,7 @@ PROMPTS = ["What is 3 + 4?", "What is 12 * 7?"]
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
     """(recipe, base network, tokenizer): one tiny model for the module's tests."""
-    return base_and_tokenizer(tmp_path_factory.mktemp("decode-table"))
+    return base_and_tokenizer(tmp_path_factory.mktemp("vocab-table"))
 
 
 def greedy_logits(network: object, tokenizer: object, recipe: object) -> np.ndarray:
