@@ -464,6 +464,7 @@ def measure(
         "reference_logps": (prompt_real + completion_real) / (shapes.prompt + shapes.completion),
     }
     useful["old_logps"] = useful["actor_update"] = useful["reference_logps"]
+    skip_flat = getattr(recipe.grpo, "skip_flat_groups", False)  # older trees lack the field
     result = {
         "recipe": recipe_name,
         "grpo": recipe.grpo.model_dump(mode="json"),
@@ -492,7 +493,10 @@ def measure(
         "grpo_steps": phases,  # every step's seconds a phase, step 0 (compiling) included
         # every step's other metrics: rewards, informative groups, completion lengths
         "grpo_metrics": {k: v for k, v in history.items() if grpo_phases.SECONDS_PREFIX not in k},
-        "informative_groups": grpo_phases.arm_summary(history, recipe.grpo)["informative_groups"],
+        **{  # of the step's groups, and of the groups the actor update runs over
+            key: grpo_phases.arm_summary(history, recipe.grpo, skip_flat)[key]
+            for key in ("informative_groups", "update_informative")
+        },
         "xla_cache": xla_cache,
         "sft_tokens_per_s": shapes.sft_rows
         * sft_metrics["useful_token_fraction"]
@@ -573,8 +577,9 @@ def print_table(label: str, runs: list[dict[str, Any]], rows: list[dict[str, Any
     for name in ("matmul_hidden_flops", "matmul_vocab_flops"):
         print(f"  peak {name}: {peak(runs, name) / 1e9:.1f} GFLOP/s")
     print(f"  peak copy: {peak(runs, 'copy_bytes') / 1e9:.2f} GB/s")
-    groups = [f"{run['informative_groups']:.3f}" for run in runs if "informative_groups" in run]
-    print(f"  informative groups (steps 1-, each run): {', '.join(groups) or '-'}")
+    for key in ("informative_groups", "update_informative"):
+        shares = [f"{run[key]:.3f}" for run in runs if key in run]
+        print(f"  {key} (steps 1-, each run): {', '.join(shares) or '-'}")
     for i, run in enumerate(runs):  # a step far above the others compiled a new shape
         steps = run.get("grpo_steps", {})
         totals = [sum(v[j] for v in steps.values() if j < len(v)) for j in range(steps_in(steps))]

@@ -183,7 +183,7 @@ class GRPOConfig(Frozen):
     """The rollout's output projection (hidden state to vocabulary logits, every decode
     step). `bfloat16`: a bfloat16 copy of Gemma 3's tied embedding, made once, with bfloat16
     operands and float32 sums: on 2 CPU cores a decode step's projection at 32 rows takes
-    about 60% of the float32 one (docs/performance.md). Other logits, so other sampled
+    about half the float32 one's time (docs/performance.md). Other logits, so other sampled
     completions for a seed; the actor's log-probs and loss keep the float32 table. Gemma 3
     with a LoRA policy only (the copy is never updated, so the embedding must not train)."""
     baseline: Literal["group", "greedy"] = "group"

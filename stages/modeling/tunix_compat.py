@@ -760,8 +760,8 @@ def attach_vocab_table(model: Any, projection: str) -> None:
 
     At 32 rows a decode step's vocabulary projection streams the 671 MB float32 table; with
     bfloat16 operands, stored [embed, vocabulary] (the layout whose bf16 product XLA CPU runs
-    fast here: [vocabulary, embed] transposed ran 4-8x slower), it takes about 60% of the
-    time (docs/performance.md). Other logits, so other sampled tokens: a recipe choice. The
+    fast here; a [vocabulary, embed] table read transposed ran several times slower), about
+    half the time (docs/performance.md). Other logits, so other sampled tokens: a recipe choice. The
     copy is made once, so the table must not train: a model with adapters on its embedder,
     or with no adapters at all (full-weight training), is refused. "float32" does nothing.
     Test: tests/unit/test_vocab_table.py.

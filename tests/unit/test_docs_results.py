@@ -139,10 +139,9 @@ def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
 
 
 SPEED_DIR = REPO / "bench" / "results"
-SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-share-3-s21.json"  # the README's table
-SPEED_REPEATS = (  # the same comparison's earlier runs (the first timed no prefill: docs/log.md)
-    SPEED_DIR / "roofline-reinforce-headroom-share-1-s21.json",
-    SPEED_DIR / "roofline-reinforce-headroom-share-2-s21.json",
+SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-skip-s22.json"  # the README's table
+SPEED_REPEATS = (  # the comparison with session 21's settings (docs/log.md)
+    SPEED_DIR / "roofline-reinforce-headroom-40-s22.json",
 )
 
 
@@ -153,11 +152,27 @@ def speed_ratio(path: Path) -> tuple[str, str]:
     return f"{ratio['median']:.2f}x", f"({', '.join(f'{p:.2f}' for p in ratio['pairs'])})"
 
 
+def informative(runs: list[dict[str, Any]], update: bool) -> str:
+    """The informative-group share over a roofline file's runs (steps 1 on): of the groups
+    sampled, or (`update`) of the groups the actor update runs over with skip_flat_groups
+    (bench/grpo_phases.update_informative, the stage's power-of-two fill)."""
+    shares = []
+    for run in runs:
+        groups = run["grpo"]["batch_size"]
+        for fraction in run["grpo_metrics"]["far/informative_groups"][1:]:
+            if update and run["grpo"].get("skip_flat_groups"):  # informative ones, filled to 2^k
+                kept = min(groups, 1 << max(0, round(fraction * groups) - 1).bit_length())
+                fraction = round(fraction * groups) / kept
+            shares.append(fraction)
+    return f"{sum(shares) / len(shares):.2f}"
+
+
 def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
     """Issue 35 item 5's before and after (bench/roofline.py against the code the issue was
     filed on, this tree with opt-in grpo settings) as the README shows them: the ratio of
-    each run of the comparison, the settings and the table's seconds and completions per
-    second."""
+    each run of the comparison, the settings, what the bfloat16 vocabulary table moves
+    (bench/vocab_table_divergence.py), the informative-group shares and the table's seconds
+    and completions per second."""
     run = json.loads(SPEED_RESULTS.read_text())
     now, before = run["current"], run["baseline"]
 
@@ -170,6 +185,7 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
     def rates(runs: list[dict[str, Any]]) -> str:
         return " / ".join(f"{r['grpo_completions_per_s']:.2f}" for r in runs)
 
+    divergence = json.loads((SPEED_DIR / "vocab-table-divergence.json").read_text())
     changes = now[0]["grpo_changes"]
     settings = ", ".join(f"`{k}: {str(v).lower()}`" for k, v in changes.items())
     flat = " ".join(README.read_text().split())
@@ -181,5 +197,9 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
         f"| actor update | {mean(before, 'actor_update')} | {mean(now, 'actor_update')} |",
         f"| rollout: prefill + decode + host | {rollout(before)} | {rollout(now)} |",
         f"| **completions/s, pair 1 / pair 2** | {rates(before)} | {rates(now)} |",
+        f"distribution by {divergence['tv_mean']:.3f} in total variation on average",
+        f"Informative groups: {informative(now, False)} of those sampled, "
+        f"{informative(now, True)} of those the update runs over (0494bc9: "
+        f"{informative(before, False)},",
     ):
         assert quoted in flat, f"README.md should quote {quoted!r} from {SPEED_RESULTS.name}"
