@@ -39,9 +39,15 @@ def prompts(count: int) -> list[str]:
     import reasoning_gym
 
     data = reasoning_gym.create_dataset(
-        "basic_arithmetic", size=count, seed=123, min_terms=2, max_terms=2, min_digits=1,
-        max_digits=1, operators=["+", "-", "*"],
-    )  # fmt: skip
+        "basic_arithmetic",
+        size=count,
+        seed=123,
+        min_terms=2,
+        max_terms=2,
+        min_digits=1,
+        max_digits=1,
+        operators=["+", "-", "*"],
+    )
     return [
         f"<start_of_turn>user\n{x['question']}<end_of_turn>\n<start_of_turn>model\n" for x in data
     ]
@@ -102,8 +108,9 @@ def main() -> None:
         tokens, positions, mask, _ = rl_common.process_ids(
             jnp.asarray(out.padded_prompt_tokens), completions, pad, tokenizer.eos_id()
         )
-        model(tokens, positions=positions, cache=None, attention_mask=mask,
-              output_hidden_states=True)  # fmt: skip
+        model(
+            tokens, positions=positions, cache=None, attention_mask=mask, output_hidden_states=True
+        )
         hidden = tunix_compat._final_hidden(model)[:, -completions.shape[1] - 1 : -1]
         embedding = model.embedder.input_embedding.value
         result: dict[str, Any] = position_divergence(

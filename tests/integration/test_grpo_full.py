@@ -364,8 +364,16 @@ def test_lora_grpo_learns_a_learnable_reward_through_the_filter(
     kept = filtered
     register_test_rewards(monkeypatch)
     fast = seed == 2
-    changes = {"share_prompts": True, "trim_padding": 4, "draw": "inverse_cdf",
-               "sampler_projection": "bfloat16"} if fast else {}  # fmt: skip
+    changes = (
+        {
+            "share_prompts": True,
+            "trim_padding": 4,
+            "draw": "inverse_cdf",
+            "sampler_projection": "bfloat16",
+        }
+        if fast
+        else {}
+    )
     traced = count_shared_prompt_paths(monkeypatch)
     _, curve = informative_curve(kept, policy, root, seed, f"filtered-{seed}", **changes)
     assert np.mean(curve[-5:]) > np.mean(curve[:5]) + 0.15, curve

@@ -185,9 +185,13 @@ def test_flat_groups_leave_the_update_with_the_same_loss_and_gradients(
     vocab = network.embedder.input_embedding.value.shape[0]
     example = tunix_example(vocab).replace(advantages=jnp.asarray([1.0, -1.0, 0.0, 0.0]))
     config = GRPOConfig(
-        max_steps=1, batch_size=2, num_generations=2, beta=0.0, skip_flat_groups=True,
+        max_steps=1,
+        batch_size=2,
+        num_generations=2,
+        beta=0.0,
+        skip_flat_groups=True,
         trim_padding=4,
-    )  # fmt: skip
+    )
     transform = training.example_transform(config)
     assert transform is not None
     cut = transform(example)
@@ -388,9 +392,14 @@ def test_flat_groups_then_shared_prompts_give_the_same_loss_and_gradients(
     vocab = network.embedder.input_embedding.value.shape[0]
     example = grouped_example(vocab).replace(advantages=jnp.asarray([1.0, -1.0, 0.0, 0.0]))
     config = GRPOConfig(
-        max_steps=1, batch_size=2, num_generations=2, beta=0.0, skip_flat_groups=True,
-        trim_padding=4, share_prompts=True,
-    )  # fmt: skip
+        max_steps=1,
+        batch_size=2,
+        num_generations=2,
+        beta=0.0,
+        skip_flat_groups=True,
+        trim_padding=4,
+        share_prompts=True,
+    )
     transform = training.example_transform(config)
     assert transform is not None
     cut = transform(example)

@@ -27,8 +27,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
 
 def greedy_logits(network: object, tokenizer: object, recipe: object) -> np.ndarray:
     sampler = generation.build_sampler(network, tokenizer, recipe.model, 16, 8)  # type: ignore[attr-defined]
-    out = sampler(input_strings=PROMPTS, max_generation_steps=8, max_prompt_length=16,
-                  echo=False, return_logits=True)  # fmt: skip
+    out = sampler(
+        input_strings=PROMPTS,
+        max_generation_steps=8,
+        max_prompt_length=16,
+        echo=False,
+        return_logits=True,
+    )
     return np.stack([np.asarray(x) for x in out.logits])
 
 
@@ -45,8 +50,11 @@ def test_the_sampler_projects_through_the_bfloat16_table(built: tuple[Any, Any, 
 
     table = network.embedder.vocab_table.value
     assert table.dtype == jnp.bfloat16 and table.shape == embedding.shape[::-1]
-    expected = jnp.dot(hidden.astype(jnp.bfloat16), embedding.T.astype(jnp.bfloat16),
-                       preferred_element_type=jnp.float32)  # fmt: skip
+    expected = jnp.dot(
+        hidden.astype(jnp.bfloat16),
+        embedding.T.astype(jnp.bfloat16),
+        preferred_element_type=jnp.float32,
+    )
     after = network.embedder.decode(hidden)
     assert after.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(after), np.asarray(expected))
@@ -65,9 +73,12 @@ def test_the_sampler_projects_through_the_bfloat16_table(built: tuple[Any, Any, 
     targets = jnp.array([[1, 2, 3]])
     np.testing.assert_array_equal(
         np.asarray(projection.token_logps(hidden.reshape(1, 3, -1), embedding, targets)),
-        np.asarray(projection.token_logps(hidden.reshape(1, 3, -1),
-                                          network.embedder.input_embedding.value, targets)),
-    )  # fmt: skip
+        np.asarray(
+            projection.token_logps(
+                hidden.reshape(1, 3, -1), network.embedder.input_embedding.value, targets
+            )
+        ),
+    )
 
 
 def test_float32_leaves_the_model_as_it_is(built: tuple[Any, Any, Any]) -> None:
