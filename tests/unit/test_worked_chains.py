@@ -270,7 +270,7 @@ def test_the_chains_recipe_is_reinforce_mode_with_chains_and_room_for_them() -> 
     assert all(s["reasoning"] == "steps" for x in splits for s in chains["data"][x]["sources"])
     budgets = [chains["grpo"], chains["eval"]] + [n.get("config", {}) for n in chains["pipeline"]]
     generating = [c for c in budgets if "max_generation_tokens" in c]
-    assert len(generating) == 6 and {c["max_generation_tokens"] for c in generating} == {56}
+    assert len(generating) == 7 and {c["max_generation_tokens"] for c in generating} == {56}
     teach = next(n for n in chains["pipeline"] if n["id"] == "teach")
     assert teach["config"]["max_generation_tokens"] == 56
     chains["name"], chains["data"]["max_seq_len"] = mode["name"], mode["data"]["max_seq_len"]
