@@ -143,6 +143,7 @@ def phase_seconds(history: dict[str, list[float]]) -> dict[str, list[float]]:
 
 
 INFORMATIVE = "far/informative_groups"  # stages/grpo/metrics.INFORMATIVE
+UPDATE_INFORMATIVE = "far/update_informative_groups"  # stages/grpo/metrics: oversample
 
 
 def update_informative(fraction: float, groups: int, skip_flat: bool) -> float:
@@ -159,8 +160,12 @@ def arm_summary(
 ) -> dict[str, Any]:
     """One GRPO run's mean seconds per phase, completions per second (timed seconds) and
     informative-group fraction (of the step's groups, and of the groups the actor update
-    runs over) over the steps after the first (the first one compiles)."""
-    completions_per_step = grpo.batch_size * grpo.num_generations
+    runs over) over the steps after the first (the first one compiles). With grpo.oversample
+    a step rolls out oversample x batch_size groups and trains on batch_size of them:
+    `completions_per_s` counts those rolled out, `trained_completions_per_s` those trained on,
+    and the update's share starts from the kept groups' share the stage logs."""
+    trained_per_step = grpo.batch_size * grpo.num_generations
+    completions_per_step = trained_per_step * getattr(grpo, "oversample", 1)
     phases = {name: values[1:] for name, values in phase_seconds(history).items()}
     steps = max((len(values) for values in phases.values()), default=0)
     if steps == 0:
@@ -171,16 +176,18 @@ def arm_summary(
     totals = sorted(sum(v[i] for v in phases.values() if i < len(v)) for i in range(steps))
     median = (totals[(steps - 1) // 2] + totals[steps // 2]) / 2
     later = history.get(INFORMATIVE, [])[1:]
+    kept = history.get(UPDATE_INFORMATIVE, [])[1:] or later  # oversample: the kept groups'
     return {
         "phases": {name: sum(values) / steps for name, values in phases.items()},
         "step_seconds": step_seconds,
         "completions_per_s": completions_per_step / step_seconds,
+        "trained_completions_per_s": trained_per_step / step_seconds,
         "median_step_seconds": median,
         "median_completions_per_s": completions_per_step / median,
         "informative_groups": sum(later) / len(later) if later else float("nan"),
         "update_informative": (
-            sum(update_informative(f, grpo.batch_size, skip_flat) for f in later) / len(later)
-            if later
+            sum(update_informative(f, grpo.batch_size, skip_flat) for f in kept) / len(kept)
+            if kept
             else float("nan")
         ),
         "completion_max_length": history.get("completions/max_length", [])[1:],

@@ -488,7 +488,12 @@ def measure(
         "seconds": seconds,
         "work": work,
         "useful": useful,
+        # completions rolled out a second; with grpo.oversample the update trains on
+        # 1/oversample of them (`grpo_trained_completions_per_s`)
         "grpo_completions_per_s": shapes.rows
+        * getattr(recipe.grpo, "oversample", 1)
+        / sum(v for k, v in seconds.items() if k != "sft_step"),
+        "grpo_trained_completions_per_s": shapes.rows
         / sum(v for k, v in seconds.items() if k != "sft_step"),
         "grpo_steps": phases,  # every step's seconds a phase, step 0 (compiling) included
         # every step's other metrics: rewards, informative groups, completion lengths
@@ -641,8 +646,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def ratios(current: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
     """Per repetition pair, current / baseline throughput: median (min-max)."""
     out = {}
-    for key in ("grpo_completions_per_s", "sft_tokens_per_s"):
-        pairs = [c[key] / b[key] for c, b in zip(current, baseline, strict=False)]
+    for key in ("grpo_completions_per_s", "grpo_trained_completions_per_s", "sft_tokens_per_s"):
+        # results older than the trained count: every completion rolled out was trained on
+        pairs = [
+            c.get(key, c["grpo_completions_per_s"]) / b.get(key, b["grpo_completions_per_s"])
+            for c, b in zip(current, baseline, strict=False)
+        ]
         out[key] = {
             "median": statistics.median(pairs),
             "min": min(pairs),

@@ -179,6 +179,15 @@ class GRPOConfig(Frozen):
     float rounding, not bit for bit. The actor update's part is Gemma 3's (other families,
     and sequences longer than a sliding-window layer's window, run the full pass); needs one
     micro-batch a step (train_micro_batch_size null or batch_size)."""
+    oversample: Annotated[int, Field(ge=1, le=8)] = 1
+    """Prompts rolled out a step, in multiples of batch_size (DAPO's dynamic sampling, arXiv
+    2503.14476, as one batched rollout). Above 1: each step samples num_generations
+    completions for oversample x batch_size prompts, then the actor update keeps batch_size
+    of the groups, those with reward spread first (in the prompts' order), flat ones filling
+    up when too few have spread; its loss is GRPO's on the kept groups as if only they had
+    been sampled (flat_groups applies among them). A step takes oversample x batch_size
+    prompts from the pool, so epochs pass that much faster. grpo and gspo-token only; needs
+    one micro-batch a step (train_micro_batch_size null or batch_size)."""
     sampler_projection: Literal["float32", "bfloat16"] = "float32"
     """The rollout's output projection (hidden state to vocabulary logits, every decode
     step). `bfloat16`: a bfloat16 copy of Gemma 3's tied embedding, made once, with bfloat16
@@ -213,6 +222,7 @@ class GRPOConfig(Frozen):
     def _algorithm_knobs(self) -> GRPOConfig:
         self._greedy_baseline_knobs()
         self._skip_flat_groups_knobs()
+        self._oversample_knobs()
         if self.share_prompts:
             self._one_micro_batch("share_prompts")
         self._draw_knobs()
@@ -251,6 +261,17 @@ class GRPOConfig(Frozen):
                 f"{self.algorithm!r} (use grpo or gspo-token, or skip_flat_groups: false)"
             )
         self._one_micro_batch("skip_flat_groups")
+
+    def _oversample_knobs(self) -> None:
+        if self.oversample == 1:
+            return
+        if self.algorithm not in ("grpo", "gspo-token"):
+            raise ValueError(
+                f"oversample keeps GRPO groups by their advantages and rescales GRPO's "
+                f"sequence-mean loss; algorithm is {self.algorithm!r} (use grpo or gspo-token, "
+                f"or oversample: 1)"
+            )
+        self._one_micro_batch("oversample")
 
     def _one_micro_batch(self, knob: str) -> None:
         """`knob` changes the rows of a step's example, which Tunix's micro-batch split
@@ -305,6 +326,7 @@ GRPO_KIND = StageSpec(
         "draw",
         "share_prompts",
         "sampler_projection",
+        "oversample",
     ),
     summary="Reinforcement on the rewards (GRPO and its variants).",
 )

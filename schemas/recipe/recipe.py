@@ -193,9 +193,11 @@ class Recipe(Frozen):
                 f"the mesh's fsdp axis: grpo.batch_size ({self.grpo.batch_size}) must be a "
                 f"multiple of mesh.fsdp ({self.mesh.fsdp})"
             )
-        if self.grpo.batch_size > self.data.grpo.size:
+        step = self.grpo.batch_size * self.grpo.oversample  # prompts rolled out a step
+        if step > self.data.grpo.size:
             raise ValueError(
-                f"grpo.batch_size must be <= data.grpo.size, got {self.grpo.batch_size} "
-                f"> {self.data.grpo.size}"
+                f"grpo.batch_size x grpo.oversample (the prompts a step rolls out) must be <= "
+                f"data.grpo.size, got {self.grpo.batch_size} x {self.grpo.oversample} > "
+                f"{self.data.grpo.size}"
             )
         return self

@@ -88,12 +88,47 @@ def informative_rows(example: TrainExample, num_generations: int) -> TrainExampl
     wanted = min(groups.shape[0], 1 << max(0, int(informative.sum()) - 1).bit_length())
     fill = np.flatnonzero(~informative)[: wanted - int(informative.sum())]
     chosen = np.sort(np.concatenate([np.flatnonzero(informative), fill]))
-    rows = (chosen[:, None] * num_generations + np.arange(num_generations)).ravel()
+    rows = group_rows(chosen, num_generations)
     nonempty = np.asarray(example.completion_mask).sum(axis=1) > 0
     scale = max(1, int(nonempty[rows].sum())) / max(1, int(nonempty.sum()))
+    return take_rows(example, rows, scale)
+
+
+def group_rows(groups: np.ndarray, num_generations: int) -> np.ndarray:
+    """The row indices of `groups` (group g holds rows g*G .. g*G + G - 1), in order."""
+    return (np.asarray(groups)[:, None] * num_generations + np.arange(num_generations)).ravel()
+
+
+def take_rows(example: TrainExample, rows: np.ndarray, scale: float) -> TrainExample:
+    """`example`'s `rows`, their advantages multiplied by `scale`."""
     fields = {
         name: getattr(example, name)[rows]
         for name in ROW_FIELDS
         if getattr(example, name, None) is not None
     }
     return example.replace(**fields, advantages=example.advantages[rows] * scale)
+
+
+def oversampled_groups(
+    example: TrainExample, num_generations: int, keep: int, drop_flat: bool
+) -> tuple[TrainExample, float]:
+    """`keep` of `example`'s groups for the actor update (grpo.oversample), those with any
+    non-zero advantage first, in their order, then flat ones; and the share of the kept
+    groups that are informative.
+
+    The loss is then GRPO's on the kept groups as if only they had been sampled: a group's
+    advantages depend on its own rewards alone, and Tunix's sequence-mean loss divides by the
+    rows it gets. Only `flat_groups: drop` (`drop_flat`) needs a rescale: its estimator scaled
+    the informative groups by all / informative groups of the whole rollout, and the kept
+    groups want kept / informative kept (tests/unit/test_grpo_padding.py).
+    """
+    advantages = np.asarray(example.advantages)
+    groups = advantages.reshape(advantages.shape[0] // num_generations, -1)
+    informative = np.flatnonzero(np.any(groups != 0, axis=1))
+    flat = np.flatnonzero(~np.any(groups != 0, axis=1))
+    chosen = np.sort(np.concatenate([informative[:keep], flat[: max(0, keep - len(informative))]]))
+    kept = min(keep, len(informative))
+    scale = 1.0
+    if drop_flat and kept:  # from all / informative to kept / informative kept
+        scale = (len(chosen) / kept) / (groups.shape[0] / len(informative))
+    return take_rows(example, group_rows(chosen, num_generations), scale), kept / len(chosen)

@@ -26,6 +26,7 @@ from stages.grpo.baseline import GreedyBaseline
 
 ZERO_VARIANCE = "far/zero_variance_groups"
 INFORMATIVE = "far/informative_groups"  # 1 - ZERO_VARIANCE: the groups that carry a gradient
+UPDATE_INFORMATIVE = "far/update_informative_groups"  # oversample: of the groups kept
 FORMAT_RATE = "far/format_rate"
 TOTAL_REWARD = "rewards/score/mean"  # Tunix: the per-step mean of the summed rewards
 LENGTHS = ("completions/mean_length", "completions/max_length")

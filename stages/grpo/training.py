@@ -40,6 +40,7 @@ from stages import rewards
 from stages.core import metrics_logging, storage
 from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import check_dataset, load_prompts
+from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
 from stages.core.progress import report_end, reporting
 from stages.core.runner import (
@@ -105,15 +106,19 @@ def _cluster_config(
 ) -> rl_cluster_lib.ClusterConfig:
     """`meshes`: (actor and reference mesh, rollout mesh); one mesh shares the weights."""
     updates = config.num_iterations  # optimizer updates per GRPO step (per prompt batch)
+    step_prompts = rolled_out(config)
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optim.grpo_adamw(config),
         eval_every_n_steps=10**9,
         max_steps=config.max_steps * updates,
-        mini_batch_size=config.batch_size,
-        train_micro_batch_size=config.train_micro_batch_size,
+        mini_batch_size=step_prompts,  # one optimizer update a step
+        # oversample: the step's one example, cut to batch_size groups before the update
+        train_micro_batch_size=step_prompts
+        if config.oversample > 1
+        else config.train_micro_batch_size,
         # Tunix would roll out micro-batch by micro-batch too: one rollout of the step's
         # prompts keeps decode's rows (its lever: it is memory-bound) whatever the backward's.
-        rollout_micro_batch_size=config.batch_size,
+        rollout_micro_batch_size=step_prompts,
         checkpoint_root_directory=ckpt_dir,
         checkpointing_options=ocp.CheckpointManagerOptions(
             save_interval_steps=config.checkpoint_every_steps * updates,
@@ -151,6 +156,11 @@ def _cluster_config(
         training_config=training,
         rollout_config=rollout if config.baseline == "group" else with_greedy_eval(rollout),
     )
+
+
+def rolled_out(config: GRPOConfig) -> int:
+    """Prompts a step rolls out: batch_size, times oversample."""
+    return config.batch_size * config.oversample
 
 
 def with_greedy_eval(
@@ -295,7 +305,7 @@ def build_session(
         baseline,
     )
     learner = _learner(cluster, config, reward_fns, observer)
-    transform = example_transform(config)
+    transform = example_transform(config, session_metrics(cluster))
     if transform is not None:  # the actor update without rows or columns that add nothing
         tunix_compat.transform_train_examples(learner, transform)
     return Session(
@@ -312,11 +322,22 @@ def build_session(
     )
 
 
-def example_transform(config: GRPOConfig) -> Callable[[Any], Any] | None:
+def session_metrics(cluster: rl_cluster_lib.RLCluster) -> Callable[[dict[str, float]], None]:
+    """Log {name: value} at the cluster's current step (Tunix averages repeats in a step)."""
+    return lambda values: cluster.buffer_metrics({k: (v, np.mean) for k, v in values.items()})
+
+
+def example_transform(
+    config: GRPOConfig, emit: Callable[[dict[str, float]], None] = lambda values: None
+) -> Callable[[Any], Any] | None:
     """What the recipe cuts from each step's training example before the actor update: the
-    groups without gradient (skip_flat_groups), then the padding no row uses (trim_padding),
-    then each group's repeated prompt rows (share_prompts); None when nothing."""
+    groups beyond batch_size (oversample; `emit` gets the kept groups' informative share),
+    the groups without gradient (skip_flat_groups), then the padding no row uses
+    (trim_padding), then each group's repeated prompt rows (share_prompts); None when
+    nothing."""
     steps: list[Callable[[Any], Any]] = []
+    if config.oversample > 1:
+        steps.append(functools.partial(_keep_groups, config=config, emit=emit))
     if config.skip_flat_groups:
         steps.append(
             functools.partial(advantages.informative_rows, num_generations=config.num_generations)
@@ -336,6 +357,14 @@ def example_transform(config: GRPOConfig) -> Callable[[Any], Any] | None:
     if not steps:
         return None
     return functools.reduce(lambda f, g: lambda example: g(f(example)), steps)
+
+
+def _keep_groups(example: Any, config: GRPOConfig, emit: Callable[[dict[str, float]], None]) -> Any:
+    kept, informative = advantages.oversampled_groups(
+        example, config.num_generations, config.batch_size, config.flat_groups == "drop"
+    )
+    emit({metrics.UPDATE_INFORMATIVE: informative})
+    return kept
 
 
 def _reference_and_actor(
@@ -405,7 +434,7 @@ def _reinforce(
     if start_step < config.max_steps:  # Tunix would train one more step on a finished run
         rows = load_prompts(dataset, "grpo_train")
         batches = itertools.islice(
-            prompt_batches(rows, config.batch_size, config.seed), start_step, None
+            prompt_batches(rows, rolled_out(config), config.seed), start_step, None
         )
         stream = reporting(
             guarded(
@@ -534,6 +563,7 @@ def reinforce(
     """Run GRPO from the SFT checkpoint (or reuse a committed result)."""
     tokenizer_name = build_tokenizer(model, ctx.model_cache, ctx.shared).name
     check_dataset(dataset, tokenizer_name)
+    check_pool(dataset, config)
     models.check_compatible(sft, model, tokenizer_name)
     rewards.validate_names(config.rewards)
     return run_on(
@@ -543,6 +573,19 @@ def reinforce(
         lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
         carry_over=(CHECKPOINT_DIR,),
     )
+
+
+def check_pool(dataset: DatasetArtifact, config: GRPOConfig) -> None:
+    """Refuse a prompt pool smaller than one step's prompts, before any compute (a step
+    takes whole batches: with fewer rows the prompt stream would never yield one)."""
+    pool = dataset.split_sizes.get("grpo_train", 0)
+    if pool < rolled_out(config):
+        raise InputError(
+            f"dataset {dataset.uri} has {pool} grpo_train prompts, fewer than one GRPO step "
+            f"takes (grpo.batch_size {config.batch_size} x grpo.oversample "
+            f"{config.oversample}); lower batch_size or oversample, or give the stage more "
+            f"prompts (data.grpo.size, or a hard_subset's min_prompts)"
+        )
 
 
 def run(

@@ -295,10 +295,10 @@ def register_test_rewards(patch: pytest.MonkeyPatch) -> None:
         patch.setitem(rewards.REGISTRY, name, rewards.Reward(name, function, "test-only"))
 
 
-def informative_curve(
+def banded_history(
     dataset: Any, policy: Any, root: str, seed: int, name: str, **grpo_changes: Any
-) -> tuple[list[float], list[float]]:
-    """(informative-group fraction, mean reward) per step of a banded-reward GRPO run."""
+) -> dict[str, list[float]]:
+    """The per-step metrics of a banded-reward GRPO run (its record's history)."""
     recipe = banded_recipe(root, seed, **grpo_changes)
     ctx = RunContext(root, name)  # one run per dataset and seed (the drift guard)
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
@@ -306,14 +306,19 @@ def informative_curve(
     assert len(history["rewards/banded_letters"]) == LEARN_STEPS
     if recipe.grpo.share_prompts:  # the phase timer sees the prefill SeededRollout picks
         assert min(history["far/seconds/rollout_prefill"]) > 0, history
-    return history[grpo_metrics.INFORMATIVE], history["rewards/banded_letters"]
+    return history
 
 
 def test_difficulty_filter_keeps_the_prompts_solved_sometimes(
     lora_sft: tuple[Any, Any, str], filtered: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The filter drops the prompts whose bar is 0 or 2 (always or never met), and with the
-    same seed the filtered run's groups carry a gradient far more often."""
+    same seed the filtered run's groups carry a gradient far more often.
+
+    The unfiltered run samples twice its batch a step (grpo.oversample 2): its update keeps 2
+    of the 4 groups, informative first, so the update's informative share is the sampled
+    one doubled, capped at 1, step by step; a wrong wiring (two updates a step, or a
+    rollout of half the prompts) changes the step count or that share."""
     dataset, policy, root = lora_sft
     kept = filtered
     train = load_prompts(dataset, "grpo_train")
@@ -322,13 +327,18 @@ def test_difficulty_filter_keeps_the_prompts_solved_sometimes(
     assert all(letter_bar(r["answer"]) == LETTER_BAR for r in rows), rows
     assert load_prompts(kept, "eval") == load_prompts(dataset, "eval")  # held out, unchanged
     register_test_rewards(monkeypatch)
-    unfiltered, _ = informative_curve(dataset, policy, root, 0, "unfiltered")
-    informative, _ = informative_curve(kept, policy, root, 0, "filtered-0")
-    # measured (seed 0, 20 steps of 2 groups): 0.925 filtered, 0.425 unfiltered. Groups of 4
-    # at a solve rate near 1/2 are informative 1 - 2 / 16 = 0.875 of the time, and only the
-    # third of the unfiltered prompts whose bar is LETTER_BAR can be (a step's fraction has
-    # sd ~0.35, so a 20-step mean ~0.08, and the difference ~0.11: 0.3 is under the measured
-    # 0.5 by more than 1.5 of those)
+    oversampled = banded_history(dataset, policy, root, 0, "unfiltered", oversample=2)
+    unfiltered = oversampled[grpo_metrics.INFORMATIVE]
+    update = oversampled[grpo_metrics.UPDATE_INFORMATIVE]
+    np.testing.assert_allclose(update, np.minimum(1.0, 2 * np.asarray(unfiltered)))
+    # measured: sampled 0.263, update 0.525 (every step's sampled share was at most 1/2)
+    assert np.mean(update) > 1.5 * np.mean(unfiltered), (update, unfiltered)
+    informative = banded_history(kept, policy, root, 0, "filtered-0")[grpo_metrics.INFORMATIVE]
+    # measured (seed 0, 20 steps): 0.925 filtered (2 groups a step), 0.263 unfiltered (4 groups
+    # a step; 0.425 with 2, before oversample). Groups of 4 at a solve rate near 1/2 are
+    # informative 1 - 2 / 16 = 0.875 of the time, and only the third of the unfiltered prompts
+    # whose bar is LETTER_BAR can be (a 2-group step's fraction has sd ~0.35, so a 20-step mean
+    # ~0.08, and the difference ~0.11: 0.3 is under the measured 0.66 by more than 3 of those)
     assert np.mean(informative) > np.mean(unfiltered) + 0.3, (informative, unfiltered)
 
 
@@ -375,7 +385,8 @@ def test_lora_grpo_learns_a_learnable_reward_through_the_filter(
         else {}
     )
     traced = count_shared_prompt_paths(monkeypatch)
-    _, curve = informative_curve(kept, policy, root, seed, f"filtered-{seed}", **changes)
+    history = banded_history(kept, policy, root, seed, f"filtered-{seed}", **changes)
+    curve = history["rewards/banded_letters"]
     assert np.mean(curve[-5:]) > np.mean(curve[:5]) + 0.15, curve
     # traced once per compiled shape: the prefill (one), the actor update (a trimmed width each),
     # the rollout's projection through the bfloat16 table (prefill and decode step)

@@ -193,6 +193,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "draw",
         "share_prompts",
         "sampler_projection",
+        "oversample",
     )
     assert registry.spec("hard_subset").hash_exempt_defaults == (
         "above",

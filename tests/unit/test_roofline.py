@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from schemas.recipe import GRPOConfig
 from stages.modeling import models
 from tests.conftest import recipe_with
 
@@ -175,3 +176,24 @@ def test_grpo_trace_refuses_an_update_it_will_not_reach(call: str) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"grpo_trace: --call {call}: expected 1 to 4 (--grpo-steps)\n"
+
+
+def test_an_oversampled_arm_counts_rolled_out_and_trained_completions() -> None:
+    """grpo.oversample 2: a step rolls out twice the groups it trains on, and the update's
+    informative share starts from the kept groups' share the stage logs (then
+    skip_flat_groups' power-of-two fill); step 0 (compiling) is left out."""
+    grpo = GRPOConfig(
+        max_steps=3, batch_size=4, num_generations=8, beta=0.0, oversample=2, skip_flat_groups=True
+    )
+    history = {
+        "far/seconds/rollout_decode": [9.0, 2.0, 2.0],
+        "far/seconds/actor_update": [9.0, 2.0, 2.0],
+        "far/informative_groups": [0.5, 0.25, 0.375],
+        "far/update_informative_groups": [1.0, 0.5, 0.75],
+    }
+    summary = roofline.grpo_phases.arm_summary(history, grpo, skip_flat=True)
+    assert summary["completions_per_s"] == 2 * 4 * 8 / 4.0
+    assert summary["trained_completions_per_s"] == 4 * 8 / 4.0
+    assert summary["informative_groups"] == (0.25 + 0.375) / 2
+    # kept 2 informative of 4: skip_flat trains those 2 (1.0); 3 of 4: a flat one fills (0.75)
+    assert summary["update_informative"] == (1.0 + 0.75) / 2
