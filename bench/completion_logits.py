@@ -91,8 +91,15 @@ def main() -> None:
         """The compiled gradient of the summed log-probs with respect to the adapters."""
 
         def loss(trained: Any) -> Any:
-            out = function(graphdef, nnx.merge_state(trained, frozen), prompts, completions,
-                           pad_id=0, eos_id=1, stop_gradient=False)  # fmt: skip
+            out = function(
+                graphdef,
+                nnx.merge_state(trained, frozen),
+                prompts,
+                completions,
+                pad_id=0,
+                eos_id=1,
+                stop_gradient=False,
+            )
             return jnp.sum(out)
 
         return jax.jit(jax.grad(loss))

@@ -77,9 +77,16 @@ def rollout(recipe_path: str, rows: int, tokens: int, reps: int, cache: str) -> 
         def call(seed: int) -> None:
             with mesh:
                 generation.generate(
-                    sampler, tokenizer, prompts, prompt_len=length, max_tokens=tokens,
-                    batch_size=rows, temperature=temperature, seed=seed, draw=draw,
-                )  # fmt: skip
+                    sampler,
+                    tokenizer,
+                    prompts,
+                    prompt_len=length,
+                    max_tokens=tokens,
+                    batch_size=rows,
+                    temperature=temperature,
+                    seed=seed,
+                    draw=draw,
+                )
 
         call(0)  # traced and compiled now, with its draw (generate passes it to the sampler)
         return call

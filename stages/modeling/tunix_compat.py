@@ -838,8 +838,13 @@ def trim_train_example(
         cap = completion_used.shape[0]
         last = cap - int(np.argmax(completion_used[::-1])) if completion_used.any() else 0
         keep = padded_width(last, multiple, cap)
-        for name in ("completion_ids", "completion_mask", "ref_per_token_logps",
-                     "old_per_token_logps", "sampler_is_weights"):  # fmt: skip
+        for name in (
+            "completion_ids",
+            "completion_mask",
+            "ref_per_token_logps",
+            "old_per_token_logps",
+            "sampler_is_weights",
+        ):
             value = getattr(example, name, None)
             if value is not None:
                 fields[name] = value[:, :keep]
@@ -991,9 +996,17 @@ def _lora_delta(
     )
     if not linear:
         return QWIX_COMPUTE_LORA_DELTA(
-            lhs, lora_a, lora_b, lhs_ca, lhs_ba, contract_shape, batch_shape, remain_shape,
-            rank, precision=precision,
-        )  # fmt: skip
+            lhs,
+            lora_a,
+            lora_b,
+            lhs_ca,
+            lhs_ba,
+            contract_shape,
+            batch_shape,
+            remain_shape,
+            rank,
+            precision=precision,
+        )
     return _low_rank_product(lhs, lora_a, lora_b)
 
 

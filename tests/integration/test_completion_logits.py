@@ -70,12 +70,20 @@ def test_log_probs_entropy_and_gradients_equal_tunixs(policy: tuple[Any, ...]) -
     with mesh:
         tunix, tunix_logits = logps(
             tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS,
-            network, prompts, completions, return_logits=True, temperature=temperature,
-        )  # fmt: skip
+            network,
+            prompts,
+            completions,
+            return_logits=True,
+            temperature=temperature,
+        )
         ours, our_entropy = logps(
             tunix_compat.completion_per_token_logps,
-            network, prompts, completions, return_logits=True, temperature=temperature,
-        )  # fmt: skip
+            network,
+            prompts,
+            completions,
+            return_logits=True,
+            temperature=temperature,
+        )
         np.testing.assert_allclose(np.asarray(ours), np.asarray(tunix), rtol=1e-5, atol=1e-5)
         assert isinstance(our_entropy, tunix_compat.TokenEntropy)
         np.testing.assert_allclose(
@@ -92,8 +100,16 @@ def test_log_probs_entropy_and_gradients_equal_tunixs(policy: tuple[Any, ...]) -
 
             def of(trained: Any) -> Any:
                 state = nnx.merge_state(trained, frozen)
-                out = function(graphdef, state, prompts, completions, pad_id=0, eos_id=1,
-                               stop_gradient=False, temperature=temperature)  # fmt: skip
+                out = function(
+                    graphdef,
+                    state,
+                    prompts,
+                    completions,
+                    pad_id=0,
+                    eos_id=1,
+                    stop_gradient=False,
+                    temperature=temperature,
+                )
                 return jnp.sum(out * jnp.arange(COMPLETION))
 
             return jax.grad(of)(adapters)

@@ -21,8 +21,14 @@ def test_the_bench_runs_on_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(run["peaks"]) == 3 and len(run["load_average"]) == 3  # before SFT, GRPO, after
     for peaks in run["peaks"]:
         assert all(rate > 0 for rate in peaks.values())
-    for phase in ("sft_step", "rollout_prefill", "rollout_decode", "reference_logps",
-                  "actor_update", "rewards"):  # fmt: skip
+    for phase in (
+        "sft_step",
+        "rollout_prefill",
+        "rollout_decode",
+        "reference_logps",
+        "actor_update",
+        "rewards",
+    ):
         assert run["seconds"][phase] > 0, phase
     assert run["sft_tokens_per_s"] > 0 and run["sft_tokens_per_s_record"] > 0
     assert run["completion_only"] and 0 < run["decode_steps"] <= run["shapes"]["completion"]

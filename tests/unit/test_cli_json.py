@@ -134,15 +134,39 @@ print("jax imported:", "jax" in sys.modules)
 # schema_version 1's fields: a new field keeps the version, a removed or renamed one must move
 # it (and this pin with it), so a script written against version 1 keeps working.
 V1_FIELDS = {
-    StatusOutput: {"schema_version", "command", "run", "run_uri", "sessions", "last_outcome",
-                   "stages", "coverage"},
-    LineageOutput: {"schema_version", "command", "uri", "run_uri", "artifact",
-                    "openlineage_file"},
-    AuditOutput: {"schema_version", "command", "run_uri", "records", "files", "ok", "problems",
-                  "accepted_later", "coverage"},
-    ValidateOutput: {"schema_version", "command", "recipe", "run", "run_uri", "valid",
-                     "refused", "nodes"},
-}  # fmt: skip
+    StatusOutput: {
+        "schema_version",
+        "command",
+        "run",
+        "run_uri",
+        "sessions",
+        "last_outcome",
+        "stages",
+        "coverage",
+    },
+    LineageOutput: {"schema_version", "command", "uri", "run_uri", "artifact", "openlineage_file"},
+    AuditOutput: {
+        "schema_version",
+        "command",
+        "run_uri",
+        "records",
+        "files",
+        "ok",
+        "problems",
+        "accepted_later",
+        "coverage",
+    },
+    ValidateOutput: {
+        "schema_version",
+        "command",
+        "recipe",
+        "run",
+        "run_uri",
+        "valid",
+        "refused",
+        "nodes",
+    },
+}
 
 
 @pytest.mark.parametrize("model", list(V1_FIELDS), ids=lambda m: m.__name__)

@@ -206,11 +206,14 @@ def rows_example(group_advantages: list[float], generations: int = 2) -> Any:
     advantages[::generations] *= -1  # an informative group's rows differ in sign
     ids = np.arange(rows, dtype=np.int32)[:, None] + 2
     return rl_common.TrainExample(
-        prompt_ids=jnp.asarray(ids), prompt_mask=jnp.asarray(ids != PAD),
-        completion_ids=jnp.asarray(ids), completion_mask=jnp.asarray(ids != PAD),
-        advantages=jnp.asarray(advantages), ref_per_token_logps=None,
+        prompt_ids=jnp.asarray(ids),
+        prompt_mask=jnp.asarray(ids != PAD),
+        completion_ids=jnp.asarray(ids),
+        completion_mask=jnp.asarray(ids != PAD),
+        advantages=jnp.asarray(advantages),
+        ref_per_token_logps=None,
         old_per_token_logps=jnp.asarray(ids, jnp.float32),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(

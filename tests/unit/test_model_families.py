@@ -48,13 +48,19 @@ def test_checkpoint_with_the_applied_rope_passes(tmp_path: Path, family: str) ->
 
 def test_qwen3_presets_are_the_published_sizes() -> None:
     spec = ModelSpec(
-        family="qwen3", source="hub", uri="Qwen/Qwen3-0.6B", preset="qwen3_0p6b",
+        family="qwen3",
+        source="hub",
+        uri="Qwen/Qwen3-0.6B",
+        preset="qwen3_0p6b",
         tokenizer="sentencepiece",
-    )  # fmt: skip
+    )
     config = models.tunix_config(spec)
     assert (config.num_layers, config.embed_dim, config.vocab_size) == (28, 1024, 151936)
     with pytest.raises(ValidationError, match="preset 'qwen3_0p6b' is not a 'llama3' model"):
         ModelSpec(
-            family="llama3", source="hub", uri="x/y", preset="qwen3_0p6b",
+            family="llama3",
+            source="hub",
+            uri="x/y",
+            preset="qwen3_0p6b",
             tokenizer="sentencepiece",
-        )  # fmt: skip
+        )

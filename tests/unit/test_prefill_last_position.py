@@ -43,8 +43,16 @@ def lora_clone(recipe: Any, base: Any) -> Any:
 
 def sample(recipe: Any, network: Any, tokenizer: Any) -> tuple[Any, list[str]]:
     sampler = generation.build_sampler(network, tokenizer, recipe.model, 32, 16)
-    texts = generation.generate(sampler, tokenizer, PROMPTS, prompt_len=32, max_tokens=16,
-                                batch_size=4, temperature=0.9, seed=3)  # fmt: skip
+    texts = generation.generate(
+        sampler,
+        tokenizer,
+        PROMPTS,
+        prompt_len=32,
+        max_tokens=16,
+        batch_size=4,
+        temperature=0.9,
+        seed=3,
+    )
     return sampler, texts
 
 

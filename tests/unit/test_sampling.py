@@ -125,9 +125,16 @@ def test_a_sampler_draws_by_its_own_draw_and_keeps_it(tiny: Any) -> None:
     def draw(sampler: Any, seed: int, how: str) -> list[str]:
         with mesh:
             return generate(
-                sampler, tokenizer, prompts, prompt_len=length, max_tokens=8, batch_size=2,
-                temperature=1.0, seed=seed, draw=how,
-            )  # fmt: skip
+                sampler,
+                tokenizer,
+                prompts,
+                prompt_len=length,
+                max_tokens=8,
+                batch_size=2,
+                temperature=1.0,
+                seed=seed,
+                draw=how,
+            )
 
     tunix_own = tunix_sampler.sample_top_p
     inverse = build_sampler(network, tokenizer, recipe.model, length, 8)
@@ -140,10 +147,14 @@ def test_a_sampler_draws_by_its_own_draw_and_keeps_it(tiny: Any) -> None:
     try:
         with mesh:
             result = gumbel(
-                prompts, max_generation_steps=8, max_prompt_length=length, seed=0,
-                eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()], temperature=1.0,
+                prompts,
+                max_generation_steps=8,
+                max_prompt_length=length,
+                seed=0,
+                eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
+                temperature=1.0,
                 top_p=1.0,
-            )  # fmt: skip
+            )
     finally:
         tunix_sampler.sample_top_p = tunix_own
     assert list(result.text) != first  # it traced with its own draw, Tunix's

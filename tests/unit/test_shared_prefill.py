@@ -38,9 +38,15 @@ def sample(sampler: Any, shared: bool) -> Any:
             static_argnames=("echo",),
         )
     return sampler(
-        input_strings=PROMPTS, max_generation_steps=12, max_prompt_length=16, echo=False,
-        temperature=1.0, top_p=1.0, seed=5, return_logprobs=True,
-    )  # fmt: skip
+        input_strings=PROMPTS,
+        max_generation_steps=12,
+        max_prompt_length=16,
+        echo=False,
+        temperature=1.0,
+        top_p=1.0,
+        seed=5,
+        return_logprobs=True,
+    )
 
 
 def test_the_shared_prefill_samples_the_same_completions(
