@@ -7,7 +7,9 @@ strict format rate, and the exact McNemar comparison with the control (continued
 optimizer steps) and with the starting SFT policy. It adds what the pick node chose on the
 validation split (and what it chooses from the same rows with the McNemar rule, max_p), how
 many prompts the mode selection kept, and each node's seconds, so the README's table and the
-log's come from one file a command regenerates:
+log's come from one file a command regenerates. A run whose recipe has the `sampled` node
+(2 samples at T 1.0 on the first 256 held-out prompts) also gets each arm's sampled pass@1
+against the control and the starting SFT (paired sign-flip test of per-prompt solve rates):
 
     python bench/reinforce_mode.py --runs /work/exp/s13/rm/reinforce-mode \
         /work/exp/s14/rm/reinforce-mode-d0 --out docs/results/reinforce-mode.json
@@ -19,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from stages import pick
 from stages.core import stats
@@ -85,6 +89,44 @@ def arms(evaluate_dir: str) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def sampled_arms(node_dir: str) -> list[dict[str, Any]]:
+    """Every model the `sampled` node scored (k samples a prompt at a temperature): pass@1,
+    the mean of the per-prompt solve rates, with its 95% interval over prompts, and the
+    paired sign-flip test of those rates against the control and the starting SFT."""
+    lines = Path(node_dir, "samples.jsonl").read_text().splitlines()
+    rates: dict[str, dict[str, list[float]]] = {}
+    for r in (json.loads(line) for line in lines if line):
+        rates.setdefault(r["model"], {}).setdefault(str(r["id"]), []).append(float(r["correct"]))
+    ids = sorted(rates[START])
+    arrays = {model: np.asarray([by_id[i] for i in ids]) for model, by_id in rates.items()}
+    rows = []
+    for name, solved in arrays.items():
+        low, high = stats.rate_interval(list(solved.mean(axis=1)))
+        rows.append(
+            {
+                "model": name,
+                "prompts": int(solved.shape[0]),
+                "samples": int(solved.shape[1]),
+                "pass_at_1": round(float(solved.mean()), 4),
+                "ci95": [round(low, 4), round(high, 4)],
+                "vs_control": compare_rates(arrays[CONTROL], solved),
+                "vs_sft": compare_rates(arrays[START], solved),
+            }
+        )
+    return rows
+
+
+def compare_rates(base: np.ndarray, other: np.ndarray) -> dict[str, Any]:
+    paired = stats.paired_rates(base, other)
+    return {
+        "difference": round(paired.difference, 4),
+        "ci95": [round(paired.ci_low, 4), round(paired.ci_high, 4)],
+        "prompts_up": paired.prompts_up,
+        "prompts_down": paired.prompts_down,
+        "p_value": paired.p_value,
+    }
 
 
 def chosen_under_max_p(choice: dict[str, Any], max_p: float) -> str:
@@ -177,6 +219,8 @@ def summary(run: Path) -> dict[str, Any] | None:
         "answer_signs": answer_signs(
             nodes["evaluate"]["_dir"], nodes["mode"]["_dir"], nodes["headroom"]["_dir"]
         ),
+        # the recipe's sampled node (since session 23): sampled pass@1 on the first 256
+        **({"sampled": sampled_arms(nodes["sampled"]["_dir"])} if "sampled" in nodes else {}),
     }
 
 
@@ -200,6 +244,23 @@ def cells(row: dict[str, Any]) -> list[str]:
         f"{c['difference']:+.3f} ({c['wins']}/{c['losses']}, {c['p_value']:.2g})",
         f"{s['difference']:+.3f} ({s['wins']}/{s['losses']}, {s['p_value']:.2g})",
     ]
+
+
+def sampled_table(result: dict[str, Any]) -> str:
+    """The sampled rows of one run as a markdown table."""
+    lines = [
+        "| model | sampled pass@1 [95% CI] | vs control [95% CI] (up/down, p) | vs sft |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in result["sampled"]:
+        cells = [f"{r['pass_at_1']:.3f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"]
+        for c in (r["vs_control"], r["vs_sft"]):
+            cells.append(
+                f"{c['difference']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}] "
+                f"({c['prompts_up']}/{c['prompts_down']}, {c['p_value']:.2g})"
+            )
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def readme_table(results: list[dict[str, Any]]) -> str:
@@ -229,6 +290,8 @@ def main() -> None:
     for r in results:
         print(f"\n{r['run']} (data seed {r['data_seed']}, pick chose {r['pick']['chosen']})")
         print(table(r))
+        if "sampled" in r:
+            print(f"\nsampled ({r['sampled'][0]['samples']} a prompt):\n{sampled_table(r)}")
     print(f"\nthe README's table:\n{readme_table(results)}")
     print(f"\n{len(results)} runs -> {args.out}")
 

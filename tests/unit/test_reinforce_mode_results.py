@@ -1,0 +1,52 @@
+"""bench/reinforce_mode.py's sampled rows: each arm's pass@1 from the `sampled` node's
+samples, paired with the control's and the starting SFT's per-prompt solve rates by prompt
+id (not by the order the rows were written in)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("reinforce_mode", BENCH / "reinforce_mode.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reinforce_mode"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+SOLVED = {  # model -> prompt id -> its two samples' verdicts
+    "sft": {"a": [1, 0], "b": [0, 0], "c": [1, 1], "d": [0, 1]},
+    "control": {"a": [1, 1], "b": [0, 0], "c": [1, 1], "d": [0, 1]},
+    "grpo": {"d": [1, 1], "c": [1, 0], "b": [1, 0], "a": [1, 1]},  # written in another order
+}
+
+
+def test_sampled_arms_pair_each_prompt_by_id(tmp_path: Path) -> None:
+    rows = [
+        {"model": model, "id": prompt, "sample": i, "correct": verdict}
+        for model, by_id in SOLVED.items()
+        for prompt, verdicts in by_id.items()
+        for i, verdict in enumerate(verdicts)
+    ]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arms = {row["model"]: row for row in bench.sampled_arms(str(tmp_path))}
+    assert [arms[m]["pass_at_1"] for m in SOLVED] == [0.5, 0.625, 0.75]
+    grpo = arms["grpo"]
+    assert (grpo["prompts"], grpo["samples"]) == (4, 2)
+    # per prompt a, b, c, d: grpo 1, .5, .5, 1 against the control's 1, 0, 1, .5
+    assert grpo["vs_control"]["difference"] == pytest.approx(0.125)
+    assert (grpo["vs_control"]["prompts_up"], grpo["vs_control"]["prompts_down"]) == (2, 1)
+    assert (grpo["vs_sft"]["prompts_up"], grpo["vs_sft"]["prompts_down"]) == (3, 1)
+    assert arms["control"]["vs_control"]["p_value"] == 1.0
+    assert 0 < grpo["vs_sft"]["p_value"] <= 1
