@@ -14,6 +14,7 @@ commit and package versions are still recorded in every record for audit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -808,7 +809,7 @@ def code_version(stage_version: int) -> CodeVersion:
     return CodeVersion(
         far_version=far_version,
         stage_version=stage_version,
-        git_commit=_git_commit(),
+        git_commit=git_commit(),
         packages=packages,
     )
 
@@ -818,8 +819,12 @@ def code_version(stage_version: int) -> CodeVersion:
 BUILD_INFO = Path(__file__).resolve().parent.parent / "_build_info.json"
 
 
+@functools.cache
 def git_commit() -> str | None:
-    """The commit of the code running now (its checkout's HEAD, or the one baked in)."""
+    """The commit of the code running now: its checkout's HEAD (or the one baked in) when this
+    process first asks, which a flow does at its start (its run tags). Read once: a checkout
+    that moved during a long run (a pull, a commit) made later records name a commit whose
+    code the process had not imported (docs/log.md, session 23)."""
     return _git_commit()
 
 

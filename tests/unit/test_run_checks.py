@@ -197,3 +197,16 @@ def test_far_draws_the_bar_of_every_stage_that_reports_progress() -> None:
         stream = io.StringIO()
         ProgressPrinter(stream, tty=True)(ProgressUpdate(stage, 1, 2, 0.25, {"loss": 0.5}))
         assert f"{stage} 1/2 |" in stream.getvalue()
+
+
+def test_the_commit_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout whose HEAD moves during a run does not change the commit its later records
+    name: the first answer stands for the process (records and run tags alike)."""
+    runner.git_commit.cache_clear()
+    first = runner.git_commit()
+    monkeypatch.setattr(runner, "_git_commit", lambda *args: "moved-on")
+    assert runner.git_commit() == first
+    assert runner.code_version(1).git_commit == first
+    runner.git_commit.cache_clear()
+    assert runner.git_commit() == "moved-on"
+    runner.git_commit.cache_clear()  # the next caller reads the real checkout again
