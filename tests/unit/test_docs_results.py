@@ -138,6 +138,36 @@ def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
     assert f"{', '.join(minutes[:-1])} and {minutes[-1]} minutes" in flat
 
 
+def test_readme_quotes_the_sampled_rows_of_the_seed_1_rerun() -> None:
+    """Issue 35 item 1's sampled pass@1 as the README quotes it: each arm's pass@1 from
+    docs/results/reinforce-mode-d1-s23.json (bench/reinforce_mode.py on the rerun's records),
+    and the paired comparisons with the control it names."""
+    (run,) = results("reinforce-mode-d1-s23")["runs"]
+    rows = {r["model"]: r for r in run["sampled"]}
+
+    def versus(model: str, interval: bool) -> str:
+        c = rows[model]["vs_control"]
+        low, high = (f"{x:+.3f}" for x in c["ci95"])
+        spread = f" [{low}, {high}]" if interval else ""
+        return f"{c['difference']:+.3f}{spread}"
+
+    def p(model: str) -> str:
+        return f"p {rows[model]['vs_control']['p_value']:.2g}"
+
+    def rate(model: str) -> str:
+        return f"{model} {rows[model]['pass_at_1']:.3f}"
+
+    quoted = (
+        f"{rate('sft')}, {rate('control')}, {rate('self')} ({versus('self', True)} against the "
+        f"control, {p('self')}), {rate('grpo')} ({versus('grpo', False)}, {p('grpo')}), "
+        f"{rate('orpo')} ({versus('orpo', True)}, {p('orpo')})"
+    )
+    assert quoted in " ".join(README.read_text().split()), quoted
+    assert (
+        run["git_commit"].startswith("bd8553b") and "seed 1 rerun at bd8553b" in README.read_text()
+    )
+
+
 SPEED_DIR = REPO / "bench" / "results"
 SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-skip-s22.json"  # the README's table
 SPEED_REPEATS = (  # the comparison with session 21's settings (docs/log.md)
@@ -203,3 +233,21 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
         f"{informative(before, False)},",
     ):
         assert quoted in flat, f"README.md should quote {quoted!r} from {SPEED_RESULTS.name}"
+
+
+def test_readme_quotes_the_oversampled_run_of_its_roofline_file() -> None:
+    """grpo.oversample 2 with the four settings, against this tree without settings (one
+    pair, session 23): the update's informative share, both completion ratios and the update's
+    seconds as the README quotes them."""
+    path = SPEED_DIR / "roofline-reinforce-headroom-40-oversample-s23.json"
+    run = json.loads(path.read_text())
+    (now,) = run["current"]
+    assert now["grpo_changes"]["oversample"] == 2 and not run["baseline"][0]["grpo_changes"]
+    ratios = run["ratios"]
+    quoted = (
+        f"the update's groups {now['update_informative']:.2f} informative, completions rolled "
+        f"out {ratios['grpo_completions_per_s']['median']:.2f}x, trained "
+        f"{ratios['grpo_trained_completions_per_s']['median']:.2f}x; its 4-group update took "
+        f"{now['seconds']['actor_update']:.1f} s a step"
+    )
+    assert quoted in " ".join(README.read_text().split()), quoted
