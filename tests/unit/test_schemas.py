@@ -70,7 +70,8 @@ def test_bad_recipe_names_the_field(path: str, value: Any, named: str) -> None:
 def test_grpo_batch_larger_than_prompt_set_is_rejected() -> None:
     data = smoke_data()
     data["grpo"]["batch_size"] = data["data"]["grpo"]["size"] + 1
-    with pytest.raises(RecipeError, match=r"grpo\.batch_size must be <= data\.grpo\.size"):
+    step = r"grpo\.batch_size x grpo\.oversample \(the prompts a step rolls out\) must be <="
+    with pytest.raises(RecipeError, match=step + r" data\.grpo\.size, got 17 x 1 > 16"):
         parse_recipe(data, "bad.yaml")
 
 
