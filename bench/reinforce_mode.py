@@ -5,7 +5,8 @@ Each run is `far run recipes/reinforce-mode.yaml` with one data seed (see docs/l
 samples and writes, per run and arm, the greedy accuracy with its Wilson 95% interval, the
 strict format rate, and the exact McNemar comparison with the control (continued SFT, the same
 optimizer steps) and with the starting SFT policy. It adds what the pick node chose on the
-validation split (and what it chooses from the same rows with the McNemar rule, max_p), how
+validation split (and what it chooses from the same rows with the McNemar rule, max_p, alone
+and Holm-adjusted over the run's choices, with each choice's adjusted p-value), how
 many prompts the mode selection kept, and each node's seconds, so the README's table and the
 log's come from one file a command regenerates. A run whose recipe has the `sampled` node
 (2 samples at T 1.0 on the first 256 held-out prompts) also gets each arm's sampled pass@1
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from schemas.recipe import PickConfig
 from stages import pick
 from stages.core import stats
 from stages.evaluate import reports
@@ -129,17 +131,35 @@ def compare_rates(base: np.ndarray, other: np.ndarray) -> dict[str, Any]:
     }
 
 
-def chosen_under_max_p(choice: dict[str, Any], max_p: float) -> str:
-    """What the pick would choose from the same validation rows with `max_p` set (a run
-    recorded before the rule existed has no p-values in choice.json: they come from its wins
-    and losses, as the pick computes them)."""
-    rows = choice["candidates"]  # the incumbent first
-    accuracy = {c["name"]: c["accuracy"] for c in rows}
-    p_values = {
-        c["name"]: stats.mcnemar_exact_p(c["wins_vs_incumbent"], c["losses_vs_incumbent"])
-        for c in rows
-    }
-    return pick.choose(accuracy, choice["min_gain"], p_values, max_p)
+def chosen_under_max_p(choice: dict[str, Any], max_p: float, correction: str = "none") -> str:
+    """What the pick would choose from the same validation rows with `max_p` set and
+    `correction` (a run recorded before the rule existed has no p-values in choice.json: they
+    come from its wins and losses, as the pick computes them)."""
+    return pick.choose(*_accuracy(choice), max_p=max_p, p_values=_p(choice, correction))
+
+
+def _accuracy(choice: dict[str, Any]) -> tuple[dict[str, float], float]:
+    return {c["name"]: c["accuracy"] for c in choice["candidates"]}, choice["min_gain"]
+
+
+def _p(choice: dict[str, Any], correction: str) -> dict[str, float]:
+    """Each choice's p-value as the pick's `max_p` would test it under `correction`."""
+    rows = [
+        {
+            **c,
+            "p_vs_incumbent": stats.mcnemar_exact_p(
+                c["wins_vs_incumbent"], c["losses_vs_incumbent"]
+            ),
+        }
+        for c in choice["candidates"]  # the incumbent first
+    ]
+    config = PickConfig(candidates=["incumbent", "other"], max_p=MAX_P, correction=correction)
+    return pick.tested_p_values(rows, rows[0]["name"], config)
+
+
+def holm_p(choice: dict[str, Any]) -> dict[str, float]:
+    """Each choice's Holm-adjusted p over all the run's choices, rounded for the file."""
+    return {name: round(p, 4) for name, p in _p(choice, "holm").items()}
 
 
 def negative(answer: str | None) -> bool:
@@ -211,6 +231,8 @@ def summary(run: Path) -> dict[str, Any] | None:
             "chosen": choice["chosen"],
             "max_p": choice.get("max_p"),
             f"chosen_at_max_p_{MAX_P}": chosen_under_max_p(choice, MAX_P),
+            f"chosen_at_max_p_{MAX_P}_holm": chosen_under_max_p(choice, MAX_P, "holm"),
+            "p_holm": holm_p(choice),
             "validation": {c["name"]: round(c["accuracy"], 4) for c in choice["candidates"]},
         },
         "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},

@@ -10,7 +10,10 @@ held-out eval split); this stage reads that report and outputs the chosen candid
 checkpoint unchanged. The first candidate is the incumbent, the policy the others started
 from: another is chosen only when its validation accuracy beats the incumbent's by more than
 `min_gain` (and, with `max_p`, by the exact McNemar test at p <= max_p: a gain inside the
-noise of a few hundred prompts keeps the incumbent), so a tie keeps the incumbent.
+noise of a few hundred prompts keeps the incumbent), so a tie keeps the incumbent. With
+`correction: holm` the p-values are Holm-adjusted over every choice but the incumbent before
+they meet max_p: with 11 choices, one equally good choice would otherwise pass p <= 0.05 up
+to 55 times in 100.
 choice.json lists every candidate's accuracy, its wins and losses against the incumbent on
 the same prompts with their p-value, and which was chosen and why;
 an evaluation of the held-out split downstream scores the choice after it was made.
@@ -158,11 +161,15 @@ def _pick(
     accuracy = {name: sum(c.values()) / len(c) for name, c in correct.items()}
     incumbent = config.candidates[0]
     rows = [_row(name, choices[name], correct[name], correct[incumbent]) for name in labels]
-    p_values = {row["name"]: row["p_vs_incumbent"] for row in rows}
+    p_values = tested_p_values(rows, incumbent, config)
     chosen = choose(accuracy, config.min_gain, p_values, config.max_p)
     choice = {"chosen": chosen, "incumbent": incumbent, "min_gain": config.min_gain}
     if config.max_p is not None:
         choice["max_p"] = config.max_p
+    if config.correction != "none":
+        choice["correction"] = config.correction
+        for row in rows:
+            row["p_" + config.correction] = p_values[row["name"]]
     storage.write_text(
         storage.join(directory, CHOICE_FILE),
         json.dumps({**choice, "split": SPLIT, "candidates": rows}, indent=2, sort_keys=True),
@@ -175,6 +182,18 @@ def _pick(
     # a copy: the same object as the candidate's own output would make Prefect, which tracks
     # task results by identity, draw every later reader of that candidate as a reader of pick
     return choices[chosen].model_copy(), metrics, {}
+
+
+def tested_p_values(
+    rows: list[dict[str, Any]], incumbent: str, config: PickConfig
+) -> dict[str, float]:
+    """Each choice's p-value against the incumbent as `max_p` tests it: its own McNemar p,
+    or with `correction: holm` that p Holm-adjusted over every choice but the incumbent."""
+    raw = {row["name"]: float(row["p_vs_incumbent"]) for row in rows}
+    if config.correction == "none":
+        return raw
+    adjusted = stats.holm_adjusted({n: p for n, p in raw.items() if n != incumbent})
+    return {**adjusted, incumbent: raw[incumbent]}
 
 
 def _row(
@@ -225,12 +244,13 @@ def _say_noise(
         if value > accuracy[chosen] and p_values[name] > config.max_p:
             log.info(
                 "pick: %s scored %.3f on the validation split against %s's %.3f, but McNemar "
-                "p = %.3g > max_p %g: inside the noise, not chosen",
+                "p = %.3g%s > max_p %g: inside the noise, not chosen",
                 name,
                 value,
                 chosen,
                 accuracy[chosen],
                 p_values[name],
+                "" if config.correction == "none" else f" ({config.correction}-adjusted)",
                 config.max_p,
             )
 

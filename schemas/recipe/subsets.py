@@ -176,8 +176,15 @@ class PickConfig(Frozen):
     max_p: Annotated[float, Field(gt=0, le=1)] | None = None
     """When set, the largest exact McNemar p-value (two-sided, the candidate's wins against
     the incumbent's on the validation prompts) at which a candidate may replace the
-    incumbent; unset, any gain above `min_gain` does. Each candidate is tested on its own, so
-    with k choices the chance that one of k equally good ones passes is up to k * max_p."""
+    incumbent; unset, any gain above `min_gain` does. Each candidate is tested on its own
+    unless `correction` says otherwise, so with k choices the chance that one of k equally
+    good ones passes is up to k * max_p."""
+    correction: Literal["none", "holm"] = "none"
+    """`holm`: `max_p` bounds the chance that any of the k choices (every candidate but the
+    incumbent, and each saved step of one) replaces an equally good incumbent, not each one's
+    alone: each choice's McNemar p-value is Holm-adjusted over the k (the smallest times k,
+    the next times k - 1, ...; choice.json lists both). Needs `max_p`. `none`: each is tested
+    on its own (reinforce-mode's 11 choices at max_p 0.05: up to 0.55 that one passes)."""
 
     @field_validator("candidates")
     @classmethod
@@ -185,6 +192,15 @@ class PickConfig(Frozen):
         if len(set(value)) != len(value):
             raise ValueError(f"pick.candidates must be distinct, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _correction_needs_max_p(self) -> PickConfig:
+        if self.correction != "none" and self.max_p is None:
+            raise ValueError(
+                f"pick.correction {self.correction!r} adjusts p-values against max_p, but max_p "
+                f"is unset; set max_p (for example 0.05) or correction: none"
+            )
+        return self
 
 
 HARD_SUBSET_KIND = StageSpec(
@@ -234,7 +250,7 @@ PICK_KIND = StageSpec(
     "checkpoint",
     {"evaluation": Port(("eval_report",), producers=("evaluate",))},
     any_other_input=Port(("checkpoint",)),
-    hash_exempt_defaults=("max_p",),
+    hash_exempt_defaults=("max_p", "correction"),
     summary="The policy with the best greedy accuracy on the validation split.",
 )
 """The pick kind (stages/pick.py)."""

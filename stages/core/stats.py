@@ -5,7 +5,10 @@ models, so every rate in a report carries a Wilson 95% interval, and two models 
 the same prompts are compared pairwise with the exact McNemar test (only the prompts on which
 they disagree carry information about which is better). Two models sampled k times a prompt
 are compared on their per-prompt solve rates with a paired sign-flip permutation test: the
-first sample alone would throw away k - 1 of every k completions.
+first sample alone would throw away k - 1 of every k completions. A choice among k
+candidates, each tested against the same incumbent, corrects its p-values for the k tests
+(Holm's step-down adjustment): one of k equally good candidates otherwise passes p <= 0.05
+up to k times in 20.
 """
 
 from __future__ import annotations
@@ -179,6 +182,20 @@ def sign_flip_p(
         hits += int(np.count_nonzero(np.abs(signs @ d) >= observed))
         done += chunk
     return (1 + hits) / (1 + draws)
+
+
+def holm_adjusted(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values of a family of tests: sorted ascending, the i-th
+    smallest (from 0) is multiplied by (k - i), capped at 1 and never below the one before it.
+    Rejecting where the adjusted p <= alpha keeps the chance of any false rejection <= alpha
+    (Holm 1979) for any dependence between the tests, with more power than Bonferroni."""
+    k = len(p_values)
+    adjusted: dict[str, float] = {}
+    running = 0.0
+    for i, (name, p) in enumerate(sorted(p_values.items(), key=lambda item: item[1])):
+        running = max(running, min(1.0, (k - i) * p))
+        adjusted[name] = running
+    return adjusted
 
 
 def paired_rates(baseline: np.ndarray, candidate: np.ndarray) -> PairedRates:

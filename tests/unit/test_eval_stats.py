@@ -284,3 +284,31 @@ def test_a_reward_the_evaluation_scored_gets_a_column_of_its_means() -> None:
     assert lines[0].endswith("| mean completion chars | reward/plain_number |")
     assert lines[1].count("|") == plain[1].count("|") + 1
     assert lines[2].endswith("| 1.0 | nan |") and lines[3].endswith("| 1.0 | 0.750 |")
+
+
+def test_holm_multiplies_the_ith_smallest_p_by_k_minus_i_and_keeps_the_order() -> None:
+    """Four p-values by hand: 0.005 x 4, 0.01 x 3, 0.03 x 2 = 0.06, and 0.04 x 1 = 0.04
+    raised to the 0.06 before it (an adjusted p never falls below a smaller raw p's)."""
+    adjusted = stats.holm_adjusted({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02})
+    assert stats.holm_adjusted({"a": 0.6, "b": 0.7}) == {"a": 1.0, "b": 1.0}  # capped at 1
+    assert stats.holm_adjusted({}) == {}
+
+
+def test_holm_keeps_the_chance_of_any_false_pass_at_alpha_where_raw_p_does_not() -> None:
+    """11 true nulls (uniform p-values), 20,000 families: raw p <= 0.05 passes at least one
+    in about 1 - 0.95^11 = 0.43 of them; Holm-adjusted, in at most 0.05 (plus noise)."""
+    rng = np.random.default_rng(0)
+    families = rng.uniform(size=(20_000, 11))
+    raw_any = float(np.mean((families <= 0.05).any(axis=1)))
+    holm_any = float(
+        np.mean(
+            [
+                min(stats.holm_adjusted({str(i): float(p) for i, p in enumerate(f)}).values())
+                <= 0.05
+                for f in families
+            ]
+        )
+    )
+    assert raw_any == pytest.approx(1 - 0.95**11, abs=0.01)
+    assert holm_any <= 0.05 + 0.005

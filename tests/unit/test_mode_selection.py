@@ -323,3 +323,37 @@ def test_a_model_with_an_earlier_models_checkpoint_and_step_is_a_copy() -> None:
     }
     names = ["base", "sft", "grpo", "grpo_step10", "chosen", "again"]
     assert evaluation.same_checkpoint_as(names, checkpoints) == {"chosen": "grpo", "again": "sft"}
+
+
+def test_holm_keeps_out_a_choice_that_passes_max_p_only_on_its_own() -> None:
+    """11 choices against the incumbent: p 0.03 passes max_p 0.05 alone, but Holm-adjusted
+    over the 11 it is 0.33; p 0.002 (0.022 adjusted) still passes. choice.json then names
+    the adjusted value as `p_holm` beside the raw one."""
+    arms = [f"arm{i}" for i in range(11)]
+    rows = [{"name": "sft", "p_vs_incumbent": 1.0}] + [
+        {"name": n, "p_vs_incumbent": 0.9} for n in arms
+    ]
+    rows[1]["p_vs_incumbent"] = 0.03
+    accuracy = {"sft": 0.5, **dict.fromkeys(arms, 0.45), "arm0": 0.6}
+    alone = PickConfig(candidates=["sft", "arm"], max_p=0.05)
+    holm = PickConfig(candidates=["sft", "arm"], max_p=0.05, correction="holm")
+    assert pick.choose(accuracy, 0.0, pick.tested_p_values(rows, "sft", alone), 0.05) == "arm0"
+    adjusted = pick.tested_p_values(rows, "sft", holm)
+    assert adjusted["arm0"] == pytest.approx(0.33)
+    assert adjusted["sft"] == 1.0 and adjusted["arm5"] == 1.0
+    assert pick.choose(accuracy, 0.0, adjusted, 0.05) == "sft"
+    rows[1]["p_vs_incumbent"] = 0.002
+    adjusted = pick.tested_p_values(rows, "sft", holm)
+    assert adjusted["arm0"] == pytest.approx(0.022)
+    assert pick.choose(accuracy, 0.0, adjusted, 0.05) == "arm0"
+
+
+def test_a_correction_needs_max_p_and_is_left_out_of_the_hash_when_none() -> None:
+    with pytest.raises(ValidationError, match="correction 'holm' adjusts p-values against max_p"):
+        PickConfig(candidates=["sft", "grpo"], correction="holm")
+    with pytest.raises(ValidationError, match="correction"):
+        PickConfig(candidates=["sft", "grpo"], max_p=0.05, correction="bonferroni")  # type: ignore[arg-type]
+    plain = PickConfig(candidates=["sft", "grpo"], max_p=0.05)
+    assert "correction" not in hashed_config("pick", plain)
+    holm = PickConfig(candidates=["sft", "grpo"], max_p=0.05, correction="holm")
+    assert hashed_config("pick", holm)["correction"] == "holm"

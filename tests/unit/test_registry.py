@@ -181,7 +181,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "draw",
     )
     assert registry.spec("self_teach").hash_exempt_defaults == ("draw",)
-    assert registry.spec("pick").hash_exempt_defaults == ("max_p",)
+    assert registry.spec("pick").hash_exempt_defaults == ("max_p", "correction")
     for kind in ("sft", "dpo", "distill"):
         assert registry.spec(kind).hash_exempt_defaults == ("keep_checkpoints",)
     assert registry.spec("grpo").hash_exempt_defaults == (

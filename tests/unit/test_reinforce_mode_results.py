@@ -50,3 +50,21 @@ def test_sampled_arms_pair_each_prompt_by_id(tmp_path: Path) -> None:
     assert (grpo["vs_sft"]["prompts_up"], grpo["vs_sft"]["prompts_down"]) == (3, 1)
     assert arms["control"]["vs_control"]["p_value"] == 1.0
     assert 0 < grpo["vs_sft"]["p_value"] <= 1
+
+
+def test_the_pick_is_replayed_from_choice_json_with_and_without_holm() -> None:
+    """A choice.json row holds wins and losses, not a p-value (runs before max_p): the bench
+    recomputes McNemar's p from them. 14 won / 3 lost (p 0.013) passes max_p 0.05 alone;
+    over 6 choices Holm makes it 0.077 and keeps the incumbent."""
+    rows = [{"name": "sft", "accuracy": 0.80, "wins_vs_incumbent": 0, "losses_vs_incumbent": 0}]
+    rows.append(
+        {"name": "grpo", "accuracy": 0.84, "wins_vs_incumbent": 14, "losses_vs_incumbent": 3}
+    )
+    rows += [
+        {"name": f"arm{i}", "accuracy": 0.79, "wins_vs_incumbent": 5, "losses_vs_incumbent": 8}
+        for i in range(5)
+    ]
+    choice = {"candidates": rows, "min_gain": 0.0}
+    assert bench.chosen_under_max_p(choice, 0.05) == "grpo"
+    assert bench.chosen_under_max_p(choice, 0.05, "holm") == "sft"
+    assert bench.holm_p(choice)["grpo"] == pytest.approx(6 * 0.01273, abs=1e-3)
