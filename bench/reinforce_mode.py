@@ -302,6 +302,32 @@ def readme_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def sampled_cells(row: dict[str, Any]) -> list[str]:
+    """One model's sampled cells of one run: pass@1 [CI], vs control [CI] (p), vs sft (p)."""
+    c, s = row["vs_control"], row["vs_sft"]
+    return [
+        f"{row['pass_at_1']:.3f} [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}]",
+        f"{c['difference']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}] ({c['p_value']:.2g})",
+        f"{s['difference']:+.3f} ({s['p_value']:.2g})",
+    ]
+
+
+def readme_sampled_table(results: list[dict[str, Any]]) -> str:
+    """Every run's sampled rows side by side, one model a line (the README's second table)."""
+    head = ["model"]
+    for r in results:
+        head += [f"seed {r['data_seed']}: pass@1 [95% CI]", "vs control [95% CI] (p)", "vs sft"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for index, row in enumerate(results[0]["sampled"]):
+        line = [row["model"]]
+        for r in results:
+            if r["sampled"][index]["model"] != row["model"]:
+                raise ValueError(f"{r['run']}: rows in another order than {results[0]['run']}")
+            line += sampled_cells(r["sampled"][index])
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", required=True, help="run directories")
@@ -315,6 +341,8 @@ def main() -> None:
         if "sampled" in r:
             print(f"\nsampled ({r['sampled'][0]['samples']} a prompt):\n{sampled_table(r)}")
     print(f"\nthe README's table:\n{readme_table(results)}")
+    if all("sampled" in r for r in results):
+        print(f"\nthe README's sampled table:\n{readme_sampled_table(results)}")
     print(f"\n{len(results)} runs -> {args.out}")
 
 

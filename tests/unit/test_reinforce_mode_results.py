@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,23 @@ def test_the_pick_is_replayed_from_choice_json_with_and_without_holm() -> None:
     assert bench.chosen_under_max_p(choice, 0.05) == "grpo"
     assert bench.chosen_under_max_p(choice, 0.05, "holm") == "sft"
     assert bench.holm_p(choice)["grpo"] == pytest.approx(6 * 0.01273, abs=1e-3)
+
+
+def test_the_readme_sampled_table_puts_each_seed_beside_the_others_by_model() -> None:
+    def run(seed: int, models: list[str]) -> dict[str, Any]:
+        zero = {"difference": 0.0, "ci95": [0.0, 0.0], "p_value": 1.0}
+        rows = [
+            {"model": m, "pass_at_1": 0.5 + seed / 10, "ci95": [0.4, 0.6], "vs_control": zero}
+            | {"vs_sft": zero}
+            for m in models
+        ]
+        return {"run": f"d{seed}", "data_seed": seed, "sampled": rows}
+
+    text = bench.readme_sampled_table([run(1, ["sft", "grpo"]), run(0, ["sft", "grpo"])])
+    lines = text.splitlines()
+    assert lines[0].startswith("| model | seed 1: pass@1 [95% CI] |")
+    assert "seed 0: pass@1" in lines[0] and len(lines) == 4
+    assert lines[3].startswith("| grpo | 0.600 [0.40, 0.60] | +0.000 [+0.000, +0.000] (1) |")
+    assert "| 0.500 [0.40, 0.60] |" in lines[3]
+    with pytest.raises(ValueError, match="another order"):
+        bench.readme_sampled_table([run(1, ["sft", "grpo"]), run(0, ["grpo", "sft"])])
