@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -287,19 +288,8 @@ def sampled_table(result: dict[str, Any]) -> str:
 
 def readme_table(results: list[dict[str, Any]]) -> str:
     """Every run's held-out rows side by side, one model a line (the README's table)."""
-    head = ["model"]
-    for r in results:
-        seed = r["data_seed"]
-        head += [f"seed {seed}: greedy [95% CI]", "vs control (won/lost, p)", "vs sft"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for index, row in enumerate(results[0]["held_out"]):
-        line = [row["model"]]
-        for r in results:
-            if r["held_out"][index]["model"] != row["model"]:
-                raise ValueError(f"{r['run']}: rows in another order than {results[0]['run']}")
-            line += cells(r["held_out"][index])
-        lines.append("| " + " | ".join(line) + " |")
-    return "\n".join(lines)
+    head = ["greedy [95% CI]", "vs control (won/lost, p)", "vs sft"]
+    return side_by_side(results, "held_out", head, cells)
 
 
 def sampled_cells(row: dict[str, Any]) -> list[str]:
@@ -314,16 +304,28 @@ def sampled_cells(row: dict[str, Any]) -> list[str]:
 
 def readme_sampled_table(results: list[dict[str, Any]]) -> str:
     """Every run's sampled rows side by side, one model a line (the README's second table)."""
-    head = ["model"]
+    head = ["pass@1 [95% CI]", "vs control [95% CI] (p)", "vs sft"]
+    return side_by_side(results, "sampled", head, sampled_cells)
+
+
+def side_by_side(
+    results: list[dict[str, Any]],
+    key: str,
+    head: list[str],
+    row_cells: Callable[[dict[str, Any]], list[str]],
+) -> str:
+    """A markdown table of every run's `key` rows, one model a line, each run's cells
+    (`row_cells`, headed `seed N: head[0]`, then head[1:]) beside the earlier runs'."""
+    columns = ["model"]
     for r in results:
-        head += [f"seed {r['data_seed']}: pass@1 [95% CI]", "vs control [95% CI] (p)", "vs sft"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for index, row in enumerate(results[0]["sampled"]):
+        columns += [f"seed {r['data_seed']}: {head[0]}", *head[1:]]
+    lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    for index, row in enumerate(results[0][key]):
         line = [row["model"]]
         for r in results:
-            if r["sampled"][index]["model"] != row["model"]:
+            if r[key][index]["model"] != row["model"]:
                 raise ValueError(f"{r['run']}: rows in another order than {results[0]['run']}")
-            line += sampled_cells(r["sampled"][index])
+            line += row_cells(r[key][index])
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
 
