@@ -5,6 +5,7 @@ different runs (smoke flow 24.4 s against 46.1 s, demo 285 s against 355 s)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -104,68 +105,45 @@ def test_readme_quotes_the_sft_sweep_of_its_results_file() -> None:
         assert quoted in text, f"README.md should quote {quoted!r} from sft-sweep.json"
 
 
-def test_readme_quotes_the_reinforce_mode_rows_of_its_results_file() -> None:
-    """Each held-out row the README shows for reinforce-mode (every run's greedy accuracy,
-    interval and McNemar comparisons, side by side) is the one docs/results/reinforce-mode.json
-    holds (written by bench/reinforce_mode.py from the runs' records), and so is the lowest
-    strict format rate the README quotes."""
+def load_reinforce_mode_bench() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "reinforce_mode_bench", REPO / "bench" / "reinforce_mode.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
+    """Issue 35's result as the README shows it: every line of the greedy and the sampled
+    tables is the one bench/reinforce_mode.py builds from docs/results/reinforce-mode-s24.json
+    (the three data seeds' runs with the `sampled` node), and the sentences around them quote
+    the same file: the lowest strict format rate, the mode pools' sizes, the pick's output,
+    the answer signs of seed 1 and the minutes of each run's stages."""
+    bench = load_reinforce_mode_bench()
+    runs = results("reinforce-mode-s24")["runs"]
+    assert sorted(run["data_seed"] for run in runs) == [0, 1, 2]
     text = README.read_text()
-    runs = results("reinforce-mode")["runs"]
-    assert len(runs) >= 3  # three data seeds
-    for index, row in enumerate(runs[0]["held_out"]):
-        cells = [row["model"]]
-        for run in runs:
-            r = run["held_out"][index]
-            c, s = r["vs_control"], r["vs_sft"]
-            cells += [
-                f"{r['greedy_accuracy']:.3f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]",
-                f"{c['difference']:+.3f} ({c['wins']}/{c['losses']}, {c['p_value']:.2g})",
-                f"{s['difference']:+.3f} ({s['wins']}/{s['losses']}, {s['p_value']:.2g})",
-            ]
-        quoted = "| " + " | ".join(cells) + " |"
-        assert quoted in text, f"README.md should show {quoted!r} from reinforce-mode.json"
-    lowest = min(r["format_rate"] for run in runs for r in run["held_out"])
-    assert f"strict format >= {lowest:.3f} in every row" in text
+    for line in [
+        *bench.readme_table(runs).splitlines(),
+        *bench.readme_sampled_table(runs).splitlines(),
+    ]:
+        assert line in text, f"README.md should show {line!r} from reinforce-mode-s24.json"
     flat = " ".join(text.split())
-    seed0 = next(run for run in runs if run["data_seed"] == 0)
-    kept = seed0["mode_prompts"]
-    wrong = kept["prompts_greedy_wrong_kept"]
-    assert f"kept {kept['prompts_kept']:.0f} of 128 prompts, {wrong:.0f} greedy-wrong" in flat
-    signs = seed0["answer_signs"]
+    lowest = min(r["format_rate"] for run in runs for r in run["held_out"])
+    assert f"strict format >= {lowest:.3f} in every row" in flat
+    kept = [run["mode_prompts"]["prompts_kept"] for run in runs]
+    wrong = [run["mode_prompts"]["prompts_greedy_wrong_kept"] for run in runs]
+    assert f"pool of {min(kept):.0f} to {max(kept):.0f} prompts ({min(wrong):.0f} to " in flat
+    assert {run["pick"]["chosen"] for run in runs} == {"sft"}
+    assert {run["pick"]["chosen_at_max_p_0.05_holm"] for run in runs} == {"sft"}
+    seed1 = next(run for run in runs if run["data_seed"] == 1)
+    signs = seed1["answer_signs"]
     grpo, gold = signs["held_out_answers_negative"]["grpo"], signs["held_out_gold_negative"]
     assert f"GRPO answers negative {grpo:.3f} of the time, gold {gold:.3f}" in flat
     minutes = [str(round(run["total_seconds"] / 60)) for run in runs]
     assert f"{', '.join(minutes[:-1])} and {minutes[-1]} minutes" in flat
-
-
-def test_readme_quotes_the_sampled_rows_of_the_seed_1_rerun() -> None:
-    """Issue 35 item 1's sampled pass@1 as the README quotes it: each arm's pass@1 from
-    docs/results/reinforce-mode-d1-s23.json (bench/reinforce_mode.py on the rerun's records),
-    and the paired comparisons with the control it names."""
-    (run,) = results("reinforce-mode-d1-s23")["runs"]
-    rows = {r["model"]: r for r in run["sampled"]}
-
-    def versus(model: str, interval: bool) -> str:
-        c = rows[model]["vs_control"]
-        low, high = (f"{x:+.3f}" for x in c["ci95"])
-        spread = f" [{low}, {high}]" if interval else ""
-        return f"{c['difference']:+.3f}{spread}"
-
-    def p(model: str) -> str:
-        return f"p {rows[model]['vs_control']['p_value']:.2g}"
-
-    def rate(model: str) -> str:
-        return f"{model} {rows[model]['pass_at_1']:.3f}"
-
-    quoted = (
-        f"{rate('sft')}, {rate('control')}, {rate('self')} ({versus('self', True)} against the "
-        f"control, {p('self')}), {rate('grpo')} ({versus('grpo', False)}, {p('grpo')}), "
-        f"{rate('orpo')} ({versus('orpo', True)}, {p('orpo')})"
-    )
-    assert quoted in " ".join(README.read_text().split()), quoted
-    assert run["git_commit"].startswith("bd8553b") and "seed 1 rerun at bd8553b" in " ".join(
-        README.read_text().split()
-    )
 
 
 SPEED_DIR = REPO / "bench" / "results"
@@ -224,15 +202,19 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
         f"**GRPO completions/s {median}** {pairs}",
         *(" ".join(speed_ratio(path)) for path in SPEED_REPEATS),
         f"this tree's GRPO at {settings}",
-        f"| actor update | {mean(before, 'actor_update')} | {mean(now, 'actor_update')} |",
-        f"| rollout: prefill + decode + host | {rollout(before)} | {rollout(now)} |",
-        f"| **completions/s, pair 1 / pair 2** | {rates(before)} | {rates(now)} |",
         f"distribution by {divergence['tv_mean']:.3f} in total variation on average",
         f"Informative groups: {informative(now, False)} of those sampled, "
         f"{informative(now, True)} of those the update runs over (0494bc9: "
         f"{informative(before, False)},",
     ):
         assert quoted in flat, f"README.md should quote {quoted!r} from {SPEED_RESULTS.name}"
+    performance = (REPO / "docs" / "performance.md").read_text()
+    for row in (
+        f"| actor update | {mean(before, 'actor_update')} | {mean(now, 'actor_update')} |",
+        f"| rollout: prefill + decode + host | {rollout(before)} | {rollout(now)} |",
+        f"| **completions/s, pair 1 / pair 2** | {rates(before)} | {rates(now)} |",
+    ):
+        assert row in performance, f"performance.md should show {row!r} from {SPEED_RESULTS.name}"
 
 
 def test_readme_quotes_the_oversampled_run_of_its_roofline_file() -> None:
