@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from schemas.recipe import PickConfig
 from stages import pick
 from stages.core import stats
 from stages.evaluate import reports
@@ -154,8 +153,7 @@ def _p(choice: dict[str, Any], correction: str) -> dict[str, float]:
         }
         for c in choice["candidates"]  # the incumbent first
     ]
-    config = PickConfig(candidates=["incumbent", "other"], max_p=MAX_P, correction=correction)
-    return pick.tested_p_values(rows, rows[0]["name"], config)
+    return pick.tested_p_values(rows, rows[0]["name"], correction)
 
 
 def holm_p(choice: dict[str, Any]) -> dict[str, float]:

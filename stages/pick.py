@@ -161,7 +161,7 @@ def _pick(
     accuracy = {name: sum(c.values()) / len(c) for name, c in correct.items()}
     incumbent = config.candidates[0]
     rows = [_row(name, choices[name], correct[name], correct[incumbent]) for name in labels]
-    p_values = tested_p_values(rows, incumbent, config)
+    p_values = tested_p_values(rows, incumbent, config.correction)
     chosen = choose(accuracy, config.min_gain, p_values, config.max_p)
     choice = {"chosen": chosen, "incumbent": incumbent, "min_gain": config.min_gain}
     if config.max_p is not None:
@@ -185,12 +185,12 @@ def _pick(
 
 
 def tested_p_values(
-    rows: list[dict[str, Any]], incumbent: str, config: PickConfig
+    rows: list[dict[str, Any]], incumbent: str, correction: str
 ) -> dict[str, float]:
     """Each choice's p-value against the incumbent as `max_p` tests it: its own McNemar p,
     or with `correction: holm` that p Holm-adjusted over every choice but the incumbent."""
     raw = {row["name"]: float(row["p_vs_incumbent"]) for row in rows}
-    if config.correction == "none":
+    if correction == "none":
         return raw
     adjusted = stats.holm_adjusted({n: p for n, p in raw.items() if n != incumbent})
     return {**adjusted, incumbent: raw[incumbent]}

@@ -144,6 +144,22 @@ def test_readme_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
     assert f"GRPO answers negative {grpo:.3f} of the time, gold {gold:.3f}" in flat
     minutes = [str(round(run["total_seconds"] / 60)) for run in runs]
     assert f"{', '.join(minutes[:-1])} and {minutes[-1]} minutes" in flat
+    seed0 = next(run for run in runs if run["data_seed"] == 0)
+
+    def held_out(run: dict[str, Any], model: str, key: str = "held_out") -> dict[str, Any]:
+        return next(r for r in run[key] if r["model"] == model)["vs_control"]
+
+    closest = held_out(seed1, "self")["difference"], held_out(seed1, "self", "sampled")
+    assert f"(greedy {closest[0]:+.3f}, sampled {closest[1]['difference']:+.3f}: noise)" in flat
+    assert closest[1]["p_value"] > 0.05
+    worst = held_out(seed0, "self")
+    p = f"{worst['p_value']:.1e}".replace("e-0", "e-")
+    assert f"self-teach on seed 0 ({worst['difference']:+.3f}, p {p})" in flat
+    steps = seed0["pick"]["validation"]
+    trail = ", ".join(f"{steps[k]:.3f}" for k in ("self@step0", "self@step20", "self"))
+    assert f"self-teach: {trail} at steps 0, 20, 40" in flat
+    first = next(r for r in results("reinforce-mode")["runs"] if r["data_seed"] == 0)
+    assert f"(GRPO, {held_out(first, 'grpo')['difference']:+.3f} on seed 0)" in flat
 
 
 SPEED_DIR = REPO / "bench" / "results"

@@ -335,15 +335,13 @@ def test_holm_keeps_out_a_choice_that_passes_max_p_only_on_its_own() -> None:
     ]
     rows[1]["p_vs_incumbent"] = 0.03
     accuracy = {"sft": 0.5, **dict.fromkeys(arms, 0.45), "arm0": 0.6}
-    alone = PickConfig(candidates=["sft", "arm"], max_p=0.05)
-    holm = PickConfig(candidates=["sft", "arm"], max_p=0.05, correction="holm")
-    assert pick.choose(accuracy, 0.0, pick.tested_p_values(rows, "sft", alone), 0.05) == "arm0"
-    adjusted = pick.tested_p_values(rows, "sft", holm)
+    assert pick.choose(accuracy, 0.0, pick.tested_p_values(rows, "sft", "none"), 0.05) == "arm0"
+    adjusted = pick.tested_p_values(rows, "sft", "holm")
     assert adjusted["arm0"] == pytest.approx(0.33)
     assert adjusted["sft"] == 1.0 and adjusted["arm5"] == 1.0
     assert pick.choose(accuracy, 0.0, adjusted, 0.05) == "sft"
     rows[1]["p_vs_incumbent"] = 0.002
-    adjusted = pick.tested_p_values(rows, "sft", holm)
+    adjusted = pick.tested_p_values(rows, "sft", "holm")
     assert adjusted["arm0"] == pytest.approx(0.022)
     assert pick.choose(accuracy, 0.0, adjusted, 0.05) == "arm0"
 
