@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, SecretStr
 
-from flows import prefect_server
+from flows import cmd_runs, prefect_server
 from pipeline import lineage, manifest, plugins
 from pipeline.lease import LeaseHeld
 from pipeline.plan import (
@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_validate_command(commands)
     _add_run_commands(commands)
     _add_recipes_command(commands)
+    cmd_runs.add_command(commands)
     export = commands.add_parser(
         "export",
         help="write a checkpoint as a Hugging Face model directory",
@@ -934,6 +935,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lineage": cmd_lineage,
         "audit": cmd_audit,
         "recipes": cmd_recipes,
+        "runs": cmd_runs.cmd_runs,
     }
     try:
         return handlers[args.command](args)

@@ -20,6 +20,10 @@ everything already committed stays: running the same command again resumes at th
 from __future__ import annotations
 
 import dataclasses
+import getpass
+import hashlib
+import json
+import os
 import threading
 import time
 import uuid
@@ -35,7 +39,7 @@ from prefect.states import Completed, State
 from pydantic import SecretStr
 
 from flows.progress import stage_progress
-from flows.ui_artifacts import publish_ledger, publish_stage
+from flows.ui_artifacts import publish_ledger, publish_stage, run_label
 from pipeline import lease, manifest, nodes
 from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact
@@ -105,7 +109,8 @@ def _finish(ctx: RunContext, stage: str, outcome: StageOutcome[T]) -> State[tupl
     verb = "skipped (already complete on storage)" if outcome.skipped else "ran"
     get_run_logger().info("%s %s -> %s", stage, verb, output.uri)
     if ctx.primary:  # one process (JAX process 0) creates the run's UI artifacts
-        publish_to_ui(stage, lambda: publish_stage(ctx.run, stage, outcome))
+        label = run_label(ctx.run, ctx.run_uri)
+        publish_to_ui(stage, lambda: publish_stage(label, stage, outcome))
     summary = StageSummary(
         stage=stage,
         output_uri=output.uri,
@@ -123,7 +128,7 @@ def stage_task(
 ) -> State[tuple[Artifact, StageSummary]]:
     """One pipeline node; the flow names each task after its node id."""
     if registry.spec(node.kind).progress:  # long stages report progress (terminal, UI)
-        with stage_progress(ctx, recipe.name, node.id) as reporting:
+        with stage_progress(ctx, run_label(recipe.name, ctx.run_uri), node.id) as reporting:
             outcome = nodes.run_node(recipe, node, config, inputs, reporting)
     else:
         outcome = nodes.run_node(recipe, node, config, inputs, ctx)
@@ -131,27 +136,48 @@ def stage_task(
 
 
 def session_name(run: str, run_uri: str, sessions: int | None = None) -> str:
-    """`{run}-s{n}`: the run's name and this session's number, `sessions` or (before this
-    session is recorded) the sessions run.json lists plus one; the run's name alone when
-    run.json cannot be read (the session's own checks then name why)."""
+    """`{run}-{id}-s{n}`: the run's name, the short id of its URI (so runs named alike under
+    two storage roots differ on one server) and this session's number, `sessions` or (before
+    this session is recorded) the sessions run.json lists plus one; without the session number
+    when run.json cannot be read (the session's own checks then name why)."""
+    label = run_label(run, run_uri)
     if sessions is None:
         try:
             sessions = len(manifest.read_manifest(run_uri).invocations) + 1
         except (OSError, ValueError):  # no run yet is 1; an unreadable run.json is refused later
             if storage.exists(manifest.manifest_uri(run_uri)):
-                return run
+                return label
             sessions = 1
-    return f"{run}-s{sessions}"
+    return f"{label}-s{sessions}"
 
 
-def flow_run_tags(recipe: Recipe, recipe_source: str = "") -> list[str]:
-    """`recipe:NAME` (the recipe file's stem, else the run's name), `kind:KIND` for each stage
-    kind of its DAG, and `commit:SHA12` (the code's git commit, when known)."""
+def flow_run_tags(recipe: Recipe, root: str, recipe_source: str = "") -> list[str]:
+    """`far`; `recipe:NAME` (the recipe file's stem, else the run's name); `root:URI` (the
+    storage root); `user:NAME` (who started it); `recipe-hash:SHA12` (recipe_hash);
+    `kind:KIND` for each stage kind of its DAG; and `commit:SHA12` (the code's git commit,
+    when known)."""
     stem = recipe_source.rstrip("/").rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
-    tags = [f"recipe:{stem or recipe.name}"]
+    tags = ["far", f"recipe:{stem or recipe.name}", f"root:{root}", f"user:{_user()}"]
+    tags.append(f"recipe-hash:{recipe_hash(recipe)[:12]}")
     tags += sorted({f"kind:{node.kind}" for node in build_dag(recipe).nodes})
     commit = git_commit()
     return tags + ([f"commit:{commit[:12]}"] if commit else [])
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """SHA-256 of the recipe as run (canonical JSON of every field, overrides applied) without
+    its storage root, which has a tag of its own: one recipe run under two roots has one hash."""
+    fields = recipe.model_dump(mode="json", exclude={"storage_root"})
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _user() -> str:
+    """The login name of who started the run (the uid where the system has no name for it)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}"
 
 
 def _flow_run_name() -> str:
@@ -169,7 +195,8 @@ def _label_flow_run(recipe: Recipe, ctx: RunContext, recipe_source: str) -> None
     with get_client(sync_client=True) as client:
         flow_run_id = uuid.UUID(ctx.flow_run_id)
         current = client.read_flow_run(flow_run_id).tags
-        tags = [*current, *(t for t in flow_run_tags(recipe, recipe_source) if t not in current)]
+        ours = flow_run_tags(recipe, ctx.root, recipe_source)
+        tags = [*current, *(t for t in ours if t not in current)]
         client.update_flow_run(flow_run_id, name=name, tags=tags)
 
 
@@ -279,7 +306,9 @@ def _published(recipe: Recipe, ctx: RunContext, summary: RunSummary) -> RunSumma
     get_run_logger().info("ledger root %s (far audit --expect-root keeps storage honest)", root)
     publish_to_ui(
         "ledger",
-        lambda: publish_ledger(recipe.name, ctx.run_uri, root, ctx.audit_key is not None),
+        lambda: publish_ledger(
+            run_label(recipe.name, ctx.run_uri), ctx.run_uri, root, ctx.audit_key is not None
+        ),
     )
     return summary.model_copy(update={"ledger_root": root})
 

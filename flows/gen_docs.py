@@ -182,6 +182,7 @@ def json_page() -> str:
     ]
     for top in (
         cli_output.StatusOutput,
+        cli_output.RunsOutput,
         cli_output.LineageOutput,
         cli_output.AuditOutput,
         cli_output.ValidateOutput,

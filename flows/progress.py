@@ -31,8 +31,9 @@ UI_UPDATE_SECONDS = 5.0  # at most one API call per stage per this many seconds
 
 class PrefectProgress:
     """A ProgressCallback that keeps one Prefect progress artifact per stage up to date (key
-    `far-{run}-{stage}-progress`, like the stage's other artifacts), created at the first
-    step (a skipped stage gets none). Built inside the stage's task run, whose ids it keeps:
+    `far-{run}-{id}-{stage}-progress`, like the stage's other artifacts; `run` is the run's
+    label, ui_artifacts.run_label), created at the first step (a skipped stage gets none).
+    Built inside the stage's task run, whose ids it keeps:
     the updates may come from another thread (Tunix's GRPO learner consumes its data on its
     own). An unreachable API is logged once, never fatal."""
 

@@ -2,13 +2,15 @@
 
 The stage record on storage is the source of truth (it is what decides skips), so the UI reads
 it too: a skipped stage shows the same metrics, data card, report and checkpoint links as the
-run that produced them, under the same keys. Keys are `far-<run>-<stage>-<what>` (Prefect
-keys allow lowercase letters, digits and dashes), so the Artifacts page keeps one versioned
-history per run and stage.
+run that produced them, under the same keys. Keys are `far-<run>-<id>-<stage>-<what>`, where
+`<id>` is a short id of the run's URI (`run_id`), so two runs of one recipe under two storage
+roots never version each other's artifacts (Prefect keys allow lowercase letters, digits and
+dashes); the Artifacts page keeps one versioned history per run and stage.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -24,6 +26,18 @@ from stages.core import storage
 from stages.core.runner import EVALUATIONS_INDEX, StageOutcome, read_record
 
 REPORT_MARKDOWN = "report.md"  # written by the evaluate stage beside report.json
+
+
+def run_id(run_uri: str) -> str:
+    """A short id of a run's URI (its storage root and name): the first 6 hex digits of its
+    SHA-256. Two runs named alike under two storage roots, sharing one Prefect server, get
+    different flow run names and artifact keys; the same run gets the same id every session."""
+    return hashlib.sha256(run_uri.encode()).hexdigest()[:6]
+
+
+def run_label(run: str, run_uri: str) -> str:
+    """`{run}-{id}`: how the Prefect UI names a run (flow runs, artifact keys)."""
+    return f"{run}-{run_id(run_uri)}"
 
 
 def artifact_key(run: str, stage: str, what: str) -> str:

@@ -1,4 +1,4 @@
-"""What `far status|lineage|audit|validate --json` print: one JSON object per command.
+"""What `far status|runs|lineage|audit|validate --json` print: one JSON object per command.
 
 Scripts and dashboards read these instead of parsing the text tables, so they are contracts
 like the others: frozen, unknown fields refused, every field documented (the generated page
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from schemas.base import Frozen
 
 SCHEMA_VERSION: Literal[1] = 1
+RunState = Literal["complete", "stopped", "failed", "running", "crashed", "unreadable"]
 
 
 class StageStatus(Frozen):
@@ -62,6 +63,44 @@ class StatusOutput(Frozen):
     """Every node of the run's DAG, in the order it runs."""
     coverage: str
     """What the ledger check behind `unverified` can and cannot detect."""
+
+
+class RunListing(Frozen):
+    """One run under a storage root, as `far runs` reads it from its run.json, lease and
+    ledger (plain data: nothing a run names is imported or run)."""
+
+    run: str
+    """The run's name (its directory under the root)."""
+    run_uri: str
+    """`{storage_root}/{name}`."""
+    state: RunState
+    """How its last session ended: complete, stopped (session budget, SIGTERM; `far run`
+    continues it), failed (see `detail`); running (its lease is held and fresh) or crashed
+    (no outcome and no live lease); unreadable (run.json could not be read: `detail`)."""
+    detail: str
+    """The last session's outcome as recorded, or why the run could not be read."""
+    sessions: int
+    """Sessions run.json records."""
+    last_session_at: str | None
+    """When the last session started (ISO 8601, UTC); null before any."""
+    recipe_source: str | None
+    """The recipe file the run was started from."""
+    ledger_root: str | None
+    """The run's latest ledger root (what `far audit --expect-root` checks); null before its
+    first commit."""
+
+
+class RunsOutput(Frozen):
+    """`far runs ROOT --json`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    """This schema's version."""
+    command: Literal["runs"] = "runs"
+    """The command that printed it."""
+    root: str
+    """The storage root listed."""
+    runs: list[RunListing]
+    """Every directory under the root with a run.json, by name."""
 
 
 class Code(Frozen):

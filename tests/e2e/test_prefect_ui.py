@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from flows.ui_artifacts import artifact_key, run_label
 from tests.conftest import REPO, SmokeRuns
 
 pytestmark = pytest.mark.slow
@@ -63,6 +64,7 @@ class Runs:
     api_url: str
     first: str  # flow run id of the run that trained
     second: str  # flow run id of the re-run that skipped every stage
+    label: str  # the run's label in keys: `smoke-{id}` (flows.ui_artifacts.run_label)
 
     @property
     def ui_url(self) -> str:
@@ -78,7 +80,8 @@ def _api(api_url: str, path: str, body: dict[str, Any]) -> Any:
 @pytest.fixture(scope="module")
 def runs(smoke_twice: SmokeRuns) -> Runs:
     """The session's two smoke runs on the real server (shared with test_smoke_flow.py)."""
-    return Runs(smoke_twice.api_url, smoke_twice.first_id, smoke_twice.second_id)
+    label = run_label("smoke", smoke_twice.first.run_uri)
+    return Runs(smoke_twice.api_url, smoke_twice.first_id, smoke_twice.second_id, label)
 
 
 def _task_runs(runs: Runs, flow_run_id: str) -> dict[str, dict[str, Any]]:
@@ -138,9 +141,6 @@ def test_task_runs_end_completed_then_skipped(runs: Runs) -> None:
         ), stage
 
 
-RUN_LEDGER_KEY = "far-smoke-run-ledger"  # the flow's own artifact: the run's ledger root
-
-
 def test_each_stage_publishes_its_keyed_artifacts(runs: Runs) -> None:
     """Each stage's task run publishes its keyed artifacts; the flow run itself publishes the
     run's ledger root (no task run)."""
@@ -149,12 +149,13 @@ def test_each_stage_publishes_its_keyed_artifacts(runs: Runs) -> None:
         keys: dict[str, set[str]] = {stage: set() for stage in STAGES}
         artifacts = _artifacts(runs, flow_run_id)
         (ledger,) = [a for a in artifacts if a["task_run_id"] is None]
-        assert ledger["key"] == RUN_LEDGER_KEY and "ledger root sha256:" in ledger["description"]
+        assert ledger["key"] == artifact_key(runs.label, "run", "ledger")
+        assert "ledger root sha256:" in ledger["description"]
         for artifact in artifacts:
             if artifact["task_run_id"] is None:
                 continue
             stage = tasks[artifact["task_run_id"]]
-            prefix = f"far-smoke-{stage.replace('_', '-')}-"
+            prefix = f"far-{runs.label}-{stage.replace('_', '-')}-"
             assert artifact["key"].startswith(prefix), artifact["key"]
             keys[stage].add(artifact["key"].removeprefix(prefix))
         assert keys == expected_keys(trained=flow_run_id == runs.first)
@@ -162,20 +163,24 @@ def test_each_stage_publishes_its_keyed_artifacts(runs: Runs) -> None:
 
 def test_artifact_contents(runs: Runs) -> None:
     by_key = {a["key"]: a for a in _artifacts(runs, runs.first)}
-    sft_metrics = {row["metric"]: row["value"] for row in _table(by_key["far-smoke-sft-metrics"])}
+    sft_metrics = {row["metric"]: row["value"] for row in _table(by_key[_key(runs, "sft-metrics")])}
     assert sft_metrics["status"] == "ran"
     assert sft_metrics["train_step_compilations"] == 1.0
-    link = by_key["far-smoke-sft-checkpoint"]["data"]  # a link artifact is stored as markdown
+    link = by_key[_key(runs, "sft-checkpoint")]["data"]  # a link artifact is stored as markdown
     assert "](file://" in link and "/smoke/sft-" in link and "step 150" in link
-    assert (
-        "| model | prompts | format rate [95% CI] |" in by_key["far-smoke-evaluate-report"]["data"]
-    )
-    assert "| sft |" in by_key["far-smoke-evaluate-report"]["data"]
-    assert "| split | examples |" in by_key["far-smoke-data-prep-data-card"]["data"]
+    report = by_key[_key(runs, "evaluate-report")]["data"]
+    assert "| model | prompts | format rate [95% CI] |" in report
+    assert "| sft |" in report
+    assert "| split | examples |" in by_key[_key(runs, "data-prep-data-card")]["data"]
     skipped = {a["key"]: a for a in _artifacts(runs, runs.second)}
-    rows = {row["metric"]: row["value"] for row in _table(skipped["far-smoke-sft-metrics"])}
+    rows = {row["metric"]: row["value"] for row in _table(skipped[_key(runs, "sft-metrics")])}
     assert rows["status"] == "skipped (complete on storage)"
     assert rows["train_step_compilations"] == 1.0  # the skipped stage shows the recorded run
+
+
+def _key(runs: Runs, stage_and_what: str) -> str:
+    """The run's key for e.g. "sft-metrics": `far-smoke-{id}-sft-metrics`."""
+    return f"far-{runs.label}-{stage_and_what}"
 
 
 def _table(artifact: dict[str, Any]) -> list[dict[str, Any]]:
@@ -208,11 +213,11 @@ def _check_artifact_cards(page: Any, runs: Runs, flow_run_id: str) -> None:
     titles = page.locator(".artifact-card__title")
     expected = sorted(
         [
-            f"far-smoke-{stage.replace('_', '-')}-{what}"
+            artifact_key(runs.label, stage, what)
             for stage, whats in expected_keys(trained=flow_run_id == runs.first).items()
             for what in whats
         ]
-        + [RUN_LEDGER_KEY]
+        + [artifact_key(runs.label, "run", "ledger")]
     )
     expect(titles).to_have_count(len(expected), timeout=UI_TIMEOUT_MS)
     assert sorted(titles.all_inner_texts()) == expected
@@ -245,13 +250,13 @@ def test_artifact_pages_render_the_metrics_table_and_report(runs: Runs, browser:
 
     by_key = {a["key"]: a["id"] for a in _artifacts(runs, runs.first)}
     page = browser.new_page()
-    page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key['far-smoke-sft-metrics']}")
+    page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key[_key(runs, 'sft-metrics')]}")
     for metric, value in (("status", "ran"), ("train_step_compilations", "1")):
         name = page.get_by_text(metric, exact=True)
         row = page.get_by_role("row").filter(has=name)  # table artifacts render cells as text
         expect(row.get_by_role("cell").nth(1)).to_have_text(value, timeout=UI_TIMEOUT_MS)
     _screenshot(page, "sft-metrics-table")
-    page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key['far-smoke-evaluate-report']}")
+    page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key[_key(runs, 'evaluate-report')]}")
     heading = page.get_by_role("heading", name="Evaluation report")
     expect(heading).to_be_visible(timeout=UI_TIMEOUT_MS)
     for model in ("base", "sft", "grpo"):
@@ -260,7 +265,7 @@ def test_artifact_pages_render_the_metrics_table_and_report(runs: Runs, browser:
         page.get_by_role("columnheader", name="format rate [95% CI]", exact=True).first
     ).to_be_visible()
     _screenshot(page, "evaluate-report")
-    page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key['far-smoke-sft-checkpoint']}")
+    page.goto(f"{runs.ui_url}/artifacts/artifact/{by_key[_key(runs, 'sft-checkpoint')]}")
     link = page.get_by_role("link", name=re.compile(r"^sft checkpoint, step 150: "))
     expect(link).to_have_attribute("href", re.compile(r"^file:///.*/smoke/sft-[0-9a-f]{12}/"))
 

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from flows.ui_artifacts import artifact_key, run_label
 from schemas.record import RunSummary, StageRecord
 from stages.core import storage
 from tests.conftest import SmokeRuns
@@ -122,7 +123,7 @@ def test_grpo_trained_the_sft_adapters(smoke_runs: tuple[RunSummary, RunSummary]
 def progress_artifacts(smoke: SmokeRuns, stage: str, flow_run_id: str) -> list[dict[str, Any]]:
     """The stage's progress artifacts made by one flow run, read from the server by key and
     flow run (the deployment test runs the smoke recipe on the same server too)."""
-    key = f"far-smoke-{stage}-progress"
+    key = artifact_key(run_label("smoke", smoke.first.run_uri), stage, "progress")
     body = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run_id]}}}
     response = httpx.post(f"{smoke.api_url}/artifacts/filter", json=body, timeout=30)
     response.raise_for_status()
@@ -154,7 +155,8 @@ def test_the_ledger_root_is_published_outside_storage_and_pins_the_run(
 
     first, second = smoke_twice.first, smoke_twice.second
     assert first.ledger_root and second.ledger_root and first.ledger_root != second.ledger_root
-    body = {"artifacts": {"key": {"any_": ["far-smoke-run-ledger"]}}}
+    key = artifact_key(run_label("smoke", first.run_uri), "run", "ledger")
+    body = {"artifacts": {"key": {"any_": [key]}}}
     response = httpx.post(f"{smoke_twice.api_url}/artifacts/filter", json=body, timeout=30)
     response.raise_for_status()
     assert any(second.ledger_root in str(a["description"]) for a in response.json())

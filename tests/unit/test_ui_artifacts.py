@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.ui_artifacts import artifact_key, browsable_link, metrics_rows
+from flows.ui_artifacts import artifact_key, browsable_link, metrics_rows, run_label
 from schemas.record import StageRecord
 from stages.core.runner import RunContext, read_record
 from stages.data_prep import build as data_prep
@@ -59,21 +59,33 @@ def test_metrics_rows_show_status_then_every_recorded_metric(tmp_path: Path) -> 
 
 def test_the_keys_the_docs_name_are_the_keys_far_makes() -> None:
     """Every `far-...` key docs/prefect-ui.md and docs/recipes.md give as an example is a key
-    FAR publishes for the smoke or smoke-dag run (issue 38: the pages named keys that did not
-    exist)."""
+    FAR publishes for the smoke or smoke-dag run under the docs' root (/tmp/far-docs-runs):
+    the pages once named keys that did not exist."""
     from tests.conftest import REPO
 
-    made = {
-        artifact_key(run, node, what)
-        for run, nodes in (
-            ("smoke", ("data_prep", "sft", "grpo", "evaluate")),
-            ("smoke-dag", ("data_prep", "sft", "grpo", "evaluate", "evaluate_val", "pick")),
-        )
-        for node in nodes
-        for what in ("summary", "metrics", "progress", "data-card", "checkpoint", "report")
-    } | {artifact_key(run, "run", "ledger") for run in ("smoke", "smoke-dag")}
+    made = set()
+    for run, nodes in (
+        ("smoke", ("data_prep", "sft", "grpo", "evaluate")),
+        ("smoke-dag", ("data_prep", "sft", "grpo", "evaluate", "evaluate_val", "pick")),
+    ):
+        label = run_label(run, f"/tmp/far-docs-runs/{run}")
+        made |= {
+            artifact_key(label, node, what)
+            for node in nodes
+            for what in ("summary", "metrics", "progress", "data-card", "checkpoint", "report")
+        } | {artifact_key(label, "run", "ledger")}
     named = set()
     for page in ("prefect-ui.md", "recipes.md"):
         named |= set(re.findall(r"`(far-[a-z0-9-]+)`", (REPO / "docs" / page).read_text()))
     assert len(named) >= 8
     assert named <= made, sorted(named - made)
+
+
+def test_runs_alike_under_two_roots_get_different_keys() -> None:
+    """A run's label carries a short id of its URI: the same recipe under two storage roots
+    gives two keys for every artifact, and one run keeps its label from session to session."""
+    a, b = run_label("smoke", "/srv/alice/runs/smoke"), run_label("smoke", "gs://team/runs/smoke")
+    assert a != b and a.startswith("smoke-") and b.startswith("smoke-")
+    assert artifact_key(a, "evaluate", "report") != artifact_key(b, "evaluate", "report")
+    assert run_label("smoke", "/srv/alice/runs/smoke") == a
+    assert PREFECT_KEY.match(artifact_key(a, "evaluate", "report"))
