@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, SecretStr
 
-from flows import cmd_runs, prefect_server
+from flows import cmd_runs, console_summary, prefect_server
 from pipeline import lineage, manifest, plugins
+from pipeline.dag import build_dag
 from pipeline.lease import LeaseHeld
 from pipeline.plan import (
     NodePlan,
@@ -32,7 +33,14 @@ from pipeline.plan import (
     render_preview,
     settled,
 )
-from pipeline.recipes import BUNDLED, RecipeError, bundled_recipes, copy_bundled, parse_recipe
+from pipeline.recipes import (
+    BUNDLED,
+    RecipeError,
+    bundled_recipes,
+    copy_bundled,
+    parse_recipe,
+    resolve_recipe_uri,
+)
 from pipeline.validate import check_session_budget, validate_run
 from schemas import cli_output
 from schemas.record import RunSummary, StageSummary
@@ -72,13 +80,15 @@ was taken, so the same budget would stop at the same point (give it a longer --s
 # the kinds beyond the default pipeline's (whose kinds read a recipe section when configless)
 OTHER_KINDS = ", ".join(k for k, s in registry.REGISTRY.items() if s.section is None)
 DESCRIPTION = f"""\
-FAR (Format-Align-Reinforce) post-trains a small Gemma model to reason. A recipe names a
-DAG of stages (by default data-prep -> SFT-format -> GRPO-reinforce -> evaluation; also
-{OTHER_KINDS}) run as one Prefect flow.
+FAR (Format-Align-Reinforce) post-trains an open model to reason. A recipe names a DAG of
+stages (by default data-prep -> SFT-format -> GRPO-reinforce -> evaluation; also
+{OTHER_KINDS}) run as one Prefect flow. Start with `far run smoke`."""
 
+EPILOG = f"""\
 Every stage writes its output under {{storage_root}}/{{name}}/{{node}}-{{hash}}/ and a record
 (stage.json) last. Running the same recipe again skips every completed stage, so a run
 that stopped (session over, machine preempted, a failure) continues where it left off.
+`far COMMAND --help` explains each command.
 
 {EXIT_CODES}"""
 
@@ -128,7 +138,10 @@ PREFECT_DEFAULTS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="far", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+        prog="far",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"far {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -262,7 +275,11 @@ def _add_validate_command(commands: Any) -> None:
 def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     """The recipe, its KEY=VALUE overrides, --root and --name: what `far run` and
     `far validate` share."""
-    parser.add_argument("recipe", help="recipe YAML: a path, file://, gs:// or memory:// URI")
+    parser.add_argument(
+        "recipe",
+        help="recipe YAML: a path, file://, gs:// or memory:// URI, or a bundled recipe's name\n"
+        "(`far recipes` lists them), e.g. smoke",
+    )
     _add_override_argument(parser)
     parser.add_argument("--root", help="override the recipe's storage_root (path or URI)")
     parser.add_argument("--name", help="override the recipe's run name")
@@ -426,7 +443,11 @@ def _add_root_options(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    """INFO lines on the console: their message alone, or with time and logger under -v."""
+    plain = "%(message)s"
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s" if verbose else plain
+    )
     quiet = logging.INFO if verbose else logging.WARNING
     for noisy in ("absl", "jax", "orbax", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(quiet)
@@ -523,39 +544,13 @@ def report_prefect_start_failure(error: RuntimeError) -> int:
     return EXIT_PREFECT
 
 
-def print_summary(summary: RunSummary) -> None:
-    state = "complete" if summary.complete else f"INCOMPLETE ({summary.stopped_reason})"
-    if summary.no_progress:
-        state = f"INCOMPLETE, NO PROGRESS ({summary.stopped_reason})"
-    print(f"\nFAR run '{summary.run}' at {summary.run_uri}: {state}")
-    for s in summary.stages:
-        took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
-        print(f"  {s.stage:<10} {took:<27} {s.output_uri}")
-    for s in summary.stages:  # every evaluation's table (report.md beside its report.json)
-        if s.output_uri.endswith("/report.json"):
-            print("\n" + storage.read_text(s.output_uri.rsplit("/", 1)[0] + "/report.md"))
-    ran = sum(s.seconds for s in summary.stages)
-    overhead = summary.seconds - ran
-    share = f" ({100 * overhead / summary.seconds:.1f}%)" if summary.seconds else ""
-    print(
-        f"  flow {summary.seconds:.1f} s = stages {ran:.1f} s "
-        f"+ orchestration {overhead:.1f} s{share}"
-    )
-    if summary.ledger_root:
-        print(
-            f"  ledger root {summary.ledger_root}\n"
-            f"  (keep it: far audit {summary.run_uri} --expect-root {summary.ledger_root})"
-        )
-    if summary.no_progress:
-        print(
-            "This session took no step and committed no stage: the same budget would stop at "
-            f"the same point. Give it a longer --session-budget (exit {EXIT_NO_PROGRESS})."
-        )
-    elif not summary.complete:
-        print("Run the same command again to continue from here.")
+def print_summary(summary: RunSummary, note: str = "") -> None:
+    """The run's titled summary block (flows/console_summary.py), `note` under its stages."""
+    print("\n".join(console_summary.summary_lines(summary, note=note)))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    args.recipe = resolve_recipe_uri(args.recipe)  # a bundled recipe's name: `far run smoke`
     try:
         plan = plan_run(args.recipe, args.root, args.name, args.session_budget, args.overrides)
     except (RecipeError, IsolationUnavailable) as e:
@@ -566,6 +561,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate like `far run`, print the plan; exit 0, or 2 when anything would be refused."""
+    args.recipe = resolve_recipe_uri(args.recipe)
     try:
         plan = plan_run(args.recipe, args.root, args.name, args.session_budget, args.overrides)
     except IsolationUnavailable as e:
@@ -613,6 +609,7 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     to `main`, which prints them as one line with exit 2.
     """
     started = time.perf_counter()
+    print(_opening_line(plan), flush=True)
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
     if not args.distributed:  # every host of a slice joins jax.distributed, even for nothing
@@ -677,6 +674,13 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     return exit_code(summary)
 
 
+def _opening_line(plan: RunPlan) -> str:
+    """What will run and where: the first line `far run` prints, before any slow step."""
+    nodes = " -> ".join(build_dag(plan.recipe).ids)
+    run_uri = storage.join(plan.root, plan.recipe.name)
+    return f"far: run '{plan.recipe.name}' at {run_uri}: {nodes}"
+
+
 def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> int:
     """The summary of a run that is already complete, from its records: no session is started
     (no Prefect, no JAX, nothing written), so run.json and the ledger root stay as they were."""
@@ -695,10 +699,10 @@ def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> in
         seconds=seconds,
         ledger_root=ledger.root(run_uri),
     )
-    print_summary(summary)
-    print(
-        "Nothing to run: every stage is complete and verified against its record and the "
-        "ledger; no session was started, so run.json and the ledger root are unchanged."
+    print_summary(
+        summary,
+        note="Nothing to run: every stage is complete and verified against its record and the "
+        "ledger; no session was started, so run.json and the ledger root are unchanged.",
     )
     return 0
 

@@ -156,7 +156,7 @@ def load_recipe(
     except IsADirectoryError as e:
         raise RecipeError(f"recipe {uri} is a directory; expected a recipe YAML file") from e
     except FileNotFoundError as e:
-        raise RecipeError(f"recipe not found: {uri}") from e
+        raise RecipeError(f"recipe not found: {uri}{_recipe_hint(uri)}") from e
     except UnicodeDecodeError as e:
         raise RecipeError(f"recipe {uri} is not UTF-8 text: {e}") from e
     try:
@@ -198,6 +198,33 @@ def bundled_recipes(folder: str = BUNDLED) -> dict[str, str]:
         summary = first.lstrip("#").strip() if first.startswith("#") else ""
         found[name] = summary.removeprefix(f"{name}:").strip()
     return found
+
+
+def resolve_recipe_uri(uri: str, folder: str = BUNDLED) -> str:
+    """The recipe `far run RECIPE` means: `uri` itself when it names a file, else the bundled
+    recipe of that name (`smoke`, `smoke.yaml`), else `uri` (whose reading then fails, with
+    a suggestion)."""
+    if "/" in uri or storage.exists(storage.normalize(uri)):
+        return uri
+    bundled = storage.join(folder, f"{uri.removesuffix('.yaml')}.yaml")
+    return bundled if storage.exists(bundled) else uri
+
+
+def _recipe_hint(uri: str) -> str:
+    """ "; did you mean X?" for a recipe path that is not there: the closest .yaml beside it,
+    else the closest bundled recipe's name; and where the bundled ones are listed."""
+    parent, _, base = storage.normalize(uri).rpartition("/")
+    near = [n for n in storage.list_names(parent) if n.endswith((".yaml", ".yml"))]
+    close = difflib.get_close_matches(base, near, n=1)
+    if close:
+        shown = uri.rpartition("/")[0]
+        return f"; did you mean {shown + '/' if shown else ''}{close[0]}?"
+    names = list(bundled_recipes()) if storage.is_dir(BUNDLED) else []
+    close = difflib.get_close_matches(base.removesuffix(".yaml"), names, n=1)
+    named = (
+        f"; did you mean the bundled recipe {close[0]!r} (`far run {close[0]}`)?" if close else ""
+    )
+    return named + " (`far recipes` lists the bundled recipes)"
 
 
 def copy_bundled(name: str, dest: str, folder: str = BUNDLED) -> str:

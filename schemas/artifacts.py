@@ -84,6 +84,10 @@ class ModelScores(Frozen):
     by_domain: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
+VS_PREVIOUS = "vs_previous"
+"""The metric prefix of a model's paired comparison with the model before it in the report
+(`vs_previous/difference`, `vs_previous/p_value`, ...; `vs_previous/format_...` for format)."""
+
 GREEDY_SUFFIX = "@greedy"
 """An evaluated model's greedy row beside its sampled one (EvalConfig.greedy) is labelled
 `<model>@greedy`, in the report and in samples.jsonl."""

@@ -293,13 +293,20 @@ def content_fingerprint(uri: str) -> str:
 
 def list_dirs(uri: str) -> list[str]:
     """Names of the directories directly under `uri` (empty if `uri` is absent)."""
+    return _names_under(uri, "directory")
+
+
+def list_names(uri: str) -> list[str]:
+    """Names of the files directly under `uri` (not below; empty if `uri` is absent)."""
+    return _names_under(uri, "file")
+
+
+def _names_under(uri: str, kind: str) -> list[str]:
     fs, path = _split(uri)
     if not fs.exists(path):
         return []
     entries = fs.ls(path, detail=True)
-    return sorted(
-        e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory"
-    )
+    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == kind)
 
 
 def copy_tree(src: str, dst: str) -> None:

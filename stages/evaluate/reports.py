@@ -12,13 +12,17 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global backend state
 
-from schemas.artifacts import GREEDY_SUFFIX, CheckpointArtifact, EvalReport, ModelScores
+from schemas.artifacts import (
+    GREEDY_SUFFIX,
+    VS_PREVIOUS,
+    CheckpointArtifact,
+    EvalReport,
+    ModelScores,
+)
 from schemas.record import Evaluation
 from stages.core import stats, storage
 from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
 from stages.evaluate import headroom
-
-VS_PREVIOUS = "vs_previous"  # metric prefix of the paired comparison with the model before
 
 
 def outcomes_by_prompt(samples: Sequence[dict[str, Any]], name: str, key: str) -> list[list[float]]:

@@ -66,6 +66,8 @@ def test_a_rerun_of_a_complete_run_imports_no_jax_writes_nothing_and_prints_the_
         assert done.returncode == 0, done.stderr[-3000:]
         assert not imported & set(HEAVY), f"imported {imported & set(HEAVY)}"
         assert "skipped (already complete)" in done.stdout
+        # the first line says what will run and where, before anything slow
+        assert done.stdout.startswith(f"far: run 'smoke' at {complete_root}/smoke: data_prep -> ")
         roots += ROOT_LINE.findall(done.stdout)
     assert len(roots) == 2 and roots[0] == roots[1], roots
     assert json.loads((run / "ledger.jsonl").read_text().splitlines()[-1])["root"] == roots[0]
