@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -218,3 +219,33 @@ def test_a_run_finds_a_plugin_beside_it_and_the_directory_shadows_nothing(
         rewards.unregister_reward("far_user_beside")
         sys.modules.pop("far_user_beside", None)
         plugins.LOADED.pop("far_user_beside", None)
+
+
+def test_a_forged_record_vouches_for_no_plugin_past_the_published_root(
+    places: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A writer plants another module file and appends a copy of the grpo record naming its
+    digest: against the root `far run` printed, only the records the root covers vouch."""
+    run = own_task_run(places["runs"], [MODULE])
+    run_uri = run["ctx"].run_uri
+    published = str(ledger.root(run_uri))
+    planted = MY_REWARD.read_text() + "\n# planted\n"
+    (places["project"] / f"{MODULE}.py").write_text(planted)
+    digest = hashlib.sha256(planted.encode()).hexdigest()
+    original = Path(run["grpo"].record_uri).parent
+    forged = original.with_name("grpo-" + "f" * 12)
+    shutil.copytree(original, forged)
+    label = f"source:reward:concise_correct:{MODULE}"
+
+    def edit(data: dict[str, Any]) -> None:
+        data["stage_hash"], data["directory"] = "f" * 64, forged.name
+        data["inputs"][label] = digest
+
+    reseal(forged / RECORD_NAME, edit)
+    ledger.append(run_uri, str(forged / RECORD_NAME), "record")
+    monkeypatch.chdir(places["project"])
+    code, out, _ = _far(capsys, "status", run_uri, "--plugin", MODULE)  # the chain vouches
+    assert code == 0 and f"sha256 {digest[:12]}); checked, not imported" in out
+    code, _, err = _far(capsys, "audit", run_uri, "--expect-root", published, "--plugin", MODULE)
+    assert code == cli.EXIT_INVALID and "not the code the run used" in err
+    assert f"sha256 {run['digest'][:12]}" in err and MODULE not in sys.modules
