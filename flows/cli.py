@@ -20,7 +20,7 @@ import httpx
 from pydantic import BaseModel, SecretStr
 
 from flows import cmd_runs, console_summary, prefect_server
-from pipeline import lineage, manifest, plugins
+from pipeline import lineage, manifest, plugin_check, plugins
 from pipeline.dag import build_dag
 from pipeline.lease import LeaseHeld
 from pipeline.plan import (
@@ -295,7 +295,25 @@ def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
         help="import MODULE first: a module that registers stage kinds and/or rewards, so\n"
         "the recipe can name them (docs/adding-a-stage.md, docs/your-own-task.md);\n"
         "repeatable; a recipe's `plugins:` list does the same without the flag. A run\n"
-        "records the modules it used (run.json), which status, audit, lineage and resume import",
+        "records the modules it used (run.json), which resume imports",
+    )
+
+
+READS_A_RUN = ("status", "audit", "lineage")
+"""Commands that read a run as data: they import no module, neither one the run names nor
+one --plugin names (pipeline/plugin_check.py)."""
+
+
+def _add_plugin_check_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="check your copy of a plugin the run used: MODULE's file (found on the Python\n"
+        "path or in the current directory, not imported) must have the sha256 the run's\n"
+        "records hold for it, else exit 2; repeatable. Nothing a run names is ever imported;\n"
+        "each plugin it names that no --plugin checked is listed as not checked",
     )
 
 
@@ -371,7 +389,7 @@ def _add_run_commands(commands: Any) -> None:
     )
     status.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     _add_root_options(status)
-    _add_plugin_option(status)
+    _add_plugin_check_option(status)
     _add_json_option(status, cli_output.StatusOutput)
     resume = commands.add_parser(
         "resume",
@@ -390,7 +408,7 @@ def _add_run_commands(commands: Any) -> None:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     lineage.add_argument("uri", help="an output URI as `far run` printed it, or a stage directory")
-    _add_plugin_option(lineage)
+    _add_plugin_check_option(lineage)
     lineage.add_argument(
         "--openlineage", metavar="FILE", help="also write the run's OpenLineage events (JSON lines)"
     )
@@ -409,7 +427,7 @@ def _add_run_commands(commands: Any) -> None:
     )
     audit.add_argument("run_uri", help="the run: {storage_root}/{name}, e.g. runs/smoke")
     _add_root_options(audit)
-    _add_plugin_option(audit)
+    _add_plugin_check_option(audit)
     _add_json_option(audit, cli_output.AuditOutput)
 
 
@@ -755,6 +773,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         run_manifest = manifest.read_manifest(run_uri)
         doubts = lineage.record_doubts(run_uri, args.audit_key, expect_root, args.accept_later)
+        found = plugin_check.report(run_uri, args.plugin, doubts)
         states = manifest.run_status(run_uri, doubts)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
@@ -769,6 +788,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 last_outcome=last.outcome if last else None,
                 stages=[_stage_status(s) for s in states],
                 coverage=lineage.coverage(args.audit_key, expect_root),
+                plugins_checked=found.checked,
+                plugins_unchecked=found.unchecked,
             )
         )
         return 0
@@ -785,6 +806,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {s.stage:<10} {s.state:<12} {progress:<14} {sessions:<13} {where}")
         if s.doubt:
             print(f"  {'':<10} not used as the current stage: {s.doubt}")
+    for line in found.checked + found.unchecked:
+        print(line)
     print(lineage.coverage(args.audit_key, expect_root))
     return 0
 
@@ -808,11 +831,14 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         node = lineage.ancestry(args.uri)
         run_uri = record_run(node.record_uri)
         run_manifest = manifest.read_manifest(run_uri)
+        found = plugin_check.report(run_uri, args.plugin, lineage.record_doubts(run_uri))
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
         return EXIT_INVALID
     if not args.json:
         print(lineage.render(node, run_manifest))
+        for line in found.checked + found.unchecked:
+            print(line)
     if args.openlineage:
         events = lineage.openlineage_events(run_uri)
         lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
@@ -835,6 +861,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     run_uri = storage.normalize(args.run_uri)
     expect_root = _expected_root(args)
     try:
+        if not storage.exists(manifest.manifest_uri(run_uri)):
+            manifest.read_manifest(run_uri)  # MissingInput: no run there
+        doubts = lineage.record_doubts(run_uri, args.audit_key, expect_root, args.accept_later)
+        found = plugin_check.report(run_uri, args.plugin, doubts)  # exit 2 before any check
         problems = lineage.audit(run_uri, args.audit_key, expect_root, args.accept_later)
     except FileNotFoundError as e:
         print(f"far: {e}", file=sys.stderr)
@@ -853,6 +883,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 if args.accept_later
                 else [],
                 coverage=lineage.coverage(args.audit_key, expect_root),
+                plugins_checked=found.checked,
+                plugins_unchecked=found.unchecked,
             )
         )
         return EXIT_PROBLEMS if problems else 0
@@ -861,10 +893,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.accept_later:
         for line in lineage.later_entries(run_uri, expect_root):
             print(line)
-    verdict = f"{len(problems)} problem(s)" if problems else "everything matches"
+    for line in found.checked + found.unchecked:
+        print(line)
+    verdict = _audit_verdict(problems, found.unchecked)
     print(f"audit of {run_uri}: {len(records)} records, {files} files: {verdict}")
     print(lineage.coverage(args.audit_key, expect_root))
     return EXIT_PROBLEMS if problems else 0
+
+
+def _audit_verdict(problems: list[str], unchecked: list[str]) -> str:
+    """Exit 0 says every stored byte matched; the verdict also says when plugin code the run
+    used was not checked (its digest in the records was, as data)."""
+    if problems:
+        return f"{len(problems)} problem(s)"
+    if unchecked:
+        return "every record, file and ledger entry matches; plugin code not checked (above)"
+    return "everything matches"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -925,7 +969,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "allow_untested_tunix", False):
         log.warning("--allow-untested-tunix: an untested google-tunix version will be accepted")
         os.environ[tunix_version.ALLOW_UNTESTED_ENV] = "1"  # read when tunix_compat is imported
-    for module in getattr(args, "plugin", []):  # before any recipe loads
+    loads = [] if args.command in READS_A_RUN else getattr(args, "plugin", [])
+    for module in loads:  # before any recipe loads
         try:
             log.info("--plugin %s: registered %s", module, plugins.load_plugin(module))
         except registry.PluginError as e:

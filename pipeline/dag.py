@@ -106,6 +106,21 @@ def build_dag(recipe: Recipe) -> Dag:
     return Dag(tuple(_topological(nodes)))
 
 
+def node_order(recipe: Recipe) -> tuple[str, ...]:
+    """The node ids in build_dag's order, from the recipe's graph alone: no kind's
+    registration is read, so a run's node of a kind this process never registered (a plugin
+    not imported) keeps its place. For reading a stored run (status, audit, lineage), never
+    for deciding whether a recipe can run (build_dag). An input naming no node is passed over
+    (the run's records, not this order, are what an audit checks)."""
+    nodes = list(recipe.pipeline) if recipe.pipeline is not None else default_nodes(recipe)
+    ids = {n.id for n in nodes}
+    known = [
+        n.model_copy(update={"inputs": {k: v for k, v in n.inputs.items() if v in ids}})
+        for n in nodes
+    ]
+    return tuple(n.id for n in _topological(known))
+
+
 def evaluated_split(recipe: Recipe, node: StageNode) -> str:
     """The dataset split an evaluation node scores: the one its `dataset` port reads (an
     evaluate node's config's `split`, else the recipe's eval's)."""

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import SecretStr, ValidationError
 
 from pipeline import plugins
-from pipeline.dag import build_dag
+from pipeline.dag import node_order
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, ledger, storage
@@ -156,10 +156,10 @@ class StageState:
 
 
 def pipeline_order(manifest: RunManifest) -> tuple[str, ...]:
-    """The node ids of the run's DAG (from the recipe in run.json), in topological order;
-    the plugin modules the run recorded are imported first, so their kinds are known."""
-    plugins.import_plugins(manifest.plugins)
-    return build_dag(Recipe.model_validate(manifest.recipe)).ids
+    """The node ids of the run's DAG (from the recipe in run.json), in topological order,
+    read as data: no module the run names is imported (run.json is storage, and reading a
+    run never runs code from it), so a node of a plugin's kind keeps its place unloaded."""
+    return node_order(Recipe.model_validate(manifest.recipe))
 
 
 def run_status(run_uri: str, doubts: Mapping[str, str] | None = None) -> list[StageState]:

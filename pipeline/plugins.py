@@ -3,9 +3,11 @@ and/or rewards (@stages.rewards.reward), imported before a recipe that names the
 
 A run gets them from `--plugin MODULE` on the command line or from the recipe's `plugins:`
 list (what a scheduled deployment, which has no command line, uses); run.json records the
-modules a run used, so `far status`, `audit`, `lineage` and `resume` import them in a later
-process. The two registries live in stages/ (the stage registry imports no reward), so this
-module, which sees both, is the one place that says what a plugin registered.
+modules a run used, so `far resume` (the user continuing their own run) imports them in a
+later process. `far status`, `audit` and `lineage` never import them: they read a run as
+data (pipeline/plugin_check.py). The two registries live in stages/ (the stage registry
+imports no reward), so this module, which sees both, is the one place that says what a plugin
+registered.
 
 Anything that goes wrong while importing one (no such module, a syntax error, a kind or reward
 it registers twice, an exception or sys.exit on import, an entry point of a kind it added
@@ -81,8 +83,9 @@ def load_plugins(modules: Sequence[str], where: str) -> None:
 
 
 def import_plugins(modules: Iterable[str]) -> None:
-    """Import a run's recorded plugin modules (each registers its kinds and rewards once; one
-    imported already is not imported again); PluginError names one that fails."""
+    """Import a run's recorded plugin modules for `far resume` (each registers its kinds and
+    rewards once; one imported already is not imported again); PluginError names one that
+    fails. Never for reading a run (status, audit, lineage): run.json is storage."""
     for module in modules:
         if module not in sys.modules:
             _import_new(module, f"plugin {module} (recorded in run.json)")
@@ -157,7 +160,8 @@ def _import(module: str, where: str) -> None:
     """Import a plugin module from the Python path, or else from the directory `far` was
     started in (as `python -m` would: a user's my_reward.py beside the recipe needs no
     PYTHONPATH); that directory goes last on the path, so it never shadows an installed
-    package."""
+    package or the standard library. Only `far run`, `validate` and `resume` import plugins:
+    the user's own code, named by their command line, recipe or own run."""
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from schemas.base import Frozen
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -63,6 +65,11 @@ class StatusOutput(Frozen):
     """Every node of the run's DAG, in the order it runs."""
     coverage: str
     """What the ledger check behind `unverified` can and cannot detect."""
+    plugins_checked: list[str] = Field(default_factory=list)
+    """One line per --plugin MODULE whose file matched a digest the run recorded for it."""
+    plugins_unchecked: list[str] = Field(default_factory=list)
+    """One line per plugin module or stage kind the run names that was neither loaded nor
+    checked (nothing a run names is imported; its records are checked as data)."""
 
 
 class RunListing(Frozen):
@@ -213,6 +220,11 @@ class AuditOutput(Frozen):
     """With --accept-later: the ledger entries after --expect-root it accepted."""
     coverage: str
     """What this audit can and cannot detect (with or without --expect-root, FAR_AUDIT_KEY)."""
+    plugins_checked: list[str] = Field(default_factory=list)
+    """One line per --plugin MODULE whose file matched a digest the run recorded for it."""
+    plugins_unchecked: list[str] = Field(default_factory=list)
+    """One line per plugin module or stage kind the run names that was neither loaded nor
+    checked (nothing a run names is imported; its records are checked as data)."""
 
 
 class PlannedNode(Frozen):

@@ -1,6 +1,6 @@
 """`--plugin` modules that cannot work are refused in one line (exit 2) before any compute,
-whatever goes wrong in them; a run that used a plugin kind records its module, so `far status`
-and `far audit` read the run in a later process without being told (or with --plugin).
+whatever goes wrong in them; a run that used a plugin kind records its module, and `far status`
+and `far audit` read the run in a later process as data, importing none of it.
 
 The plugins are real modules written to a temporary directory on sys.path, imported by the
 real `far` main in this process.
@@ -121,28 +121,37 @@ pipeline:
 def test_status_and_audit_read_a_run_that_used_a_plugin_kind(
     plugin_run: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """They import no module the run names: the kind is read as data, and listed as not
+    loaded, whether this process registered it or not."""
     assert manifest.read_manifest(plugin_run).plugins == [TOY]
-    for forget in (True, False):
+    for forget in (False, True):
         if forget:  # as in a new process: the kind is not registered
             registry.unregister("first_prompts")
             sys.modules.pop(TOY, None)
         assert cli.main(["status", plugin_run]) == 0, capsys.readouterr()
         out = capsys.readouterr().out
         assert "first" in out and "complete" in out
+        assert "stage kinds ['first_prompts']: not loaded" in out
         assert cli.main(["audit", plugin_run]) == 0, capsys.readouterr()
-        assert "everything matches" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert f"plugin {TOY}: not loaded and its code not checked" in out
+        assert "every record, file and ledger entry matches; plugin code not checked" in out
+    assert "first_prompts" not in registry.REGISTRY and TOY not in sys.modules  # no import
 
 
-def test_status_takes_plugin_for_a_run_that_did_not_record_it(
+def test_status_reads_a_run_that_did_not_record_its_plugin(
     plugin_run: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A run.json written before runs recorded their plugins: --plugin names the module."""
+    """A run.json written before runs recorded their plugins needs no --plugin; a kind's
+    module has no recorded digest, so --plugin cannot check it and is refused."""
     old = manifest.read_manifest(plugin_run)
     manifest.write_manifest(plugin_run, old.model_copy(update={"plugins": []}))
     registry.unregister("first_prompts")
     sys.modules.pop(TOY, None)
-    code = cli.main(["status", plugin_run])
-    err = capsys.readouterr().err
-    assert code == cli.EXIT_INVALID and "first_prompts" in err and len(err.splitlines()) == 1
-    assert cli.main(["status", plugin_run, "--plugin", TOY]) == 0
+    assert cli.main(["status", plugin_run]) == 0
     assert "first" in capsys.readouterr().out
+    code = cli.main(["status", plugin_run, "--plugin", TOY])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_INVALID and len(err.splitlines()) == 1
+    assert f"the run's records hold no digest for module {TOY!r}" in err
+    assert TOY not in sys.modules
