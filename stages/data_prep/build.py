@@ -417,6 +417,36 @@ def _build_splits_or_explain(
         raise InputError(f"{e}; every rejected row with its reason: {uri}") from e
 
 
+def say_shortfalls(
+    config: DataPrepConfig,
+    splits: Mapping[str, list[Example]],
+    quarantine: Quarantine,
+    where: str,
+) -> None:
+    """One console line per split that came out short of its size, and one for the rows
+    quarantined (their count, the commonest reasons and the file holding each one)."""
+    for split, spec, _ in split_specs(config):
+        if len(splits[split]) < spec.size:
+            log.warning(
+                "data_prep: split %s has %d of %d rows: its sources hold no more usable "
+                "examples (add rows or sources, or lower its size)",
+                split,
+                len(splits[split]),
+                spec.size,
+            )
+    if quarantine.rows:
+        reasons = sorted(quarantine.by_reason().items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{reason}: {count}" for reason, count in reasons[:3])
+        more = f", {len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
+        log.warning(
+            "data_prep: %d rows quarantined (%s%s); each with its reason in %s",
+            len(quarantine.rows),
+            shown,
+            more,
+            where,
+        )
+
+
 def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, ctx: RunContext
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
@@ -440,6 +470,7 @@ def _write_dataset(
         },
         "quarantine.jsonl": _jsonl(quarantine.rows),
     }
+    say_shortfalls(config, splits, quarantine, storage.join(directory, "quarantine.jsonl"))
     digest = hashlib.sha256()
     for name in sorted(files):
         storage.write_bytes(storage.join(directory, name), files[name])
