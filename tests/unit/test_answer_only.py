@@ -53,6 +53,7 @@ def _recipe(tmp_path: Path, rows: list[dict[str, Any]], columns: dict[str, str],
     }
     if prompt:
         data["prompt"] = prompt
+        data["max_seq_len"] = 400  # a filler's target fits the row, so it is not quarantined
     return recipe_with(str(tmp_path), data=data)
 
 
@@ -149,3 +150,20 @@ def test_only_recipes_reading_answer_only_sources_move_their_identity(tmp_path: 
     assert hashed["targets"] == data_prep.ANSWER_ONLY_TARGETS
     reasoned = _recipe(tmp_path, _words(20), {"prompt": "q", "answer": "a", "reasoning": "w"})
     assert "targets" not in data_prep.identity(reasoned.data, reasoned.model).config
+
+
+def test_validate_refuses_targets_that_no_generation_budget_holds(tmp_path: Path) -> None:
+    """The issue's case: a filler longer than max_generation_tokens 32 made every target too
+    long (format 0 with no warning); `far validate`'s check refuses it with the counts."""
+    from pipeline.validate import check_sft_targets
+
+    filler = "The request needs no calculation; I answer it directly."
+    long = _recipe(tmp_path, _words(20), {"prompt": "q", "answer": "a"}, filler=filler)
+    with pytest.raises(
+        InputError,
+        match=r"eval\.max_generation_tokens: 32 tokens; 20 of 20 SFT "
+        r"targets are longer \(the shortest: \d+ tokens, row file/rows\.jsonl:",
+    ):
+        check_sft_targets(long, str(tmp_path / "cache"))
+    answer_only = _recipe(tmp_path, _words(20), {"prompt": "q", "answer": "a"})
+    check_sft_targets(answer_only, str(tmp_path / "cache"))  # `<answer>dro0w</answer>` fits
