@@ -12,6 +12,7 @@ stages.core.errors.InputError.
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 
@@ -29,12 +30,14 @@ from schemas.recipe import (
     SelfTeachConfig,
     StageNode,
 )
+from stages import registry
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
-from stages.data_prep.sources import check_file_columns, check_reasoning
+from stages.data_prep.sources import Example, check_file_columns, check_reasoning
 
+log = logging.getLogger(__name__)
 GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (EvalConfig.greedy)
 
 
@@ -48,6 +51,7 @@ def validate_run(recipe: Recipe, root: str, cache_dir: str, computes: bool = Tru
         check_mesh(recipe.mesh)
         check_model(recipe.model, cache_dir)
         check_prompt_templates(recipe, cache_dir)
+        check_sft_targets(recipe, cache_dir)
 
 
 def check_session_budget(recipe: Recipe) -> None:
@@ -283,3 +287,74 @@ def check_prompt_templates(recipe: Recipe, cache_dir: str) -> None:
             if not has_chat_template(tokenizer):
                 where = f"pipeline node {node.id!r} (data_prep): config." if explicit else "data."
                 raise no_chat_template(tokenizer, f"{where}prompt.template")
+
+
+def check_sft_targets(recipe: Recipe, cache_dir: str) -> None:
+    """SFT targets against the smallest generation budget of the DAG (`max_generation_tokens`
+    of its grpo, evaluate and self_teach nodes): a model trained to write a longer target is
+    cut off before its answer closes and scores format 0 with no other sign. When no target
+    fits, the recipe is refused with the token counts; when some do not, one warning line
+    names the longest. One read of each data_prep node's sft sources: the rows data_prep
+    writes (in the prompt format it settles on, so answer-only rows count as their answer),
+    tokenized as SFT trains on them; rows over max_seq_len are left out (data_prep
+    quarantines them). Hub sources are left to the run (reading them needs the network)."""
+    explicit = recipe.pipeline is not None
+    budgets = []
+    for node in build_dag(recipe).nodes:
+        tokens = getattr(node_config(recipe, node), "max_generation_tokens", None)
+        if isinstance(tokens, int):
+            section = registry.spec(node.kind).section or node.kind
+            where = f"pipeline node {node.id!r}: config." if explicit else f"{section}."
+            budgets.append((tokens, f"{where}max_generation_tokens"))
+    if not budgets:
+        return
+    limit, field = min(budgets)
+    for node in build_dag(recipe).nodes:
+        config = node_config(recipe, node)
+        if isinstance(config, DataPrepConfig):
+            _check_targets(sft_target_lengths(config, recipe.model, cache_dir), limit, field)
+
+
+def _check_targets(targets: list[tuple[int, Example]], limit: int, field: str) -> None:
+    over = [(tokens, example) for tokens, example in targets if tokens > limit]
+    if not over:
+        return
+    pick = min if len(over) == len(targets) else max
+    tokens, example = pick(over, key=lambda t: t[0])
+    said = (
+        f"{field}: {limit} tokens; {len(over)} of {len(targets)} SFT targets are longer (the "
+        f"{'shortest' if len(over) == len(targets) else 'longest'}: {tokens} tokens, row "
+        f"{example.id}, {example.prompt[:40]!r})"
+    )
+    if len(over) < len(targets):
+        log.warning("%s; a model trained on them is cut off before their answers close", said)
+        return
+    raise InputError(
+        f"{said}: a model trained on them is cut off before its answer closes and scores "
+        f"format 0. Expected max_generation_tokens >= {tokens}, or shorter targets (shorter "
+        f"reasoning, no filler, or answer_format: answer)"
+    )
+
+
+def sft_target_lengths(
+    config: DataPrepConfig, model: ModelSpec, cache_dir: str
+) -> list[tuple[int, Example]]:
+    """(tokens, row) of each SFT target (its end-of-turn included, EOS not) among the rows of
+    the local sft sources that fit max_seq_len."""
+    from stages.data_prep import build
+    from stages.modeling.tokenizers import build_tokenizer
+
+    distinct = {s.model_dump_json(): s for s in config.sft.sources}
+    local = [s for s in distinct.values() if s.kind != "hf"]
+    if not local:
+        return []
+    quarantine, dedupe = build.Quarantine(), build.Deduper()
+    examples = [e for s in local for e in build.load_source(s, config.seed, quarantine, dedupe)]
+    prompt = build.resolved_prompt(config.prompt, examples)
+    tokenizer = build_tokenizer(model, cache_dir)
+    lengths = []
+    for example in examples:
+        tokens, mask = build.sft_sequence(example, tokenizer, prompt)
+        if len(tokens) <= config.max_seq_len:
+            lengths.append((sum(mask) - 1, example))
+    return lengths

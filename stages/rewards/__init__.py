@@ -304,7 +304,7 @@ def math_equivalent(
 
 def extract_code(completion: str, answer_format: AnswerFormat = "tags") -> str:
     """The code in the answer tag (or the whole completion), without markdown fences."""
-    tagged = answer_format == "tags" and "<answer>" in completion
+    tagged = answer_format in ("tags", "answer") and "<answer>" in completion
     text = extract_answer(completion) if tagged else completion
     fenced = _FENCE.search(text or "")
     return (fenced.group(1) if fenced else text or "").strip()

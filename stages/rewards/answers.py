@@ -18,6 +18,7 @@ from schemas.recipe import AnswerFormat
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 HASHES = re.compile(r"####\s*([^\n]+)")
 BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")  # one level of nested braces
+ANSWER_ONLY = re.compile(r"<answer>(.+?)</answer>", re.DOTALL)  # the answer format, whole
 REASONING_TAG = re.compile(r"<reasoning>(.*?)</reasoning>", re.DOTALL)
 END_OF_TURN = "<end_of_turn>"
 BOX_OPEN = "\\boxed{"
@@ -33,6 +34,7 @@ INSTRUCTIONS: dict[AnswerFormat, str] = {
         "that starts with '#### '."
     ),
     "boxed": "Think step by step, then give only the final answer inside \\boxed{}.",
+    "answer": "Give only the final answer inside <answer> </answer>.",
 }
 """Each answer format's default instruction (PromptFormat.instruction when unset)."""
 
@@ -41,6 +43,8 @@ def render_answer(reasoning: str, answer: str, answer_format: AnswerFormat) -> s
     """The reasoning and the answer written in `answer_format` (no end-of-turn marker)."""
     if answer_format == "tags":
         return f"<reasoning>{reasoning}</reasoning><answer>{answer}</answer>"
+    if answer_format == "answer":  # answer-only: no reasoning is written
+        return f"<answer>{answer}</answer>"
     if answer_format == "hashes":
         return f"{reasoning}\n{HASH_MARK} {answer}"
     return f"{reasoning}\n{BOX_OPEN}{answer}}}"
@@ -78,6 +82,7 @@ def _hashes_line(text: str, last: bool) -> str | None:
 # format still has its answer read). tags keeps the order FAR always used.
 _EXTRACTION_ORDER: dict[AnswerFormat, tuple[Callable[[str], str | None], ...]] = {
     "tags": (_tag, _first_hashes, last_boxed),
+    "answer": (_tag, _first_hashes, last_boxed),
     "hashes": (lambda text: _hashes_line(text, last=True), _tag, last_boxed),
     "boxed": (last_boxed, _tag, lambda text: _hashes_line(text, last=False)),
 }
@@ -100,6 +105,8 @@ def reasoning_text(completion: str, answer_format: AnswerFormat = "tags") -> str
     if answer_format == "tags":
         match = REASONING_TAG.search(completion)
         return match.group(1) if match else None
+    if answer_format == "answer":
+        return None  # the format has no reasoning
     marker = HASH_MARK if answer_format == "hashes" else BOX_OPEN
     head, found, _ = completion.rpartition(marker)
     return head if found else None
@@ -136,13 +143,21 @@ def _parts(completion: str, answer_format: AnswerFormat) -> tuple[bool, bool, bo
 
 def strict_format(completion: str, answer_format: AnswerFormat) -> bool:
     """hashes: reasoning, then one `#### answer` as the last line; boxed: reasoning, then one
-    `\\boxed{answer}` at the very end. Only whitespace and one end-of-turn marker may follow.
-    (tags is stages.rewards.format_strict's own check.)"""
+    `\\boxed{answer}` at the very end; answer: exactly one `<answer>answer</answer>` and no
+    other text. Only whitespace and one end-of-turn marker may follow. (tags is
+    stages.rewards.format_strict's own check.)"""
+    if answer_format == "answer":
+        body = _body(completion) or ""
+        match = ANSWER_ONLY.fullmatch(body)
+        return match is not None and body.count("<answer>") == 1 and bool(match[1].strip())
     return all(_parts(completion, answer_format))
 
 
 def approx_format(completion: str, answer_format: AnswerFormat) -> float:
     """Partial credit for hashes and boxed: 0.5 for the marker exactly once, 0.25 for
-    reasoning before it, 0.25 for an answer after it with nothing else following."""
+    reasoning before it, 0.25 for an answer after it with nothing else following; for
+    answer, 0.5 per answer tag that appears exactly once."""
+    if answer_format == "answer":
+        return sum(0.5 for tag in ("<answer>", "</answer>") if completion.count(tag) == 1)
     once, reasoned, final = _parts(completion, answer_format)
     return 0.5 * once + 0.25 * reasoned + 0.25 * final

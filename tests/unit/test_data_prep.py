@@ -15,7 +15,7 @@ from stages.core import datasets, storage
 from stages.core.errors import InputError
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
-from stages.data_prep.sources import DIRECT_REASONING, Example
+from stages.data_prep.sources import Example
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
 
@@ -101,12 +101,6 @@ def test_loss_mask_covers_exactly_the_response() -> None:
     prompt = TOK.decode([t for t, m in zip(tokens, mask, strict=True) if not m])
     assert prompt == data_prep.chat_prompt("Calculate 2 + 2.")
     assert tokens[0] == TOK.bos_id() and mask[0] == 0 and tokens[-1] == TOK.eos_id()
-
-
-def test_missing_reasoning_gets_the_fixed_direct_reasoning() -> None:
-    example = Example("e2", "general", "src", "Say hi.", "", "Hi!")
-    tokens, mask = data_prep.sft_sequence(example, TOK)
-    assert DIRECT_REASONING in TOK.decode([t for t, m in zip(tokens, mask, strict=True) if m])
 
 
 def test_too_long_rows_are_quarantined_per_split(tmp_path: Path) -> None:

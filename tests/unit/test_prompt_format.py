@@ -19,7 +19,7 @@ from stages.core.datasets import load_prompts, write_derived_dataset
 from stages.core.errors import InputError
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
-from stages.data_prep.sources import DIRECT_REASONING, Example
+from stages.data_prep.sources import Example
 from stages.evaluate import evaluation
 from stages.grpo import metrics
 from stages.modeling.tokenizers import ByteTokenizer, NoChatTemplate, read_chat_template
@@ -69,8 +69,9 @@ def test_the_default_format_renders_byte_for_byte_as_before() -> None:
     assert data_prep.format_target("2 plus 3 is 5.", "5") == (
         "<reasoning>2 plus 3 is 5.</reasoning><answer>5</answer><end_of_turn>"
     )
-    assert data_prep.format_target("", "5") == (
-        f"<reasoning>{DIRECT_REASONING}</reasoning><answer>5</answer><end_of_turn>"
+    filler = PromptFormat(filler="No work needed.")
+    assert data_prep.format_target("", "5", filler) == (
+        "<reasoning>No work needed.</reasoning><answer>5</answer><end_of_turn>"
     )
     example = Example("x", "math", "s", "What is 2+3?", "2 plus 3 is 5.", "5")
     tokens, _ = data_prep.sft_sequence(example, TOK)
