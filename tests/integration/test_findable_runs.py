@@ -1,4 +1,4 @@
-"""Flow runs you can find (issue 38): each session's flow run is named `{run}-s{session}` and
+"""Flow runs you can find among others: each session's flow run is named `{run}-s{session}` and
 tagged with the recipe, its stage kinds and the code's git commit; read back from a real
 Prefect API (the in-process test server) after two real sessions of a one-stage run."""
 

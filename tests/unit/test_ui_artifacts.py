@@ -59,7 +59,7 @@ def test_metrics_rows_show_status_then_every_recorded_metric(tmp_path: Path) -> 
 
 def test_the_keys_the_docs_name_are_the_keys_far_makes() -> None:
     """Every `far-...` key docs/prefect-ui.md and docs/recipes.md give as an example is a key
-    FAR publishes for the smoke or smoke-dag run (issue 38: the pages named keys that did not
+    FAR publishes for the smoke or smoke-dag run (the pages once named keys that did not
     exist)."""
     from tests.conftest import REPO
 
