@@ -2,7 +2,7 @@
 a refactor of how a stage declares or hashes its config must leave every one of them where it
 was. The values were computed on main before the stage registry existed;
 upstream fingerprints are fixed stand-ins, so only the hashed config, model and code version
-count. data_prep's is the one README.md prints for `far run recipes/smoke.yaml`.
+count. data_prep's is the one docs/getting-started.md prints for `far run recipes/smoke.yaml`.
 
 Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 6
 (sampled rows compared with sampled rows, by pass@1, intervals over prompts);
