@@ -47,6 +47,7 @@ build-info:
 	@printf '{"git_commit": "%s"}\n' "$$(git rev-parse HEAD 2>/dev/null)" > $(BUILD_INFO)
 
 env: $(BIN)/.installed build-info sandbox
+	@echo "env: ready. To call far by name: source $(VENV)/bin/activate, then far --help"
 
 run: env
 	JAX_PLATFORMS=cpu $(BIN)/far run $(RECIPE)

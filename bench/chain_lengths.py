@@ -1,4 +1,4 @@
-"""What a worked chain costs in tokens (issue 35, item 4): SFT target lengths with and without
+"""What a worked chain costs in tokens: SFT target lengths with and without
 `reasoning: steps`, on a recipe's own sft source, tokenizer and prompt format.
 
 The target is what SFT trains on: the reasoning-and-answer text, its end-of-turn marker and

@@ -1,17 +1,18 @@
-"""The smoke run the README and docs/getting-started.md quote, written to docs/results/smoke.json.
+"""The smoke run docs/getting-started.md quotes, written to docs/results/smoke.json.
 
 Runs `far run recipes/smoke.yaml --root ROOT` as a child process (a fresh run: ROOT/smoke must
 not exist yet, so every stage runs), keeps its summary as printed (the tables left out) and
 reads from the run's records each stage's seconds, the evaluation's format rate and accuracy
-per model and GRPO's reward per step. tests/unit/test_docs_results.py fails when README.md or
+per model and GRPO's reward per step. tests/unit/test_docs_results.py fails when
 docs/getting-started.md quotes a smoke number that disagrees with the file, so a doc is
 changed by running this, never by hand:
 
     rm -rf /tmp/far-docs-runs/smoke
     JAX_PLATFORMS=cpu .venv/bin/python bench/docs_results.py   # then paste `excerpt`
 
-The demo's numbers (docs/results/demo.json) come from the README's fresh-clone measurement;
-that file says so, and the same test holds both documents to it.
+The demo's numbers (docs/results/demo.json) come from a fresh-clone measurement;
+that file says so, and the same test holds docs/results.md and docs/getting-started.md to it
+(tests/unit/test_readme.py the README's table).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from stages.rewards.answers import extract_answer
 
 CONTROL = "control"
 START = "sft"
-MAX_P = 0.05  # the pick's max_p in recipes/reinforce-mode.yaml since session 15
+MAX_P = 0.05  # the pick's max_p in recipes/reinforce-mode.yaml (runs before it had none)
 
 
 def records(run: Path) -> dict[str, dict[str, Any]]:
@@ -240,7 +240,7 @@ def summary(run: Path) -> dict[str, Any] | None:
         "answer_signs": answer_signs(
             nodes["evaluate"]["_dir"], nodes["mode"]["_dir"], nodes["headroom"]["_dir"]
         ),
-        # the recipe's sampled node (since session 23): sampled pass@1 on the first 256
+        # the recipe's sampled node (later runs only): sampled pass@1 on the first 256
         **({"sampled": sampled_arms(nodes["sampled"]["_dir"])} if "sampled" in nodes else {}),
     }
 

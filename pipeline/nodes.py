@@ -13,7 +13,7 @@ cycles (Tunix's trainers and Flax NNX modules refer back to each other), which o
 cyclic collector frees, and it runs rarely: on the real Gemma 3 270M an SFT node left 1,744
 live JAX arrays (2,087 MB) of which a collection freed 1,526 (1,064 MB), memory that otherwise
 sat beside the next nodes' own until Python collected on its own (bench/node_memory.py,
-docs/log.md session 17). So `run_node` collects after every node that ran, whether it returned
+docs/log.md, 2026-11-27). So `run_node` collects after every node that ran, whether it returned
 or raised; not after a skipped node or a plan-mode decision, which build nothing (a collection
 costs about 0.2 CPU-s in a process that has imported Tunix and Prefect, and `far validate` or a
 re-run of a finished run stays quick).

@@ -90,7 +90,7 @@ class GRPOConfig(Frozen):
     """Prompts per backward pass (null: batch_size). The actor update's memory grows with
     its rows and its time barely depends on how they are split: on reinforce-mode (Gemma 3
     270M, 4 prompts x 8 completions of 96 positions) GRPO's peak resident memory was 15.4 GB
-    with null and 9.9 GB with 1, at 0.57 and 0.63 completions/s (docs/log.md, session 18).
+    with null and 9.9 GB with 1, at 0.57 and 0.63 completions/s (docs/log.md, 2026-11-27).
     Gradients are accumulated over batch_size / train_micro_batch_size passes (equal to float
     rounding); the step's rollout stays one batch of batch_size prompts."""
     num_generations: Annotated[int, Field(ge=2)] = 4

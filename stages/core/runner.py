@@ -824,7 +824,7 @@ def git_commit() -> str | None:
     """The commit of the code running now: its checkout's HEAD (or the one baked in) when this
     process first asks, which a flow does at its start (its run tags). Read once: a checkout
     that moved during a long run (a pull, a commit) made later records name a commit whose
-    code the process had not imported (docs/log.md, session 23)."""
+    code the process had not imported (docs/log.md, 2026-11-27)."""
     return _git_commit()
 
 

@@ -95,7 +95,7 @@ class StopFlag:
 
 # What a session needs beyond a training stage's save margin to take one step: start-up (the
 # Prefect server, the base model, data) and the first step's compilation. A budget below the
-# largest save margin plus this stops every session at step 0 (issue 37): refused before compute.
+# largest save margin plus this stops every session at step 0: refused before compute.
 STARTUP_AND_STEP_SECONDS = 60.0
 
 ABORT_EXIT_CODE = 130  # what a shell reports for a job ended by Ctrl-C

@@ -2,7 +2,7 @@
 
 Why: reasoning-gym's arithmetic rows carry the expression and its value but no working, so
 their SFT target's reasoning was the one line "<expression> = <answer>": the model learns to
-jump to an answer, and RL has no chain to reshape (issue 35, item 4). A chain written by the
+jump to an answer, and RL has no chain to reshape (why worked chains exist). A chain written by the
 task's own rules is exact, free and deterministic, unlike a model's traces.
 
 The expression is parsed with `ast` (never evaluated) and reduced innermost-first, left to

@@ -4,7 +4,7 @@ Why it exists: `jax.random.categorical` draws by the Gumbel-max trick, one rando
 every vocabulary entry of every row. At Gemma 3's 262,144-token vocabulary that is most of a
 sampled decode step's cost on this machine's CPU: 124 ms for 32 rows, against 108 ms for
 all the step's weight products and 15 ms for the log-softmax Tunix also computes
-(bench/results/sampling-cost.json and bf16-matmul.json; docs/log.md, session 19).
+(bench/results/sampling-cost.json and bf16-matmul.json; docs/log.md, 2026-11-27).
 Inverse-CDF sampling needs one uniform per row: the softmax, a cumulative sum, and a search.
 A flat cumulative sum over 262,144 entries is itself slow on XLA CPU (38 ms), so it runs in
 two levels: sums of blocks of about sqrt(V) entries, the block holding the uniform, then the

@@ -517,7 +517,7 @@ class TokenEntropy:
     (GRPO's `entropy` metric, PPO's entropy term), which decodes the completion to
     full-vocabulary logits a second time, positions-major, and runs log-softmax then softmax
     over them: on reinforce-headroom's actor update (32 rows, 32 completion positions) that
-    was 6.5 of 18.7 s of the compiled step's thread time (docs/log.md, session 20). Anything
+    was 6.5 of 18.7 s of the compiled step's thread time (docs/log.md, 2026-11-27). Anything
     else that reads this as an array fails loudly (no shape, no arithmetic)."""
 
     entropy: jax.Array

@@ -176,7 +176,7 @@ def long_smoke(deployed: dict[str, Any]) -> Path:
 def kaggle_first_session(deployed: dict[str, Any], long_smoke: Path) -> tuple[int, str]:
     """deploy/kaggle/run_session.sh on the smoke recipe with the smallest session budget
     `far run` accepts (the save margin plus start-up and one step; a smaller one is refused
-    before compute since issue 37): data-prep commits, training stops at the budget before
+    before compute): data-prep commits, training stops at the budget before
     the run is complete and the runner exits 3. FAR_VENV is the project's venv (no install)."""
     recipe = load_recipe(str(REPO / "recipes" / "smoke.yaml"))
     margin = max(recipe.sft.save_margin_seconds, recipe.grpo.save_margin_seconds)

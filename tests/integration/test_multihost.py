@@ -1,7 +1,7 @@
 """Multi-host discipline with two CPU processes joined by jax.distributed (gloo collectives),
 the tiny model on an fsdp=2 mesh spanning both: SFT stops (a stop request reaching one
 process only) and resumes; GRPO and evaluation run across both processes (Tunix's reported
-multi-process sampler failure, google/tunix issue 698, does not occur here); only process 0
+multi-process sampler failure, google/tunix#698, does not occur here); only process 0
 writes records."""
 
 from __future__ import annotations

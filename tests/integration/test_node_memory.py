@@ -1,7 +1,7 @@
 """A node's arrays are gone when it returns: pipeline.nodes.run_node collects the reference
 cycles a training stage leaves (its Tunix trainer, optimizer state and LoRA clone), which
 Python's cyclic collector would otherwise free only at some later allocation, while the next
-node builds its own (about 1 GB a training node on the real model; docs/log.md, session 17).
+node builds its own (about 1 GB a training node on the real model; docs/log.md, 2026-11-27).
 Tiny smoke model, 2 SFT steps."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Qwen 3 and Llama 3 through Tunix's own networks (issue 36, item 4): each family's tiny
+"""Qwen 3 and Llama 3 through Tunix's own networks (FAR beyond Gemma): each family's tiny
 recipe runs data_prep -> SFT -> GRPO -> evaluate in process, its GRPO checkpoint exports as a
 Qwen3ForCausalLM / LlamaForCausalLM directory that transformers loads without a warning, and
 transformers' logits equal FAR's on the same weights (LoRA merged). The export's weights also

@@ -1,4 +1,4 @@
-"""A default `far run` prints FAR's own lines only (issue 38): none of the warnings below, each
+"""A default `far run` prints FAR's own lines only: none of the warnings below, each
 shown harmless here with real processes (a real temporary Prefect server, a real flow on it).
 
 - Python's / JAX's `os.fork()` deadlock warning: far's temporary server was started with a

@@ -75,7 +75,7 @@ def test_sft_teaches_the_format(smoke_runs: tuple[RunSummary, RunSummary]) -> No
 
 def test_smoke_grpo_earns_reward_with_spread(smoke_runs: tuple[RunSummary, RunSummary]) -> None:
     """The smoke GRPO does visible work: some rollouts earn reward and some prompt group has
-    reward variance (the only groups GRPO learns from). Before issue 38 its rollouts sampled
+    reward variance (the only groups GRPO learns from). Before this was fixed its rollouts sampled
     random bytes at temperature 0.9, so every step's reward and informative fraction was 0."""
     first, _ = smoke_runs
     (grpo_line,) = [s for s in first.stages if s.stage == "grpo"]

@@ -1,4 +1,4 @@
-"""Absurd recipe values (issue 37, low): each is refused by validation, naming the field, the
+"""Absurd recipe values: each is refused by validation, naming the field, the
 value given and what was expected, while every bundled recipe still validates."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`far status|lineage|audit|validate --json` (issue 38, item 5): one JSON object on stdout,
+"""`far status|lineage|audit|validate --json` (for scripts): one JSON object on stdout,
 parsed back into its schema (schemas/cli_output.py) and checked against the text output's
 facts, on real runs (tests/unit/test_records.py's `make_run`: real run_stage commits). And
 none of these (nor `far recipes`) imports JAX: a child process runs them and says."""

@@ -1,5 +1,5 @@
 """`far recipes` lists and copies the bundled recipes, and a mistyped recipe field or stage
-kind names the nearest valid one (issue 38, item 5). Real CLI calls (in process), real files."""
+kind names the nearest valid one (a did-you-mean). Real CLI calls (in process), real files."""
 
 from __future__ import annotations
 

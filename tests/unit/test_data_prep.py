@@ -221,7 +221,7 @@ def test_off_a_terminal_reading_a_source_writes_no_bar(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Was: tqdm's "data_prep ...: 0 rows [00:00, ? rows/s]" and a carriage return in a
-    redirected log, with the next log line run into it (issue 38: nothing interleaved)."""
+    redirected log, with the next log line run into it (now nothing is interleaved)."""
     recipe = recipe_with(str(tmp_path))
     data_prep.prepare(recipe.data, recipe.model, RunContext(str(tmp_path), "r"))
     captured = capsys.readouterr()

@@ -1,7 +1,8 @@
-"""The numbers README.md and docs/getting-started.md quote for the smoke and demo runs are the
-ones in docs/results/: smoke.json is written by bench/docs_results.py from a real run,
-demo.json holds the README's fresh-clone demo measurement. Before, the two documents quoted
-different runs (smoke flow 24.4 s against 46.1 s, demo 285 s against 355 s)."""
+"""The numbers docs/results.md and docs/getting-started.md quote for the smoke and demo runs
+and the control experiments are the ones in docs/results/ and bench/results/: smoke.json is
+written by bench/docs_results.py from a real run, demo.json holds the fresh-clone demo
+measurement. Before, two documents quoted different runs (smoke flow 24.4 s against 46.1 s,
+demo 285 s against 355 s). README.md's own table: tests/unit/test_readme.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 
-README = REPO / "README.md"
+RESULTS_PAGE = REPO / "docs" / "results.md"
 GETTING_STARTED = REPO / "docs" / "getting-started.md"
 # the sentences as the documents word them; a line break may fall at any space
 SMOKE_SENTENCE = re.compile(
@@ -33,11 +34,11 @@ def results(name: str) -> dict[str, Any]:
     return data
 
 
-def test_readme_prints_the_smoke_run_of_the_results_file() -> None:
+def test_getting_started_prints_the_smoke_run_of_the_results_file() -> None:
     smoke = results("smoke")
-    assert smoke["excerpt"] in README.read_text(), (
-        "README.md's smoke excerpt is not the one in docs/results/smoke.json: paste its "
-        "`excerpt` (regenerate with bench/docs_results.py)"
+    assert smoke["excerpt"] in GETTING_STARTED.read_text(), (
+        "docs/getting-started.md's smoke excerpt is not the one in docs/results/smoke.json: "
+        "paste its `excerpt` (regenerate with bench/docs_results.py)"
     )
 
 
@@ -68,7 +69,7 @@ def test_getting_started_quotes_the_smoke_scores_of_the_results_file() -> None:
         assert row in text, f"docs/getting-started.md lacks the smoke row {row}"
 
 
-@pytest.mark.parametrize("doc", [README, GETTING_STARTED], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [RESULTS_PAGE, GETTING_STARTED], ids=lambda p: p.name)
 def test_both_documents_quote_the_demo_run_of_the_results_file(doc: Any) -> None:
     demo = results("demo")
     sentences = DEMO_SENTENCE.findall(doc.read_text())
@@ -95,14 +96,14 @@ def test_a_changed_number_is_caught() -> None:
         smoke_numbers(good + "\n" + good, "x")  # two sentences: which one is true?
 
 
-def test_readme_quotes_the_sft_sweep_of_its_results_file() -> None:
-    """The plateau sweep's accuracies the README quotes (3e-4 at 160, 320 and 640 steps) are those
-    in docs/results/sft-sweep.json (written by bench/sft_sweep.py from the sweep's runs)."""
+def test_results_page_quotes_the_sft_sweep_of_its_results_file() -> None:
+    """The plateau sweep's accuracies docs/results.md quotes (3e-4 at 160, 320 and 640 steps)
+    are those in docs/results/sft-sweep.json (written by bench/sft_sweep.py from its runs)."""
     points = {(p["learning_rate"], p["steps"]): p for p in results("sft-sweep")["points"]}
-    text = " ".join(README.read_text().split())
+    text = " ".join(RESULTS_PAGE.read_text().split())
     for steps in (160, 320, 640):
         quoted = f"{points[(0.0003, steps)]['greedy_accuracy']:.3f} after {steps}"
-        assert quoted in text, f"README.md should quote {quoted!r} from sft-sweep.json"
+        assert quoted in text, f"docs/results.md should quote {quoted!r} from sft-sweep.json"
 
 
 def load_reinforce_mode_bench() -> Any:
@@ -115,21 +116,22 @@ def load_reinforce_mode_bench() -> Any:
     return module
 
 
-def test_readme_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
-    """Issue 35's result as the README shows it: every line of the greedy and the sampled
-    tables is the one bench/reinforce_mode.py builds from docs/results/reinforce-mode-s24.json
-    (the three data seeds' runs with the `sampled` node), and the sentences around them quote
+def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
+    """The control experiments as docs/results.md shows them: every line of the greedy and the
+    sampled tables is the one bench/reinforce_mode.py builds from
+    docs/results/reinforce-mode-s24.json (the three data seeds' runs with the `sampled` node),
+    and the sentences around them quote
     the same file: the lowest strict format rate, the mode pools' sizes, the pick's output,
     the answer signs of seed 1 and the minutes of each run's stages."""
     bench = load_reinforce_mode_bench()
     runs = results("reinforce-mode-s24")["runs"]
     assert sorted(run["data_seed"] for run in runs) == [0, 1, 2]
-    text = README.read_text()
+    text = RESULTS_PAGE.read_text()
     for line in [
         *bench.readme_table(runs).splitlines(),
         *bench.readme_sampled_table(runs).splitlines(),
     ]:
-        assert line in text, f"README.md should show {line!r} from reinforce-mode-s24.json"
+        assert line in text, f"docs/results.md should show {line!r} from reinforce-mode-s24.json"
     flat = " ".join(text.split())
     lowest = min(r["format_rate"] for run in runs for r in run["held_out"])
     assert f"strict format >= {lowest:.3f} in every row" in flat
@@ -163,14 +165,14 @@ def test_readme_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
 
 
 SPEED_DIR = REPO / "bench" / "results"
-SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-skip-s22.json"  # the README's table
-SPEED_REPEATS = (  # the comparison with session 21's settings (docs/log.md)
+SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-skip-s22.json"  # the page's table
+SPEED_REPEATS = (  # the comparison with the earlier settings (docs/log.md)
     SPEED_DIR / "roofline-reinforce-headroom-40-s22.json",
 )
 
 
 def speed_ratio(path: Path) -> tuple[str, str]:
-    """A roofline file's GRPO completions/s ratio as the README quotes it: "2.13x" and
+    """A roofline file's GRPO completions/s ratio as docs/results.md quotes it: "2.13x" and
     "(2.16, 2.10)", the median and each pair's."""
     ratio = json.loads(path.read_text())["ratios"]["grpo_completions_per_s"]
     return f"{ratio['median']:.2f}x", f"({', '.join(f'{p:.2f}' for p in ratio['pairs'])})"
@@ -191,9 +193,9 @@ def informative(runs: list[dict[str, Any]], update: bool) -> str:
     return f"{sum(shares) / len(shares):.2f}"
 
 
-def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
-    """Issue 35 item 5's before and after (bench/roofline.py against the code the issue was
-    filed on, this tree with opt-in grpo settings) as the README shows them: the ratio of
+def test_results_page_quotes_the_grpo_speed_of_its_roofline_file() -> None:
+    """GRPO's speed before and after (bench/roofline.py against the code before the opt-in
+    grpo settings, this tree with them) as docs/results.md shows them: the ratio of
     each run of the comparison, the settings, what the bfloat16 vocabulary table moves
     (bench/vocab_table_divergence.py), the informative-group shares and the table's seconds
     and completions per second."""
@@ -212,7 +214,7 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
     divergence = json.loads((SPEED_DIR / "vocab-table-divergence.json").read_text())
     changes = now[0]["grpo_changes"]
     settings = ", ".join(f"`{k}: {str(v).lower()}`" for k, v in changes.items())
-    flat = " ".join(README.read_text().split())
+    flat = " ".join(RESULTS_PAGE.read_text().split())
     median, pairs = speed_ratio(SPEED_RESULTS)
     for quoted in (
         f"**GRPO completions/s {median}** {pairs}",
@@ -223,7 +225,7 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
         f"{informative(now, True)} of those the update runs over (0494bc9: "
         f"{informative(before, False)},",
     ):
-        assert quoted in flat, f"README.md should quote {quoted!r} from {SPEED_RESULTS.name}"
+        assert quoted in flat, f"docs/results.md should quote {quoted!r} from {SPEED_RESULTS.name}"
     performance = (REPO / "docs" / "performance.md").read_text()
     for row in (
         f"| actor update | {mean(before, 'actor_update')} | {mean(now, 'actor_update')} |",
@@ -233,10 +235,10 @@ def test_readme_quotes_the_grpo_speed_of_its_roofline_file() -> None:
         assert row in performance, f"performance.md should show {row!r} from {SPEED_RESULTS.name}"
 
 
-def test_readme_quotes_the_oversampled_run_of_its_roofline_file() -> None:
+def test_results_page_quotes_the_oversampled_run_of_its_roofline_file() -> None:
     """grpo.oversample 2 with the four settings, against this tree without settings (one
-    pair, session 23): the update's informative share, both completion ratios and the update's
-    seconds as the README quotes them."""
+    pair): the update's informative share, both completion ratios and the update's seconds as
+    docs/results.md quotes them."""
     path = SPEED_DIR / "roofline-reinforce-headroom-40-oversample-s23.json"
     run = json.loads(path.read_text())
     (now,) = run["current"]
@@ -248,4 +250,4 @@ def test_readme_quotes_the_oversampled_run_of_its_roofline_file() -> None:
         f"{ratios['grpo_trained_completions_per_s']['median']:.2f}x; its 4-group update took "
         f"{now['seconds']['actor_update']:.1f} s a step"
     )
-    assert quoted in " ".join(README.read_text().split()), quoted
+    assert quoted in " ".join(RESULTS_PAGE.read_text().split()), quoted

@@ -1,5 +1,5 @@
 """A storage root that fills up: every write ends the session at once, naming the file, and
-leaves nothing behind (issue 37, High 3). On a real small filesystem (a tmpfs mounted for the
+leaves nothing behind (a red-team finding). On a real small filesystem (a tmpfs mounted for the
 test; skipped where mounting is not permitted), with real threads, signals and processes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Qwen 3 and Llama 3 model specs and their checkpoints' RoPE (issue 36, item 4): a checkpoint
+"""Qwen 3 and Llama 3 model specs and their checkpoints' RoPE (FAR beyond Gemma): a checkpoint
 whose config.json asks for RoPE that Tunix 0.1.7's network does not apply (it uses its
 apply_rope default base whatever the config says, and no scaling) is refused before it loads
 and silently computes other logits."""

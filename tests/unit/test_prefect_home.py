@@ -1,4 +1,4 @@
-"""A PREFECT_HOME that Prefect cannot create (issue 37, low): `far run` says so in one line,
+"""A PREFECT_HOME that Prefect cannot create (a red-team finding): `far run` says so in one line,
 naming the path and the fix, exit 2, before its temporary Prefect server starts. It was
 reported as a server start timeout.
 

@@ -1,4 +1,4 @@
-"""The warnings `far` drops from its console by default are harmless (issue 38): Tunix's
+"""The warnings `far` drops from its console by default are harmless: Tunix's
 "You might be missing jax[tpu]" only skips a TPU memory report on CPU, and the filter drops
 that warning alone (-v keeps it). tests/integration/test_quiet_console.py runs the rest with
 a real temporary Prefect server."""

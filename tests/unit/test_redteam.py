@@ -355,7 +355,7 @@ def test_math_attacks_cost_only_their_own_score(monkeypatch: pytest.MonkeyPatch)
     assert _lingering_processes() == []
 
 
-# Resources and determinism (issue 28, items 1-6): each attack below scored, or cost the host,
+# Resources and determinism (a red-team review): each attack below scored, or cost the host,
 # something on main 3c565e0.
 
 ONE_TEST = ("assert add(1, 2) == 3",)

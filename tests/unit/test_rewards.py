@@ -26,7 +26,7 @@ FORMAT_CASES = [
     ("<reasoning>x</reasoning>\n<answer>7</answer>\n<end_of_turn>\n", 1.0),
     ("<reasoning>a < b, so 7</reasoning><answer>7</answer>", 1.0),  # a lone '<' is text
 ]
-# Each scored 1.0 on main (issue 37): the lazy match ran on to the last closing tag
+# Each scored 1.0 before the strict format: the lazy match ran on to the last closing tag
 NOT_STRICT = [
     "<reasoning>x</reasoning><answer>7</answer> junk <answer>8</answer>",  # a second answer
     "<reasoning>x</reasoning><answer>7</answer>\nQ: next?\n<answer>8</answer><end_of_turn>",

@@ -235,7 +235,7 @@ def _survivors(pids: list[int], grace_seconds: float = 10.0) -> list[int]:
 
 @needs_bwrap
 def test_a_sigkilled_grader_takes_its_sandbox_with_it() -> None:
-    """On main (issue 37) the sandboxed interpreter was PID 1 of its namespace under a uid of
+    """Before this fix the sandboxed interpreter was PID 1 of its namespace under a uid of
     its own: bubblewrap's --die-with-parent killed bubblewrap, whose parent-death signal to the
     interpreter the kernel dropped (bubblewrap has no capabilities and another uid), so the
     blocked completion lived on under init. A real grader, SIGKILLed mid-grade."""

@@ -1,4 +1,4 @@
-"""A session budget that cannot make progress (issue 37, High 4): refused before compute by
+"""A session budget that cannot make progress (a red-team finding): refused before compute by
 `far run`, `far resume` and `far validate` with the smallest budget that works, and a session
 that still ends with no step taken says so with its own exit code (6) for a scheduler.
 

@@ -1,18 +1,18 @@
 """Stage hashes of the bundled smoke recipes, pinned: a run resumes and skips by stage hash, so
 a refactor of how a stage declares or hashes its config must leave every one of them where it
-was. The values were computed on main before the stage registry (issue 27, item 4) existed;
+was. The values were computed on main before the stage registry existed;
 upstream fingerprints are fixed stand-ins, so only the hashed config, model and code version
-count. data_prep's is the one README.md prints for `far run recipes/smoke.yaml`.
+count. data_prep's is the one docs/getting-started.md prints for `far run recipes/smoke.yaml`.
 
 Moved on purpose since: evaluate and dag.evaluate_train by evaluate's STAGE_VERSION 4 -> 6
-(sampled rows compared with sampled rows, by pass@1, intervals over prompts; issue 25);
+(sampled rows compared with sampled rows, by pass@1, intervals over prompts);
 sft and dag.sft_self by sft's STAGE_VERSION 1 -> 3 (the loss at its loss positions, then
-through the fused projection; issue 26); grpo by grpo's STAGE_VERSION 4 -> 5 (log-probs through
-the fused projection; issue 26); grpo, evaluate, dag.evaluate_train and dag.self_teach by
+through the fused projection); grpo by grpo's STAGE_VERSION 4 -> 5 (log-probs through
+the fused projection); grpo, evaluate, dag.evaluate_train and dag.self_teach by
 grpo 5 -> 6, evaluate 6 -> 7 and self_teach 1 -> 2 (format_strict wants each tag once and
-nothing after the answer but the end-of-turn marker; issue 37); grpo by recipes/smoke.yaml's
+nothing after the answer but the end-of-turn marker); grpo by recipes/smoke.yaml's
 rollouts at temperature 0.3 and 32 tokens instead of 0.9 and 24 (at 0.9 the tiny model samples
-random bytes, so every reward was 0; issue 38).
+random bytes, so every reward was 0).
 """
 
 from __future__ import annotations

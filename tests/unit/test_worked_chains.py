@@ -1,4 +1,4 @@
-"""Worked chains for arithmetic rows (SourceSpec `reasoning: steps`, issue 35 item 4): exact on
+"""Worked chains for arithmetic rows (SourceSpec `reasoning: steps`): exact on
 hand-written expressions, true step by step on generated rows (each step re-checked here by
 its own parser, not by the generator's), refused where they cannot be exact, out of the stage
 hash at the default, and refused by `far validate` on a source without an expression."""
