@@ -32,7 +32,7 @@ from tunix.sft import utils as sft_utils
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
 from stages.core import metrics_logging, storage
-from stages.core.checkpoints import committed_checkpoint, publish_session
+from stages.core.checkpoints import committed_checkpoint, publish_session, train_curve
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -171,12 +171,10 @@ def _distill(
     artifact = committed_checkpoint(
         ckpt_uri, config.max_steps, student_spec, teacher.tokenizer, config.lora
     )
-    losses = [
-        float(x) for x in np.asarray(trainer.metrics_logger.get_metric_history("", "loss", "train"))
-    ]
+    losses = train_curve(trainer.metrics_logger, "loss")
     metrics = {
-        "first_loss": losses[0],
-        "final_loss": losses[-1],
+        "first_loss": losses[0] if losses else float("nan"),  # none: no step this session
+        "final_loss": losses[-1] if losses else float("nan"),
         "resumed_from_step": float(start_step),
         "student_params_bytes": float(models.param_bytes(base)),
     }

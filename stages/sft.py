@@ -31,7 +31,7 @@ from tunix.sft import metrics_logger, peft_trainer
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages.core import metrics_logging, storage
-from stages.core.checkpoints import committed_checkpoint, publish_session
+from stages.core.checkpoints import committed_checkpoint, publish_session, train_curve
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -213,10 +213,7 @@ def _train(
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
     logged = trainer.metrics_logger
-    history = {
-        name: [float(x) for x in np.asarray(logged.get_metric_history("", name, "train"))]
-        for name in ("loss", "learning_rate")
-    }
+    history = {name: train_curve(logged, name) for name in ("loss", "learning_rate")}
     return artifact, metrics, history
 
 
@@ -259,9 +256,8 @@ def training_metrics(
     finished: float,
 ) -> dict[str, float]:
     """Loss, learning rate, throughput and compilations of this session's training."""
-    history = trainer.metrics_logger
-    losses = np.asarray(history.get_metric_history("", "loss", "train"))
-    rates = np.asarray(history.get_metric_history("", "learning_rate", "train"))
+    losses = train_curve(trainer.metrics_logger, "loss") or [float("nan")]  # none: no step
+    rates = train_curve(trainer.metrics_logger, "learning_rate") or [float("nan")]
     rows_per_step = config.batch_size * config.gradient_accumulation_steps
     useful = float((arrays["segment_ids"] > 0).mean())
     trained = clock.times[start_step * config.gradient_accumulation_steps :]

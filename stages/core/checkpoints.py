@@ -8,6 +8,10 @@ the committed checkpoint as a CheckpointArtifact fingerprinted by its content.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import LoraSpec, ModelSpec
 from stages.core import storage
@@ -60,3 +64,12 @@ def saved_steps(uri: str) -> list[int]:
     being written sits in a `<step>.orbax-checkpoint-tmp-*` directory and is not one)."""
     tops = {relative.split("/", 1)[0] for relative in storage.list_files(uri)}
     return sorted(int(top) for top in tops if top.isdigit())
+
+
+def train_curve(metrics_logger: Any, name: str, prefix: str = "") -> list[float]:
+    """The values of training metric `name` a Tunix MetricsLogger holds from this session;
+    empty when the session took no step (a session resumed from its final checkpoint, after a
+    crash before the record: Tunix's get_metric_history then fails with KeyError(''))."""
+    if not metrics_logger.metric_exists(prefix, name, "train"):
+        return []
+    return [float(x) for x in np.asarray(metrics_logger.get_metric_history(prefix, name, "train"))]

@@ -45,7 +45,7 @@ from schemas.record import (
 from stages.core import drift, ledger, storage
 from stages.core.errors import MissingInput, TamperedStage
 from stages.core.progress import ProgressCallback
-from stages.core.sessions import LeaseLost, SaveFailed, StopFlag
+from stages.core.sessions import LeaseLost, SaveFailed, StopFlag, fencing
 from stages.core.shared import SharedBuilds
 
 log = logging.getLogger(__name__)
@@ -531,7 +531,8 @@ def run_stage(
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
     try:
-        output, metrics, history = work(directory)
+        with fencing(functools.partial(_fence_stage, ctx, record_uri) if ctx.primary else None):
+            output, metrics, history = work(directory)
     except BaseException as e:
         outcome = "stopped" if isinstance(e, SessionExpired | KeyboardInterrupt) else "failed"
         if not ctx.primary or isinstance(e, LeaseLost):  # a lost lease: write nothing more
@@ -546,7 +547,7 @@ def run_stage(
         raise
     if not ctx.primary:
         return _await_commit(ctx, record_uri, output)
-    ctx.check_fence()  # a session that lost its lease stops here, before writing anything
+    _fence_stage(ctx, record_uri)  # a session that lost its lease stops here, writing nothing
     this_session = _session(ctx, started, t0, "complete", "")
     record = StageRecord(
         stage=stage,
@@ -573,6 +574,19 @@ def run_stage(
     commit_record(ctx, record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+def _fence_stage(ctx: RunContext, record_uri: str) -> None:
+    """The fence before each write into a stage directory (a checkpoint, the commit): the
+    session must still hold the run's lease (ctx.fence renews it), and no other session may
+    have committed the directory meanwhile (a holder stopped past its lease's lifetime, whose
+    successor finished the stage). Raises LeaseLost: the session writes nothing more."""
+    ctx.check_fence()
+    if storage.exists(record_uri):
+        raise LeaseLost(
+            f"stage directory {record_directory(record_uri)} was committed by another session "
+            f"while this one worked on it; this session writes nothing more there"
+        )
 
 
 def save_failure(stage: str, directory: str, error: BaseException) -> SaveFailed | None:

@@ -39,6 +39,41 @@ class LeaseLost(RuntimeError):
     stop at once and write nothing more (`far` exits with its own code)."""
 
 
+# The write fence of the stage this process works on now: called before every checkpoint a
+# library writes on FAR's behalf (Tunix's saves, Orbax's commit renames and deletions, patched
+# in stages/modeling/tunix_compat.py), from whichever thread writes. One stage at a time runs
+# in a process, so one fence suffices; None outside a stage's work.
+_write_fence: Callable[[], None] | None = None
+_fence_passed = float("-inf")  # time.monotonic() of the last check that passed
+
+
+@contextmanager
+def fencing(check: Callable[[], None] | None) -> Iterator[None]:
+    """Within the block, `check_writes()` calls `check`, which raises (LeaseLost) once this
+    session may no longer write its stage: its lease was taken over, or another session
+    committed the stage directory."""
+    global _write_fence, _fence_passed
+    previous, _write_fence, _fence_passed = _write_fence, check, float("-inf")
+    try:
+        yield
+    finally:
+        _write_fence, _fence_passed = previous, float("-inf")
+
+
+def check_writes(within: float = 0.0) -> None:
+    """Raise unless the stage being worked on may still be written (see `fencing`).
+
+    `within`: for frequent small writes (event records), a check that passed less than that
+    many seconds ago (monotonic) suffices. A process stopped longer than that (SIGSTOP past
+    its lease) checks again at its next write, so a lease lost meanwhile is still found."""
+    global _fence_passed
+    fence = _write_fence
+    if fence is None or time.monotonic() - _fence_passed < within:
+        return
+    fence()
+    _fence_passed = time.monotonic()
+
+
 class SaveFailed(RuntimeError):
     """Storage refused a write this session needed (a full disk, a quota): the session ends at
     once; everything committed before stays, so the same command continues once there is room
@@ -163,6 +198,10 @@ def _abort_on_failed_write(
     before."""
 
     def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.exc_value, LeaseLost):  # a fenced background write: stop at once
+            if flag.error is None:
+                flag.abort(args.exc_value)
+            return
         cause = None if args.exc_value is None else storage.write_failure(args.exc_value)
         if cause is None or flag.error is not None:
             previous(args)

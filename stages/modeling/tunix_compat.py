@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -20,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from orbax.checkpoint._src.path import atomicity
+from orbax.checkpoint._src.path import deleter as orbax_deleter
 from qwix import version as qwix_version
 from qwix._src.providers import lora as qwix_lora
 from tunix.generate import sampler as tunix_sampler
@@ -27,11 +30,15 @@ from tunix.models.gemma3 import model as gemma3_model
 from tunix.rl import algo_core
 from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
+from tunix.sft import checkpoint_manager as tunix_ckpt
 from tunix.sft import peft_trainer
 
+from stages.core import sessions, storage
+from stages.core.errors import InputError
 from stages.modeling import projection, sampling, tunix_version
 
 tunix_version.check_installed()
+log = logging.getLogger(__name__)
 
 
 # --- progress bar ---------------------------------------------------------------------------
@@ -202,6 +209,130 @@ def raise_save_errors(trainer: Any) -> None:
     )
     if error is not None:
         raise error
+
+
+# --- the write fence of checkpoint saves ------------------------------------------------------
+
+
+def fence_checkpoint_writes() -> None:
+    """Make every checkpoint write of every Tunix trainer ask the stage's write fence first
+    (stages/core/sessions.check_writes: the session still holds the run's lease, and nobody
+    else committed the stage directory), once per process.
+
+    The five training stages save through Tunix's CheckpointManager.save (PeftTrainer's loop
+    and its close(); GRPO's actor trainer), which starts an Orbax save that a background
+    thread commits later: by renaming its temporary directory (AtomicRenameTemporaryPath,
+    local), or writing its commit file (CommitFileTemporaryPath, gs://), then deleting the
+    steps beyond max_to_keep (StandardCheckpointDeleter). A holder stopped past its lease
+    (SIGSTOP, a frozen VM) and continued would otherwise write, commit or delete a step in a
+    directory its successor committed before its heartbeat stops it. Each of the four is
+    fenced on the class, so no trainer construction changes; outside a stage's work the fence
+    is a no-op. Test: tests/integration/test_lease.py (a holder stopped before a save)."""
+    if getattr(tunix_ckpt.CheckpointManager.save, "_far_fenced", False):
+        return
+    tunix_ckpt.CheckpointManager.save = _fenced(tunix_ckpt.CheckpointManager.save)
+    for kind in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+        kind.finalize = _fenced_async(kind.finalize)
+    orbax_deleter.StandardCheckpointDeleter.delete = _fenced(
+        orbax_deleter.StandardCheckpointDeleter.delete
+    )
+
+
+def _fenced(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def fenced(*args: Any, **kwargs: Any) -> Any:
+        sessions.check_writes()
+        return method(*args, **kwargs)
+
+    fenced._far_fenced = True  # type: ignore[attr-defined]
+    return fenced
+
+
+def _fenced_async(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def fenced(*args: Any, **kwargs: Any) -> Any:
+        sessions.check_writes()
+        return await method(*args, **kwargs)
+
+    return fenced
+
+
+fence_checkpoint_writes()
+
+
+# --- a damaged latest checkpoint --------------------------------------------------------------
+
+
+DAMAGED_SUFFIX = ".damaged"  # <root>.damaged/<step>: a step that could not be restored
+
+
+def restore_newest_intact() -> None:
+    """Make Tunix's CheckpointManager.maybe_restore (every trainer's resume) fall back to the
+    newest step that restores when the latest one does not (a file deleted or torn), once
+    per process.
+
+    Tunix 0.1.7 restores the latest step and lets Orbax's error out as a traceback. Here a
+    step that fails is moved aside to `<root>.damaged/<step>` (kept for inspection; Orbax
+    would refuse to save that step again), said in one log line, and the next older step is
+    tried; with none left, DamagedCheckpoint names the step and Orbax's first line (the
+    file). Nothing is updated before a restore succeeds, so a failed one leaves the model as
+    it was. Test: tests/integration/test_sft_full.py (a deleted checkpoint file)."""
+    original = tunix_ckpt.CheckpointManager.maybe_restore
+    if getattr(original, "_far_fallback", False):
+        return
+
+    @functools.wraps(original)
+    def maybe_restore(self: Any, *args: Any, **kwargs: Any) -> Any:
+        manager = self._checkpoint_manager
+        if manager is None or args[2:] or kwargs.get("step") is not None:
+            return original(self, *args, **kwargs)
+        while True:
+            step = manager.latest_step()
+            try:
+                return original(self, *args, **kwargs)
+            except Exception as e:  # a stop, a lost lease or a network fault is no damage
+                if (
+                    step is None
+                    or isinstance(e, sessions.LeaseLost | sessions.SaveFailed)
+                    or storage.is_transient(e)
+                ):
+                    raise
+                _set_aside(manager, step, e)
+
+    maybe_restore._far_fallback = True  # type: ignore[attr-defined]
+    tunix_ckpt.CheckpointManager.maybe_restore = maybe_restore
+
+
+class DamagedCheckpoint(InputError):
+    """No saved step of a stage's checkpoints can be restored."""
+
+
+def _set_aside(manager: Any, step: int, error: Exception) -> None:
+    root = manager.directory
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    earlier = [s for s in manager.all_steps() if s < step]
+    if not earlier:
+        raise DamagedCheckpoint(
+            f"checkpoint step {step} in {root} cannot be restored ({cause}) and there is no "
+            f"earlier step: restore its files, or delete {root / str(step)} to train the "
+            f"stage from its start"
+        ) from error
+    aside = root.parent / f"{root.name}{DAMAGED_SUFFIX}"
+    aside.mkdir(parents=True, exist_ok=True)
+    (root / str(step)).rename(aside / str(step))
+    manager.reload()
+    previous = max(earlier)
+    log.warning(
+        "checkpoint step %d in %s cannot be restored (%s): moved to %s; resuming from step %d",
+        step,
+        root,
+        cause,
+        aside / str(step),
+        previous,
+    )
+
+
+restore_newest_intact()
 
 
 # --- rollout seeds ---------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Run the SFT stage of a small recipe in its own process (tests kill it with SIGKILL).
 
 usage: python -m tests.integration._sft_child ROOT MAX_STEPS [DEADLINE_SECONDS] [--die-in-save STEP]
-    [--checkpoint-every STEPS]
+    [--checkpoint-every STEPS] [--die-before-record]
 
 --die-in-save STEP is fault injection: the process SIGKILLs itself after Orbax has written
 checkpoint STEP into its temporary directory and before the rename that commits it, the
 torn save a preemption during a checkpoint write leaves behind. --checkpoint-every replaces the
 recipe's cadence of 5 (every session of one run must pass the same: it is in the stage's hash).
+--die-before-record: the process SIGKILLs itself once SFT saved and published its final
+checkpoint, just before it writes the stage's record (a kill between the two).
 """
 
 from __future__ import annotations
@@ -50,8 +52,25 @@ def die_in_save(step: int) -> None:
     atomicity.AtomicRenameTemporaryPath.finalize = finalize  # type: ignore[method-assign]
 
 
+def die_before_record() -> None:
+    from stages.core import runner
+
+    original = runner.commit_record
+
+    def commit(ctx: Any, record_uri: str, record: Any) -> None:
+        if record.stage == "sft":
+            print("KILLING MYSELF before the SFT record", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(ctx, record_uri, record)
+
+    runner.commit_record = commit
+
+
 def main(argv: list[str]) -> int:
     use_session_compile_cache()
+    if "--die-before-record" in argv:
+        argv = [a for a in argv if a != "--die-before-record"]
+        die_before_record()
     if "--die-in-save" in argv:
         at = argv.index("--die-in-save")
         die_in_save(int(argv[at + 1]))

@@ -5,6 +5,7 @@ whose generation preconditions make the create and the takeover atomic."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import pytest
 from pipeline import lease
 from pipeline.manifest import read_manifest
 from schemas.record import LeaseHolder
-from stages.core import storage
+from stages.core import runner, storage
 from tests.conftest import REPO
 
 HOLDER_TTL = 3.0  # seconds: renewed every second while the holder lives
@@ -214,3 +215,73 @@ def test_far_run_into_a_held_lease_prints_one_line_and_no_traceback(tmp_path: Pa
     assert said == lines[-1:] and f"pid {proc.pid}" in said[0], done.stderr
     for unwanted in ("Traceback", "ERROR", "LeaseHeld"):
         assert unwanted not in done.stderr + done.stdout, done.stderr
+
+
+def tree_digest(directory: Path) -> dict[str, str]:
+    """Every file under `directory` by its path and sha256: what "writes nothing" compares."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def sft_child(run_uri: str, ttl: float, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration._lease_child", run_uri, "sft", str(ttl), *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until_stopped(proc: subprocess.Popen[str]) -> None:
+    """Block until `proc` says it stops itself, then until the kernel shows it stopped."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == "stopping":
+            break
+    else:
+        raise AssertionError(f"the holder ended without stopping: {proc.wait()} {proc.stderr}")
+    give_up = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < give_up, "the holder never stopped"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stop_before_save", [10, 20], ids=["mid-training", "final-save"])
+def test_a_holder_stopped_before_a_save_writes_nothing_into_the_stage_its_successor_committed(
+    tmp_path: Path, stop_before_save: int
+) -> None:
+    """Real processes, real signals, a short lease: holder A runs SFT and is frozen (SIGSTOP)
+    just before the trainer saves a step; past its lease's lifetime holder B takes the run
+    over, finishes SFT from A's last checkpoint and commits it. A is continued (SIGCONT) at
+    the save: every checkpoint write is fenced by the lease, so A stops with exit 5 and the
+    committed stage directory is byte for byte what B committed, and still matches its
+    sealed record."""
+    run_uri = str(tmp_path / "child")
+    stale = sft_child(run_uri, HOLDER_TTL, str(stop_before_save))
+    try:
+        wait_until_stopped(stale)
+        time.sleep(HOLDER_TTL + 1)  # frozen past its lease's lifetime
+        successor = sft_child(run_uri, 60.0)
+        out, err = successor.communicate(timeout=600)
+        assert successor.returncode == 0, err
+        assert "took over the run lease" in err and "expired" in err
+        [record_line] = [line for line in out.splitlines() if line.startswith("RECORD ")]
+        stage = Path(record_line.split(" ", 1)[1]).parent
+        committed = tree_digest(stage)
+        os.kill(stale.pid, signal.SIGCONT)
+        _, stale_err = stale.communicate(timeout=120)
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+        stale.wait(timeout=30)
+    assert stale.returncode == 5, stale_err
+    assert "lost the run lease" in stale_err, stale_err
+    assert tree_digest(stage) == committed  # not one file written, changed or deleted
+    for record_uri in sorted(str(p) for p in Path(run_uri).glob("*/stage.json")):
+        record = runner.read_record(record_uri)  # the audit's checks of a stage: seal, files
+        assert record is not None
+        runner.verify_before_reuse(record_uri, record)

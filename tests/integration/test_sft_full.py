@@ -166,3 +166,49 @@ def test_stop_flag_saves_and_stops(tmp_path: Path) -> None:
     assert steps and max(steps) < 2000  # saved where it stopped, not only at step 1000
     with pytest.raises(SessionExpired, match="SIGTERM before stage sft"):
         sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
+
+
+def killed_before_the_record(root: Path, max_steps: int) -> Path:
+    """A session SIGKILLed after SFT saved its final checkpoint, before the stage's record."""
+    victim = run_child(root, max_steps, "--die-before-record")
+    output = victim.communicate(timeout=300)[0]
+    assert victim.returncode == -signal.SIGKILL, output
+    assert "KILLING MYSELF before the SFT record" in output
+    [stage] = list(root.glob("child/sft-*"))
+    assert not (stage / "stage.json").exists()
+    assert str(max_steps) in os.listdir(stage / "checkpoints")
+    return stage
+
+
+def test_a_session_killed_between_the_final_checkpoint_and_the_record_commits_next_time(
+    tmp_path: Path,
+) -> None:
+    """The next session restores the final checkpoint, takes no step and commits it (it failed
+    with KeyError('') from Tunix's metrics logger, which holds no loss of this session)."""
+    stage = killed_before_the_record(tmp_path, 10)
+    again = run_child(tmp_path, 10)
+    output = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, output
+    assert "KeyError" not in output and f"RECORD {stage}/stage.json" in output
+    record = record_of(tmp_path)
+    assert record.metrics["resumed_from_step"] == 10 and record.metrics["steps_this_session"] == 0
+    assert record.history["loss"] == []  # no step this session: no curve, not a crash
+
+
+def test_a_deleted_checkpoint_file_falls_back_to_the_previous_step_then_fails_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A file deleted from the latest step: the next session says so in one line, sets the
+    step aside and resumes from the step before it. With no intact step left, one line names
+    the step and the file, and no traceback."""
+    stage = killed_before_the_record(tmp_path, 10)
+    victim = next(p for p in sorted((stage / "checkpoints" / "10").rglob("*")) if p.is_file())
+    victim.unlink()
+    resumed = run_child(tmp_path, 10)
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    said = [line for line in output.splitlines() if "cannot be restored" in line]
+    assert len(said) == 1 and "resuming from step 5" in said[0], output
+    assert "Traceback" not in output
+    assert record_of(tmp_path).metrics["resumed_from_step"] == 5
+    assert (stage / "checkpoints.damaged" / "10").is_dir()

@@ -116,3 +116,22 @@ def test_a_holder_whose_pid_is_gone_from_this_host_is_taken_over_at_once(run_uri
     assert storage.replace_if_version(taken.uri, older.model_dump_json().encode(), taken.version)
     with pytest.raises(lease.LeaseHeld):
         lease.acquire(run_uri, "third")
+
+
+def test_the_write_fence_refuses_a_stage_another_session_committed(tmp_path: Any) -> None:
+    """run_stage's fence before each checkpoint write: a lease check, then no record there."""
+    from stages.core import runner, sessions
+
+    checks: list[int] = []
+    ctx = runner.RunContext(root=str(tmp_path), run="r", fence=lambda: checks.append(1))
+    record_uri = storage.join(str(tmp_path), "r", "sft-0123456789ab", "stage.json")
+    with sessions.fencing(lambda: runner._fence_stage(ctx, record_uri)):
+        sessions.check_writes()
+        assert checks == [1]
+        sessions.check_writes(within=60.0)  # frequent writes: a check that just passed suffices
+        assert checks == [1]
+        storage.write_json(record_uri, {"committed": "by another session"})
+        with pytest.raises(LeaseLost, match="committed by another session"):
+            sessions.check_writes()
+    sessions.check_writes()  # outside a stage's work: nothing to check
+    assert checks == [1, 1]
