@@ -86,7 +86,7 @@ def check_finite(
     largest = int(np.argmax(magnitudes))
     raise RewardFailed(
         f"the weighted rewards of completion {row} {completion_text(str(completions[row]))} "
-        f"{what} {values[row]!r}, so the policy would train on it; reward {names[largest]!r} "
-        f"gave {terms[row, largest]!r}: keep its values (times its weight) far from the "
-        f"float range, e.g. within [-1e6, 1e6]"
+        f"{what} {float(values[row])!r}, so the policy would train on it; reward "
+        f"{names[largest]!r} gave {float(terms[row, largest])!r}: keep its "
+        f"values (times its weight) far from the float range, e.g. within [-1e6, 1e6]"
     )
