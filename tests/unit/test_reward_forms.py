@@ -9,6 +9,7 @@ real Tunix reward manager FAR registers (stages/grpo/reward_sums.py) with a real
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -25,6 +26,7 @@ from schemas.recipe import GRPOConfig
 from stages import rewards, self_teach
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
+from stages.data_prep.sources import Example
 from stages.evaluate import evaluation
 from stages.grpo import reward_sums
 from stages.grpo import training as grpo
@@ -297,3 +299,24 @@ def test_the_call_limit_comes_from_the_recipe(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("reward_call_seconds: 7", "reward_call_seconds: 0"))
     with pytest.raises(RecipeError, match="reward_call_seconds"):
         load_recipe(str(path))
+
+
+def test_a_mapped_sources_own_columns_reach_the_prompt_rows(tmp_path: Path) -> None:
+    """data_prep keeps a mapped source's columns under its names, for a user's reward; a
+    source without a map (the bundled presets) writes the rows it always wrote."""
+    from schemas.recipe import SourceSpec
+    from stages.data_prep import build
+
+    path = tmp_path / "mine.jsonl"
+    rows = [{"question": "2 km and 2 km?", "result": "4", "unit": "km", "meta": {"n": 1}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = SourceSpec(
+        kind="file", name=str(path), columns={"prompt": "question", "answer": "result"}
+    )
+    [example] = build.load_source(spec, 0, build.Quarantine(), build.Deduper())
+    row = build.prompt_row(example)
+    assert row["columns"] == rows[0] and row["answer"] == "4"
+    [ref] = rewards.row_references([row])
+    assert ref.columns["unit"] == "km" and ref.prompt == row["prompt"]
+    plain = Example(**{f.name: getattr(example, f.name) for f in dataclasses.fields(Example)})
+    assert "columns" not in build.prompt_row(plain)  # unmapped: the rows as before
