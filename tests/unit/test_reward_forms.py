@@ -320,3 +320,15 @@ def test_a_mapped_sources_own_columns_reach_the_prompt_rows(tmp_path: Path) -> N
     assert ref.columns["unit"] == "km" and ref.prompt == row["prompt"]
     plain = Example(**{f.name: getattr(example, f.name) for f in dataclasses.fields(Example)})
     assert "columns" not in build.prompt_row(plain)  # unmapped: the rows as before
+
+
+def test_the_pages_batch_reward_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/your-own-task.md shows tests/plugins/trl_reward.py: it registers, and scores."""
+    from pipeline import plugins
+
+    plugins.load_plugin("tests.plugins.trl_reward")
+    (fn,) = rewards.tunix_reward_fns({"answer_with_unit": 1.0})
+    got = fn(**_batch(["4 km", "4", "4 km", "x"], ["km", "km", None, None]))
+    assert got[:2] == [1.0, 0.0] and all(math.isnan(v) for v in got[2:])
+    page = (Path(__file__).parents[2] / "docs" / "your-own-task.md").read_text()
+    assert '--8<-- "tests/plugins/trl_reward.py"' in page
