@@ -269,6 +269,7 @@ def run_recipe(
         allow_changes=tuple(allow_changes or ()),
         sandbox_isolation=recipe.sandbox.isolation,
         sandbox_workers=recipe.sandbox.workers,
+        reward_call_seconds=recipe.sandbox.reward_call_seconds,
         primary=is_primary_process(),
         shared=SharedBuilds(),  # the base network and tokenizer, built once for all stages
         audit_key=audit_key,

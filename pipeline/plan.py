@@ -124,6 +124,7 @@ def preview(
         allow_changes=tuple(allow_changes),
         sandbox_isolation=recipe.sandbox.isolation,
         sandbox_workers=recipe.sandbox.workers,
+        reward_call_seconds=recipe.sandbox.reward_call_seconds,
         shared=SharedBuilds(),
         plan_only=True,
     )

@@ -68,17 +68,14 @@ def verified(
     """
     stats = rewards.SandboxStats()
     expanded = [r for r in rows for _ in range(config.samples)]
-    refs = rewards.references(
-        [r["answer"] for r in expanded],
-        [json.dumps(r.get("tests", [])) for r in expanded],
-        answer_format,
-    )
+    refs = rewards.row_references(expanded, answer_format)
     scores = {
         name: rewards.get_reward(name).score(completions, refs, stats) for name in config.verify
     }
     out = []
     for i, (row, completion) in enumerate(zip(expanded, completions, strict=True)):
-        rewarded = {name: float(values[i]) for name, values in scores.items()}
+        # a user's batch reward may say None (not applicable): it neither passes nor fails
+        rewarded = {n: float(s) for n, v in scores.items() if (s := v[i]) is not None}
         out.append(
             {
                 "prompt_id": row["id"],
@@ -86,7 +83,8 @@ def verified(
                 "sample": i % config.samples,
                 "completion": completion,
                 "rewards": rewarded,
-                "verified": all(v >= config.min_score for v in rewarded.values()),
+                "verified": bool(rewarded)
+                and all(v >= config.min_score for v in rewarded.values()),
             }
         )
     return out

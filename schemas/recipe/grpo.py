@@ -46,6 +46,11 @@ def _expand_reward_preset(value: object) -> object:
 
 GRPOAlgorithm = Literal["grpo", "gspo-token", "dapo", "dr-grpo"]
 
+MAX_REWARD_WEIGHT = 1e6
+"""The largest |weight| a reward may have. Rewards score on the order of 1; a larger weight is
+a typo, and a bound keeps a weighted sum of sane rewards, and the group statistics GRPO takes
+of it (squares, in the std), far from float overflow, which would train on inf or NaN."""
+
 
 class OverlongPenalty(Frozen):
     """DAPO's soft overlong punishment: a completion longer than `max_chars - buffer_chars`
@@ -209,8 +214,12 @@ class GRPOConfig(Frozen):
         if not value:
             raise ValueError("rewards must name at least one registered reward, got {}")
         for name, weight in value.items():
-            if not math.isfinite(weight):
-                raise ValueError(f"reward {name!r} has weight {weight}; expected a finite number")
+            if not math.isfinite(weight) or abs(weight) > MAX_REWARD_WEIGHT:
+                raise ValueError(
+                    f"reward {name!r} has weight {weight}; expected a finite number within "
+                    f"[-{MAX_REWARD_WEIGHT:g}, {MAX_REWARD_WEIGHT:g}] (rewards score on the "
+                    f"order of 1: a larger weight overflows the summed reward)"
+                )
         if all(weight == 0 for weight in value.values()):
             raise ValueError(
                 f"every reward weight is 0 ({value}), so every completion scores 0 and GRPO "

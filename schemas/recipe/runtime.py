@@ -29,6 +29,10 @@ class SandboxConfig(Frozen):
     """bwrap (namespaces + seccomp), or process (seccomp only: trusted models only)."""
     workers: PositiveInt | None = None
     """sandboxes at a time; None: one per CPU"""
+    reward_call_seconds: Annotated[float, Field(gt=0, le=86400)] = 120.0
+    """The most seconds one call of a user's reward (a plugin's, run in FAR's process) may
+    take; past it the stage stops with exit 2 naming the reward. The session's deadline and a
+    stop request (SIGTERM) end the wait earlier."""
 
 
 class LoggingConfig(Frozen):

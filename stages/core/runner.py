@@ -95,6 +95,7 @@ class RunContext:
     allow_changes: tuple[str, ...] = ()  # drift the user accepted (dotted recipe paths)
     sandbox_isolation: Literal["bwrap", "process"] = "bwrap"  # for rewards that run code
     sandbox_workers: int | None = None  # sandboxes at a time; None: one per CPU
+    reward_call_seconds: float = 120.0  # the most one call of a user's reward may take
     # process 0 of the run's JAX processes (multi-host): only it writes records, identity
     # and session notes; every process runs the work (Orbax saves are collective)
     primary: bool = True

@@ -36,8 +36,10 @@ from stages.core.errors import InputError
 from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
 from stages.data_prep.packing import pack_rows, useful_fraction
 from stages.data_prep.sources import (
+    OWN_COLUMNS,
     BadRow,
     Example,
+    MappedExample,
     read_rows,
     row_reader,
     source_fingerprint,
@@ -187,6 +189,8 @@ def load_source(
             if isinstance(row, BadRow):
                 raise row
             example = adapter(row, label)
+            if isinstance(row, dict) and row.get(OWN_COLUMNS):  # a mapped source's own columns
+                example = MappedExample.of(example, row[OWN_COLUMNS])
         except BadRow as bad:
             quarantine.add(label, str(bad), index=index)
             continue
@@ -369,6 +373,8 @@ def prompt_row(
         "prompt": chat_prompt(example.prompt, prompt, tokenizer),
         "answer": example.answer,
         "tests": list(example.tests),
+        # a mapped source's own columns, for a user's reward (none: the key is left out)
+        **({"columns": example.columns} if isinstance(example, MappedExample) else {}),
     }
 
 

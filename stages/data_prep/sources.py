@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -74,6 +75,21 @@ class Example:
     reasoning: str  # may be empty: the source has no reference reasoning
     answer: str
     tests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MappedExample(Example):
+    """An example of a source read through a column map, with the row's own columns under
+    its names: a user's reward sees them (stages/rewards `Reference.columns`)."""
+
+    columns: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    @classmethod
+    def of(cls, example: Example, columns: dict[str, Any]) -> MappedExample:
+        return cls(
+            **{f.name: getattr(example, f.name) for f in dataclasses.fields(Example)},
+            columns=columns,
+        )
 
 
 def clean_lines(text: str) -> str:
@@ -435,7 +451,18 @@ def apply_columns(spec: SourceSpec, row: dict[str, Any]) -> dict[str, Any]:
             out[native[part]] = row[column]
         renamed[native[part]] = column
     out[RENAMED] = renamed
+    out[OWN_COLUMNS] = own_columns(row)
     return out
+
+
+# In a row read through a column map: the source's own columns, as a user's reward sees them
+OWN_COLUMNS = "\x00columns"
+
+
+def own_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's columns as JSON values (a value JSON cannot hold becomes its text)."""
+    plain = {k: v for k, v in row.items() if not k.startswith("\x00")}
+    return dict(json.loads(json.dumps(plain, default=str)))
 
 
 def required_columns(spec: SourceSpec) -> dict[str, str]:

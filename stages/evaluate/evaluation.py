@@ -18,7 +18,6 @@ record gets these scores appended.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -113,7 +112,9 @@ def correctness(
 ) -> tuple[list[float], list[float]]:
     """(exact, correct) per completion: code needs every test to pass."""
     refs = _references(rows, answer_format)
-    exact = rewards.REGISTRY["answer_match"].score(completions, refs, stats)
+    exact = [
+        float(s or 0.0) for s in rewards.REGISTRY["answer_match"].score(completions, refs, stats)
+    ]
     code = [i for i, r in enumerate(rows) if r.get("tests")]
     math = [i for i, r in enumerate(rows) if not r.get("tests")]
     correct = [0.0] * len(rows)
@@ -143,7 +144,7 @@ def score(
     `answer_format`: the dataset's (DatasetArtifact.prompt), which format and answers follow.
     """
     given = sandbox or rewards.SandboxStats()
-    stats = rewards.SandboxStats(given.isolation, given.workers)
+    stats = given.fresh()
     expanded = [r for r in rows for _ in range(samples)]
     fmt = [
         rewards.format_strict(c, rewards.Reference(r["answer"], answer_format=answer_format))
@@ -158,7 +159,7 @@ def score(
         "pass@1": float(per_prompt.mean()),
         **(headroom.headroom_metrics(per_prompt) if samples > 1 else {}),
         "majority_accuracy": majority_accuracy(rows, completions, samples, answer_format),
-        **{key: float(np.mean(values)) for key, values in scored.items()},
+        **applicable_means(scored),
         "sandbox_runs": float(stats.runs),
         "sandbox_failures": float(stats.failures),
         **rewards.isolation_metrics(stats),
@@ -209,8 +210,9 @@ def extra_rewards(
     names: Sequence[str],
     stats: rewards.SandboxStats,
     answer_format: AnswerFormat = "tags",
-) -> dict[str, list[float]]:
-    """`reward/<name>` -> each completion's score under that registered reward."""
+) -> dict[str, list[float | None]]:
+    """`reward/<name>` -> each completion's score under that registered reward (None: the
+    reward does not apply to it)."""
     refs = _references(rows, answer_format)
     return {
         REWARD_PREFIX + name: rewards.get_reward(name).score(completions, refs, stats)
@@ -218,11 +220,17 @@ def extra_rewards(
     }
 
 
+def applicable_means(scored: dict[str, list[float | None]]) -> dict[str, float]:
+    """Each reward's mean over the samples it applies to (a user's batch reward may say None:
+    not applicable); a reward that applies to none has no mean."""
+    means = {key: rewards.applicable_mean(values) for key, values in scored.items()}
+    return {key: mean for key, mean in means.items() if mean is not None}
+
+
 def _references(
     rows: Sequence[dict[str, Any]], answer_format: AnswerFormat
 ) -> list[rewards.Reference]:
-    tests = [json.dumps(r.get("tests", [])) for r in rows]
-    return rewards.references([r["answer"] for r in rows], tests, answer_format)
+    return rewards.row_references(rows, answer_format)
 
 
 def majority_accuracy(
@@ -518,7 +526,7 @@ def evaluate(
         models.check_compatible(artifact, model, tokenizer_name)
     rewards.validate_names(dict.fromkeys(config.rewards, 1.0))
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
-    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
+    sandbox = rewards.stats_for(ctx)
     scored_config, scored = with_saved_steps(config, resolved)
     return run_on(
         ctx,

@@ -52,7 +52,7 @@ from stages.core.runner import (
     take,
 )
 from stages.core.sessions import StepClock, guarded, nonempty
-from stages.grpo import advantages, metrics, rollouts, timing
+from stages.grpo import advantages, metrics, reward_sums, rollouts, timing
 from stages.grpo import baseline as greedy_baseline
 from stages.modeling import models, optim, tunix_compat
 from stages.modeling.compilations import (
@@ -82,7 +82,8 @@ ACTOR_SUBDIR = "actor"  # where Tunix's RLCluster puts the trained policy's chec
 def prompt_batches(
     rows: list[dict[str, str]], batch_size: int, seed: int
 ) -> Iterator[dict[str, Any]]:
-    """Endless deterministic epochs of {'prompts', 'answer'} batches (numpy, as Tunix needs)."""
+    """Endless deterministic epochs of {'prompts', 'answer', 'tests', 'columns'} batches
+    (numpy, as Tunix needs)."""
     rng = np.random.default_rng(seed)
     while True:
         order = rng.permutation(len(rows))
@@ -92,6 +93,8 @@ def prompt_batches(
                 "prompts": np.asarray([r["prompt"] for r in chosen]),
                 "answer": np.asarray([r["answer"] for r in chosen]),
                 "tests": np.asarray([json.dumps(r.get("tests", [])) for r in chosen]),
+                # the row's own columns, for a user's reward (stages/rewards `references`)
+                "columns": np.asarray([json.dumps(r.get("columns", {})) for r in chosen]),
             }
 
 
@@ -184,6 +187,8 @@ def algorithm_config(config: GRPOConfig) -> grpo_learner.GRPOConfig:
         "num_generations": config.num_generations,
         "num_iterations": config.num_iterations,
         "epsilon": config.epsilon,
+        # the summed reward with not-applicable terms left out and overflows stopped
+        "reward_manager": reward_sums.NAME,
     }
     if config.algorithm == "dapo":
         penalty = config.overlong_penalty
@@ -293,7 +298,7 @@ def build_session(
     if isinstance(cluster.rollout, tunix_compat.SeededRollout):
         cluster.rollout.follow(lambda: cluster.global_steps)
         seeds = cluster.rollout.seeds_used
-    sandbox = rewards.SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers)
+    sandbox = rewards.stats_for(ctx)
     # the rewards grade in the format the dataset was written in (data.prompt.answer_format)
     reward_fns, baseline = _reward_fns(cluster, config, sandbox, dataset.prompt.answer_format)
     observer = metrics.StepObserver(

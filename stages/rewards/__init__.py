@@ -10,8 +10,11 @@ is decided here from plain data, and a crash, refusal or timeout scores 0 and is
 never raised.
 
 A reward is registered one way, FAR's own and a user's alike: `@reward("name")` on a function
-`(completion: str, ref: Reference) -> float` (or `batch=True` for one that scores a whole batch
-and may run code in the sandbox). A user's module is imported by `--plugin MODULE` or a
+`(completion: str, ref: Reference) -> float`, or on TRL's batch form
+`(prompts, completions, **columns) -> list[float | None]` (told by its `**kwargs`; None: not
+applicable), or with `batch=True` on `(completions, refs, stats)` for one that scores a whole
+batch and may run code in the sandbox (stages/rewards/guard.py says how a user's is called and
+guarded). A user's module is imported by `--plugin MODULE` or a
 recipe's `plugins:` list (pipeline/plugins.py); its rewards run here, in the trusted grader
 process, and receive model output as plain strings. A stage that uses a user's reward hashes
 the sha256 of the reward's source file into its identity (`reward_sources`), so changed reward
@@ -27,14 +30,13 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from numbers import Real
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from schemas.recipe import AnswerFormat
 from stages.core.errors import InputError
-from stages.core.runner import REWARD_SOURCE, SOURCE_PREFIX
+from stages.core.runner import REWARD_SOURCE, SOURCE_PREFIX, RunContext
 from stages.rewards.answers import (
     approx_format,
     extract_answer,
@@ -51,6 +53,17 @@ from stages.rewards.code_tests import (
     parse_test,
     passes,
     read_results,
+)
+from stages.rewards.guard import (
+    BadRewardSignature as BadRewardSignature,
+)
+from stages.rewards.guard import (
+    CallLimit,
+    RewardFailed,
+    call_within,
+    checked_scores,
+    completion_text,
+    form_of,
 )
 from stages.rewards.math_grading import MathRuns, symbolic_verdicts
 from stages.rewards.sandbox import Isolation, Limits, SandboxResult, missing_isolation, run_many
@@ -72,6 +85,9 @@ class Reference:
     answer: str
     tests: tuple[str, ...] = ()
     answer_format: AnswerFormat = "tags"  # where the completion should put it (the dataset's)
+    prompt: str = ""  # the prompt the model completed, as it saw it (chat-formatted)
+    # the row's own columns, under the data file's names (a source with a column map)
+    columns: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass
@@ -85,9 +101,15 @@ class SandboxStats:
     runs: int = 0
     failures: int = 0
     ungradable: int = 0
+    limit: CallLimit = field(default_factory=CallLimit)  # one call of a user's reward
+
+    def fresh(self) -> SandboxStats:
+        """The same settings with the counters at 0."""
+        return replace(self, runs=0, failures=0, ungradable=0)
 
 
-BatchScore = Callable[[Sequence[str], Sequence[Reference], SandboxStats], list[float]]
+Scores = list[float | None]  # None: not applicable (a user's batch-form reward only)
+BatchScore = Callable[[Sequence[str], Sequence[Reference], SandboxStats], Scores]
 PairScore = Callable[[str, Reference], float]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,11 +137,6 @@ class UnknownReward(InputError):
     """A recipe names a reward no module registered."""
 
 
-class RewardFailed(InputError):
-    """A user's reward raised, or returned something other than one finite number per
-    completion: the reward module must be fixed (FAR's own never do)."""
-
-
 def reward(name: str, *, batch: bool = False) -> Callable[[F], F]:
     """Register the decorated function as reward `name` (see `register_reward`); the function
     is returned unchanged, so it can still be called and tested directly."""
@@ -132,10 +149,12 @@ def reward(name: str, *, batch: bool = False) -> Callable[[F], F]:
 
 
 def register_reward(name: str, fn: Callable[..., Any], *, batch: bool = False) -> Reward:
-    """Register `fn` as reward `name`: `fn(completion, ref) -> float` for one completion, or
-    with batch=True `fn(completions, refs, stats) -> list[float]` for a batch (what a reward
-    that runs code needs: `run_sandboxed(sources, stats)`). A name registered already is
-    refused (DuplicateReward names the module that has it)."""
+    """Register `fn` as reward `name`: `fn(completion, ref) -> float` for one completion,
+    TRL's `fn(prompts, completions, **columns) -> list[float | None]` for a batch (told by its
+    `**kwargs`), or with batch=True `fn(completions, refs, stats) -> list[float]` (what a
+    reward that runs code needs: `run_sandboxed(sources, stats)`). A name registered already
+    is refused (DuplicateReward names the module that has it), and so is a function of neither
+    form (BadRewardSignature names both)."""
     if not isinstance(name, str) or not _NAME.match(name) or name in RESERVED:
         raise ValueError(
             f"reward name {name!r}: expected an identifier (letters, digits, _), not "
@@ -150,10 +169,11 @@ def register_reward(name: str, fn: Callable[..., Any], *, batch: bool = False) -
             f"must give its reward another name"
         )
     shipped = module == __name__
-    scores = fn if batch else _pairwise(fn)
+    form = "sandbox" if batch else form_of(name, fn)
+    scores = {"sandbox": fn, "completion": _pairwise(fn), "batch": _columnwise(fn)}[form]
     found = Reward(
         name,
-        scores if shipped else _guarded(name, module, scores),
+        scores if shipped else _guarded(name, module, scores, allow_none=form == "batch"),
         (fn.__doc__ or "").strip(),
         module,
         None if shipped else _source_digest(name, module),
@@ -181,40 +201,44 @@ def _source_digest(name: str, module: str) -> str:
 
 
 def _pairwise(fn: PairScore) -> BatchScore:
-    def score(
-        completions: Sequence[str], refs: Sequence[Reference], _: SandboxStats
-    ) -> list[float]:
+    def score(completions: Sequence[str], refs: Sequence[Reference], _: SandboxStats) -> Scores:
         return [fn(c, r) for c, r in zip(completions, refs, strict=True)]
 
     return score
 
 
-def _guarded(name: str, module: str, scores: BatchScore) -> BatchScore:
-    """A user's reward, refusing what would corrupt training silently (a NaN, a string, a
-    missing score) and naming the reward when it raises."""
+RESERVED_COLUMNS = ("prompts", "completions")  # the batch form's own arguments
 
-    def score(
-        completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
-    ) -> list[float]:
-        try:
-            got = scores(completions, refs, stats)
-        except Exception as e:
-            raise RewardFailed(
-                f"reward {name!r} ({module}) raised {type(e).__name__}: {e}; fix the reward "
-                f"(it must return a number for any completion, even an empty or garbled one)"
-            ) from e
-        if not isinstance(got, list | tuple) or len(got) != len(completions):
-            raise RewardFailed(
-                f"reward {name!r} ({module}) returned {type(got).__name__} for "
-                f"{len(completions)} completions; expected one number per completion"
-            )
-        for i, value in enumerate(got):
-            if not isinstance(value, Real) or not math.isfinite(value):
-                raise RewardFailed(
-                    f"reward {name!r} ({module}) scored completion {i} {value!r}; expected "
-                    f"a finite number"
-                )
-        return [float(v) for v in got]
+
+def batch_columns(refs: Sequence[Reference]) -> dict[str, list[Any]]:
+    """The batch form's `**columns`: each column of the rows (None where a row lacks it),
+    then FAR's `answer` (the reference answer as FAR read it) and `tests`."""
+    names = dict.fromkeys(n for r in refs for n in r.columns if n not in RESERVED_COLUMNS)
+    columns = {n: [r.columns.get(n) for r in refs] for n in names}
+    columns["answer"] = [r.answer for r in refs]
+    columns["tests"] = [list(r.tests) for r in refs]
+    return columns
+
+
+def _columnwise(fn: Callable[..., Any]) -> BatchScore:
+    """TRL's batch form: keywords only, one list entry per completion."""
+
+    def score(completions: Sequence[str], refs: Sequence[Reference], _: SandboxStats) -> Scores:
+        prompts = [r.prompt for r in refs]
+        got: Scores = fn(prompts=prompts, completions=list(completions), **batch_columns(refs))
+        return got
+
+    return score
+
+
+def _guarded(name: str, module: str, scores: BatchScore, allow_none: bool) -> BatchScore:
+    """A user's reward, refusing what would corrupt training silently (a NaN, a string, a
+    missing score), within its call limit, naming the reward (and the completion) when it
+    raises, exits, blocks or returns such a value."""
+
+    def score(completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats) -> Scores:
+        got = call_within(name, module, lambda: scores(completions, refs, stats), stats.limit)
+        return checked_scores(name, module, got, completions, allow_none)
 
     return score
 
@@ -418,14 +442,48 @@ def references(
     answers: Sequence[Any],
     tests: Sequence[Any] | None = None,
     answer_format: AnswerFormat = "tags",
+    prompts: Sequence[Any] | None = None,
+    columns: Sequence[Any] | None = None,
 ) -> list[Reference]:
-    """References from batch fields (tests travel JSON-encoded through Tunix's numpy batch),
-    graded in `answer_format` (the dataset's)."""
-    encoded = tests if tests is not None else ["[]"] * len(answers)
+    """References from batch fields (tests and the row's columns travel JSON-encoded through
+    Tunix's numpy batch), graded in `answer_format` (the dataset's)."""
+    n = len(answers)
+    encoded = tests if tests is not None else ["[]"] * n
+    said = prompts if prompts is not None else [""] * n
+    own = columns if columns is not None else ["{}"] * n
     return [
-        Reference(str(a), tuple(json.loads(str(t))), answer_format)
-        for a, t in zip(answers, encoded, strict=True)
+        Reference(str(a), tuple(json.loads(str(t))), answer_format, str(p), json.loads(str(c)))
+        for a, t, p, c in zip(answers, encoded, said, own, strict=True)
     ]
+
+
+def row_references(
+    rows: Sequence[dict[str, Any]], answer_format: AnswerFormat = "tags"
+) -> list[Reference]:
+    """References of prompt-split rows (stages.core.datasets.load_prompts): answer, tests,
+    prompt and the row's own columns."""
+    return [
+        Reference(
+            str(r["answer"]),
+            tuple(r.get("tests", ())),
+            answer_format,
+            str(r.get("prompt", "")),
+            dict(r.get("columns", {})),
+        )
+        for r in rows
+    ]
+
+
+def applicable_mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that apply (not None); None when none does."""
+    found = [v for v in values if v is not None]
+    return sum(found) / len(found) if found else None
+
+
+def stats_for(ctx: RunContext) -> SandboxStats:
+    """A stage's sandbox settings and its user rewards' call limit, from the run."""
+    limit = CallLimit(ctx.reward_call_seconds, ctx.deadline, ctx.stop)
+    return SandboxStats(ctx.sandbox_isolation, ctx.sandbox_workers, limit=limit)
 
 
 def isolation_metrics(stats: SandboxStats) -> dict[str, float]:
@@ -453,13 +511,18 @@ def require_isolation(isolation: Isolation) -> None:
         )
 
 
+TUNIX_REWARD = "far_reward"  # set on the callables below: a recipe reward's term, not the baseline
+
+
 def tunix_reward_fns(
     weights: dict[str, float],
     stats: SandboxStats | None = None,
     answer_format: AnswerFormat = "tags",
 ) -> list[Callable[..., list[float]]]:
-    """Batch callables in Tunix's shape: fn(prompts, completions, answer, tests, **kw),
-    grading in `answer_format` (the dataset's)."""
+    """Batch callables in Tunix's shape: fn(prompts, completions, answer, tests, columns,
+    **kw), grading in `answer_format` (the dataset's). Each returns its weighted scores, NaN
+    where the reward does not apply (None), which Tunix's sum leaves out (nansum); a weighted
+    score that is not finite (an overflow) is a RewardFailed naming the reward."""
     validate_names(weights)
     counted = stats if stats is not None else SandboxStats()
     fns = []
@@ -471,14 +534,33 @@ def tunix_reward_fns(
             completions: Sequence[str],
             answer: Sequence[Any],
             tests: Sequence[Any] | None = None,
+            columns: Sequence[Any] | None = None,
             _reward: Reward = reward,
             _weight: float = weight,
             **_: Any,
         ) -> list[float]:
-            refs = references(answer, tests, answer_format)
+            refs = references(answer, tests, answer_format, prompts, columns)
             scores = _reward.score(completions, refs, counted)
-            return [_weight * s for s in scores]
+            return weighted(_reward, _weight, scores, completions)
 
         batch_fn.__name__ = name
+        setattr(batch_fn, TUNIX_REWARD, True)
         fns.append(batch_fn)
     return fns
+
+
+def weighted(
+    reward: Reward, weight: float, scores: Scores, completions: Sequence[str]
+) -> list[float]:
+    """`weight` x each score (NaN where None); RewardFailed when a product is not finite."""
+    out = []
+    for i, score in enumerate(scores):
+        value = math.nan if score is None else weight * score
+        if score is not None and not math.isfinite(value):
+            raise RewardFailed(
+                f"reward {reward.name!r} ({reward.module}) scored {score!r} for completion {i} "
+                f"{completion_text(completions[i])}, {value!r} at weight {weight:g}; "
+                f"expected a finite weighted score: keep the reward's values in a sane range"
+            )
+        out.append(value)
+    return out

@@ -246,10 +246,12 @@ def test_grpo_and_evaluation_call_the_plugin_reward() -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ("return float('nan')", "scored completion 0 nan; expected a finite number"),
-        ("return 'high'", "scored completion 0 'high'"),
-        ("return None", "scored completion 0 None"),
+        ("return float('nan')", "scored nan for completion 0 'x'; expected a finite number"),
+        ("return 'high'", "scored 'high' for completion 0 'x'"),
+        ("return None", "scored None for completion 0 'x'; expected a finite number"),
         ("raise KeyError('answer')", "raised KeyError: 'answer'"),
+        ("import sys; sys.exit(0)", "called sys.exit(0)"),
+        ("raise SystemExit", "called sys.exit(None)"),
     ],
 )
 def test_a_plugin_reward_that_misbehaves_stops_with_its_name(
