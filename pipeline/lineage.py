@@ -100,6 +100,7 @@ def render(
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items())[:6])
         lines.append(f"{indent}  metrics: {shown}")
     lines += _evaluation_lines(node.record_uri, indent)
+    lines += _external_lines(node.record_uri, indent)
     for source, fingerprint in sorted(node.sources.items()):
         lines.append(f"{indent}  source {source} ({fingerprint})")
     for parent in node.parents:
@@ -146,6 +147,23 @@ def _evaluation_lines(record_uri: str, indent: str) -> list[str]:
             if isinstance(evaluation.scores.get(k), int | float)
         )
         lines.append(f"{indent}  evaluated: {shown} ({uri})")
+    return lines
+
+
+def _external_lines(record_uri: str, indent: str) -> list[str]:
+    """One line per checkpoint of another run that this evaluation scored (kept in its own
+    directory): the checkpoint and the digest of its record as it was read."""
+    lines = []
+    for _, evaluation in runner.read_external_evaluations(runner.record_directory(record_uri)):
+        shown = ", ".join(
+            f"{k}={evaluation.scores[k]:.4g}"
+            for k in ("format_rate", "accuracy")
+            if isinstance(evaluation.scores.get(k), int | float)
+        )
+        lines.append(
+            f"{indent}  scored another run's checkpoint: {shown} ({evaluation.checkpoint_uri}; "
+            f"record {evaluation.checkpoint_record_digest})"
+        )
     return lines
 
 

@@ -199,6 +199,11 @@ def test_scoring_another_runs_checkpoint_writes_only_in_the_scoring_run(tmp_path
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
     assert uri.removeprefix(eval_dir + "/") in record.files  # sealed with the scoring stage
     assert storage.read_json(storage.join(eval_dir, EVALUATIONS_INDEX)) == {}
+    shown = lineage.render(lineage.ancestry(outcome.output.uri))
+    assert (
+        f"scored another run's checkpoint: format_rate=0.5, accuracy=0.25 ({sft.output.uri}; "
+        f"record {scored.checkpoint_record_digest})"
+    ) in shown
     # the scoring run's audit follows the scored checkpoint: its files, then its record
     weights = Path(sft.output.uri, "1", "w")
     weights.write_bytes(b"sft-weights-B")
