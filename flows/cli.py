@@ -32,6 +32,7 @@ from pipeline.plan import (
     preview,
     render_preview,
     settled,
+    with_models,
 )
 from pipeline.recipes import (
     BUNDLED,
@@ -41,7 +42,7 @@ from pipeline.recipes import (
     parse_recipe,
     resolve_recipe_uri,
 )
-from pipeline.validate import check_session_budget, validate_run
+from pipeline.validate import check_session_budget, ignored_eval_models, validate_run
 from schemas import cli_output
 from schemas.record import RunSummary, StageSummary
 from stages import registry
@@ -596,6 +597,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             [NodePlan(n.node, n.kind, "skip", n.stage_hash, "complete") for n in done],
             None,
         )
+    nodes = with_models(plan.recipe, nodes)  # each evaluate node's models, in the plan
     run_uri = storage.join(plan.root, plan.recipe.name)
     if args.json:
         print_json(
@@ -606,6 +608,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 valid=refused is None,
                 refused=refused,
                 nodes=[cli_output.PlannedNode(**dataclasses.asdict(n)) for n in nodes],
+                warnings=ignored_eval_models(plan.recipe),
             )
         )
         if refused is not None:

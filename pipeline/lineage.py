@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from pipeline.lease import LEASE_NAME
 from pipeline.manifest import MANIFEST_NAME, manifest_uri, pipeline_order, read_manifest
 from schemas.cli_output import Code, EvaluationScores, LineageEntry, Machine
-from schemas.record import LedgerEntry, RunManifest, StageRecord
+from schemas.record import ExternalEvaluation, LedgerEntry, RunManifest, StageRecord
 from stages.core import ledger, runner, storage
 from stages.core.errors import MissingInput
 from stages.core.runner import RECORD_NAME, read_record
@@ -100,6 +100,7 @@ def render(
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items())[:6])
         lines.append(f"{indent}  metrics: {shown}")
     lines += _evaluation_lines(node.record_uri, indent)
+    lines += _external_lines(node.record_uri, indent)
     for source, fingerprint in sorted(node.sources.items()):
         lines.append(f"{indent}  source {source} ({fingerprint})")
     for parent in node.parents:
@@ -146,6 +147,23 @@ def _evaluation_lines(record_uri: str, indent: str) -> list[str]:
             if isinstance(evaluation.scores.get(k), int | float)
         )
         lines.append(f"{indent}  evaluated: {shown} ({uri})")
+    return lines
+
+
+def _external_lines(record_uri: str, indent: str) -> list[str]:
+    """One line per checkpoint of another run that this evaluation scored (kept in its own
+    directory): the checkpoint and the digest of its record as it was read."""
+    lines = []
+    for _, evaluation in runner.read_external_evaluations(runner.record_directory(record_uri)):
+        shown = ", ".join(
+            f"{k}={evaluation.scores[k]:.4g}"
+            for k in ("format_rate", "accuracy")
+            if isinstance(evaluation.scores.get(k), int | float)
+        )
+        lines.append(
+            f"{indent}  scored another run's checkpoint: {shown} ({evaluation.checkpoint_uri}; "
+            f"record {evaluation.checkpoint_record_digest})"
+        )
     return lines
 
 
@@ -235,6 +253,7 @@ def audit(
         problems += runner.verify_files(record_uri, record)
         problems += _audit_inputs(record_uri, record)
     problems += _audit_evaluations(run_uri, records)
+    problems += _audit_external_evaluations(records)
     problems += _audit_top_level(run_uri)
     return problems + _audit_ledger(run_uri, records, key, expect_root, accept_later)
 
@@ -410,6 +429,35 @@ def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> 
                 problems.append(f"{uri}: evaluation file edited after it was written")
     problems += [f"{uri}: evaluation file missing" for uri in sorted(set(listed) - present)]
     return problems
+
+
+def _audit_external_evaluations(records: list[tuple[str, StageRecord]]) -> list[str]:
+    """Each score of another run's checkpoint, kept in the evaluating stage's own directory
+    (its bytes are covered by that stage's record): the checkpoint's record still has the
+    digest it had when evaluated, is sealed, and its files still match it."""
+    problems = []
+    for record_uri, _ in records:
+        directory = runner.record_directory(record_uri)
+        try:
+            found = runner.read_external_evaluations(directory)
+        except (OSError, ValueError) as e:
+            problems.append(f"{directory}: an external evaluation file is unreadable ({e})")
+            continue
+        for uri, evaluation in found:
+            problems += _audit_external_checkpoint(uri, evaluation)
+    return problems
+
+
+def _audit_external_checkpoint(uri: str, evaluation: ExternalEvaluation) -> list[str]:
+    checkpoint = evaluation.checkpoint_record_uri
+    if not storage.exists(checkpoint):
+        return [f"{uri}: the evaluated checkpoint's record {checkpoint} is missing"]
+    data = storage.read_bytes(checkpoint)
+    if storage.sha256_bytes(data) != evaluation.checkpoint_record_digest:
+        return [f"{uri}: the evaluated checkpoint's record {checkpoint} changed since it was read"]
+    record = StageRecord.model_validate_json(data)  # the bytes that were read and parsed then
+    found = _audit_seal(checkpoint, record) + runner.verify_files(checkpoint, record)
+    return [f"{uri}: evaluated checkpoint: {problem}" for problem in found]
 
 
 def _evaluation_index(uri: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ recipe is valid, before any stage starts). No Prefect and no JAX here: it stays 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import time
 from collections.abc import Iterable, Sequence
@@ -21,7 +22,7 @@ from pipeline import manifest
 from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact, run_node
 from pipeline.recipes import load_recipe
-from schemas.recipe import DataPrepConfig, Recipe, SourceSpec, StageNode
+from schemas.recipe import DataPrepConfig, EvalConfig, Recipe, SourceSpec, StageNode
 from schemas.record import ArtifactRef, StageRecord
 from stages import registry, rewards
 from stages.core import drift, ledger, metrics_logging, storage
@@ -89,6 +90,18 @@ class NodePlan:
     action: str
     stage_hash: str | None  # the directory's hash (first 12 hex digits); None: not known yet
     detail: str
+    models: list[str] | None = None  # an evaluate node: the models it scores (with_models)
+
+
+def with_models(recipe: Recipe, plans: list[NodePlan]) -> list[NodePlan]:
+    """The plans with each evaluate node's models (its config's, as the run builds it)."""
+    nodes = {node.id: node for node in build_dag(recipe).nodes}
+    shown = []
+    for plan in plans:
+        config = node_config(recipe, nodes[plan.node]) if plan.node in nodes else None
+        models = list(config.models) if isinstance(config, EvalConfig) else None
+        shown.append(dataclasses.replace(plan, models=models))
+    return shown
 
 
 def preview(
@@ -398,5 +411,6 @@ def render_preview(plans: list[NodePlan]) -> str:
     lines = []
     for p in plans:
         digest = p.stage_hash or "-"
-        lines.append(f"  {p.node:<14} {p.kind:<12} {digest:<13} {p.action:<9} {p.detail}")
+        scores = f" (scores {', '.join(p.models)})" if p.models else ""
+        lines.append(f"  {p.node:<14} {p.kind:<12} {digest:<13} {p.action:<9} {p.detail}{scores}")
     return "\n".join(lines)

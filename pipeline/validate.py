@@ -46,12 +46,34 @@ def validate_run(recipe: Recipe, root: str, cache_dir: str, computes: bool = Tru
     `computes` nothing (every stage complete: pipeline.plan.settled) needs no devices and no
     model, so their checks are left out."""
     check_nodes(recipe)
+    for warning in ignored_eval_models(recipe):
+        log.warning("%s", warning)
     check_storage_writable(root)
     if computes:
         check_mesh(recipe.mesh)
         check_model(recipe.model, cache_dir)
         check_prompt_templates(recipe, cache_dir)
         check_sft_targets(recipe, cache_dir)
+
+
+def ignored_eval_models(recipe: Recipe) -> list[str]:
+    """One warning per evaluate node of a `pipeline:` that does not score the recipe's
+    `eval.models` when the recipe changed them from the default: such a node scores 'base'
+    and its checkpoint inputs (or its own config.models), so the models listed there would go
+    unscored without a word. `far validate` prints them; `far run` logs them."""
+    wanted = list(recipe.eval.models)
+    if recipe.pipeline is None or set(wanted) == set(EvalConfig().models):
+        return []
+    warnings = []
+    for node in build_dag(recipe).nodes:
+        config = node_config(recipe, node)
+        if isinstance(config, EvalConfig) and set(config.models) != set(wanted):
+            warnings.append(
+                f"pipeline node {node.id!r} (evaluate) scores {list(config.models)}, not "
+                f"eval.models {wanted}: a pipeline's evaluate node scores 'base' and its "
+                f"checkpoint inputs, or its own config.models; list the models there"
+            )
+    return warnings
 
 
 def check_session_budget(recipe: Recipe) -> None:

@@ -241,6 +241,8 @@ class PlannedNode(Frozen):
     """Its directory's hash (12 hex digits); null when not known yet."""
     detail: str
     """Why."""
+    models: list[str] | None = None
+    """An evaluate node: the models it scores, in order; null for other kinds."""
 
 
 class ValidateOutput(Frozen):
@@ -262,3 +264,5 @@ class ValidateOutput(Frozen):
     """The drift guard's refusal (the changes and the --allow-change flags to accept them)."""
     nodes: list[PlannedNode]
     """Every node, in the order it would run."""
+    warnings: list[str] = Field(default_factory=list)
+    """What the recipe asks for that the run would not do (each also on stderr)."""

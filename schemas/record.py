@@ -109,6 +109,20 @@ class Evaluation(Frozen):
     scores: dict[str, Any]
 
 
+class ExternalEvaluation(Evaluation):
+    """Scores of a checkpoint of another run by one evaluation stage, kept in that stage's own
+    directory (<stage dir>/external_evaluations/), never beside the checkpoint: a run writes
+    only inside itself. The evaluating stage's record lists the file with its digest; `far
+    audit` of the evaluating run checks the checkpoint's record and files against it."""
+
+    checkpoint_record_uri: str
+    """The evaluated checkpoint's stage record (stage.json), where it was read."""
+    checkpoint_record_digest: str
+    """sha256 of that record's bytes as this evaluation read them."""
+    checkpoint_fingerprint: str
+    """The checkpoint's content fingerprint (its record's output)."""
+
+
 class StageSummary(Frozen):
     """One stage's line in a run summary: where its output is and whether it ran."""
 

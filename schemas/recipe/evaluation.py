@@ -23,7 +23,8 @@ from schemas.recipe.kinds import Port, StageSpec
 class EvalConfig(Frozen):
     """Generation on the held-out prompts for each listed model, then metrics.
 
-    models: 'base', 'sft', 'grpo' (this run's stages) or any checkpoint URI.
+    models: 'base', 'sft', 'grpo' (this run's stages) or any checkpoint URI (another run's
+    checkpoint is scored in this run's records only; that run is never written).
     temperature 0 is greedy (batched outputs equal batch-size-1 outputs); with a temperature,
     `samples` completions per prompt give pass@k (unbiased, k = 1, 2, 4, ... samples),
     majority-vote accuracy and the headroom table (stages/evaluate/headroom.py). Every rate gets

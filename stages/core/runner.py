@@ -37,6 +37,7 @@ from schemas.record import (
     ArtifactRef,
     CodeVersion,
     Evaluation,
+    ExternalEvaluation,
     FileDigest,
     Hardware,
     SessionLog,
@@ -56,6 +57,8 @@ IDENTITY_NAME = "identity.json"  # written when a stage starts: what the directo
 SESSIONS_DIR = "sessions"  # one json per session that stopped or failed before the commit
 EVALUATIONS_DIR = "evaluations"  # write-once scores of this stage's checkpoint by evaluations
 EVALUATIONS_INDEX = "evaluations.json"  # an evaluation's directory: {evaluation file: sha256}
+# an evaluation's directory: its scores of checkpoints from other runs (ExternalEvaluation)
+EXTERNAL_EVALUATIONS_DIR = "external_evaluations"
 SOURCE_PREFIX = "source:"  # identity inputs that are external data, not upstream artifacts
 _RECORDED_PACKAGES = (
     "google-tunix",
@@ -430,6 +433,42 @@ def write_evaluation(checkpoint_record_uri: str, evaluation: Evaluation) -> tupl
         log.warning("replacing %s, left by an evaluation session that did not commit", uri)
         storage.write_bytes(uri, data)
     return uri, storage.sha256_bytes(data)
+
+
+def write_external_evaluation(
+    directory: str, checkpoint_record_uri: str, evaluation: Evaluation
+) -> str:
+    """Keep an evaluation of another run's checkpoint in the evaluating stage's own
+    `directory`, with the checkpoint's record URI, the sha256 of its bytes and the
+    checkpoint's fingerprint (read now); the stage's record covers the file. Its URI."""
+    data = storage.read_bytes(checkpoint_record_uri)
+    record = StageRecord.model_validate(json.loads(data))
+    external = ExternalEvaluation(
+        **evaluation.model_dump(),
+        checkpoint_record_uri=checkpoint_record_uri,
+        checkpoint_record_digest=storage.sha256_bytes(data),
+        checkpoint_fingerprint=record.output.fingerprint,
+    )
+    where = record_directory(checkpoint_record_uri)
+    key = hashlib.sha256(where.encode()).hexdigest()[:12]  # two runs' directories share names
+    name = f"{where.rsplit('/', 1)[-1]}-{key}.json"
+    uri = storage.join(directory, EXTERNAL_EVALUATIONS_DIR, name)
+    storage.write_json(uri, external.model_dump(mode="json"))
+    return uri
+
+
+def read_external_evaluations(stage_directory: str) -> list[tuple[str, ExternalEvaluation]]:
+    """An evaluation stage's scores of other runs' checkpoints, oldest name first."""
+    folder = storage.join(stage_directory, EXTERNAL_EVALUATIONS_DIR)
+    return [
+        (uri, ExternalEvaluation.model_validate(storage.read_json(uri)))
+        for uri in (storage.join(folder, rel) for rel in sorted(storage.list_files(folder)))
+    ]
+
+
+def same_run(record_uri: str, run_uri: str) -> bool:
+    """Whether the record at `record_uri` belongs to the run at `run_uri`."""
+    return storage.normalize(record_run(record_uri)) == storage.normalize(run_uri)
 
 
 def read_evaluations(stage_directory: str) -> list[tuple[str, Evaluation]]:

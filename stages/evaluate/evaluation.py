@@ -12,8 +12,9 @@ numerically or symbolically (SymPy, sandboxed), code passing its tests (sandboxe
 pass@k and majority vote with sampling; the base model also k-shot. Each rate carries a
 Wilson 95% interval and each model a paired exact McNemar comparison with the one before it
 (stages/core/stats.py). Outputs: report.json, report.md (base vs SFT vs GRPO, per domain),
-metrics.png and training.png, samples.jsonl; and each evaluated checkpoint's
-record gets these scores appended.
+metrics.png and training.png, samples.jsonl; and each evaluated checkpoint of this run gets
+its scores in a write-once file beside its record (a checkpoint of another run: in this
+stage's own directory, with that checkpoint's record digest; the other run is never written).
 """
 
 from __future__ import annotations

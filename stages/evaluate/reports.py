@@ -1,5 +1,6 @@
 """The evaluation report: markdown tables, PNG plots, per-sample outputs, and a write-once
-file of scores beside each evaluated checkpoint's stage record (records never change)."""
+file of scores beside each evaluated checkpoint's stage record (records never change), or, for
+a checkpoint of another run, in the evaluation's own directory."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ from schemas.artifacts import (
 )
 from schemas.record import Evaluation
 from stages.core import stats, storage
-from stages.core.runner import EVALUATIONS_INDEX, find_checkpoint_record, write_evaluation
+from stages.core.runner import (
+    EVALUATIONS_INDEX,
+    RECORD_NAME,
+    find_checkpoint_record,
+    record_run,
+    same_run,
+    write_evaluation,
+    write_external_evaluation,
+)
 from stages.evaluate import headroom
 
 
@@ -386,8 +395,12 @@ def record_scores(
 ) -> dict[str, str]:
     """Write each evaluated checkpoint's scores to its own file beside the checkpoint's record,
     and list those files with their sha256 in this evaluation's directory (so they are
-    committed with this stage's record and `far audit` verifies them)."""
+    committed with this stage's record and `far audit` verifies them).
+
+    A checkpoint of another run gets its file in this evaluation's own directory instead
+    (runner.write_external_evaluation): a run never writes inside another run."""
     by_uri = {s.checkpoint_uri: s for s in report.scores if s.checkpoint_uri}
+    run_uri = record_run(storage.join(directory, RECORD_NAME))
     written = {}
     for uri in dict.fromkeys(a.uri for a in checkpoints.values()):  # its steps: one file
         scores = by_uri.get(uri)
@@ -400,6 +413,9 @@ def record_scores(
             report_uri=report.uri,
             scores=scores.model_dump(mode="json"),
         )
+        if not same_run(record_uri, run_uri):
+            write_external_evaluation(directory, record_uri, evaluation)
+            continue
         uri, digest = write_evaluation(record_uri, evaluation)
         written[uri] = digest
     storage.write_json(storage.join(directory, EVALUATIONS_INDEX), written)

@@ -65,7 +65,7 @@ from stages.rewards.guard import (
     completion_text,
     form_of,
 )
-from stages.rewards.math_grading import MathRuns, symbolic_verdicts
+from stages.rewards.math_grading import MathRuns, is_text_answer, symbolic_verdicts
 from stages.rewards.sandbox import Isolation, Limits, SandboxResult, missing_isolation, run_many
 
 # With each tag counted once (format_strict), the lazy groups cannot run past a second tag
@@ -296,9 +296,12 @@ def reasoning_quality(completion: str, ref: Reference) -> float:
 
 
 def _worth_verifying(predicted: str, reference: str) -> bool:
-    """False when the numeric comparison already decided: a plain-number reference against a
-    plain number, or against text without a single digit (no sandbox needed for those)."""
+    """False when the plain comparison already decided: a plain-number reference against a
+    plain number, or against text without a single digit, or a text reference (no sandbox
+    needed for those)."""
     p, r = (x.strip().replace(",", "").replace("$", "") for x in (predicted, reference))
+    if is_text_answer(r):
+        return False
     if not _NUMBER.match(r):
         return True
     return not _NUMBER.match(unbox(p)) and any(c.isdigit() for c in p)
@@ -308,7 +311,8 @@ def _worth_verifying(predicted: str, reference: str) -> bool:
 def math_equivalent(
     completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
 ) -> list[float]:
-    """1.0 when the answer equals the reference numerically, else by math-verify (sandboxed)."""
+    """1.0 when the answer equals the reference numerically or as text, else by math-verify
+    (sandboxed); a text reference (`is_text_answer`) is decided by the comparison alone."""
     scores, pending = [], []
     for i, (completion, ref) in enumerate(zip(completions, refs, strict=True)):
         predicted = extract_answer(completion, ref.answer_format)

@@ -12,6 +12,10 @@ evaluate it (SymPy's parser calls eval), so it happens only in a sandbox:
 
 Each answer has its own processes and time limits, so a hostile or slow answer costs only its
 own score. The trainer's process only reads the two small JSON outputs.
+
+A reference that is words, not mathematics (`is_text_answer`), never comes here: it is graded
+by plain comparison in the grading process, which costs nothing and, unlike SymPy, does not
+read a word as a product of letters (equal to its anagrams).
 """
 
 from __future__ import annotations
@@ -179,6 +183,21 @@ SINGLETONS = (
     "GoldenRatio",
     "Catalan",
 )
+
+
+# Characters that make a reference mathematics rather than text
+_MATH_MARKS = frozenset("0123456789\\^_{}=<>+-*/()[]|")
+
+
+def is_text_answer(reference: str) -> bool:
+    """True for a reference that is words, not mathematics: letters, with no digit and none of
+    `\\ ^ _ { } = < > + - * / ( ) [ ] |` (a reversed word, a name, a yes/no, a choice letter).
+
+    Such an answer is graded by plain comparison in the grading process, never by math-verify
+    in the sandbox: SymPy would read a word as a product of one-letter symbols, so the word
+    and its anagrams would be the same answer, and each answer would cost two processes."""
+    text = reference.strip()
+    return any(c.isalpha() for c in text) and not any(c in _MATH_MARKS for c in text)
 
 
 @dataclass

@@ -23,7 +23,13 @@ from stages import sft
 from stages.core import ledger, storage
 from stages.core.datasets import load_prompts
 from stages.core.progress import ProgressUpdate
-from stages.core.runner import RunContext, SessionExpired, find_checkpoint_record, read_evaluations
+from stages.core.runner import (
+    RunContext,
+    SessionExpired,
+    find_checkpoint_record,
+    read_evaluations,
+    read_external_evaluations,
+)
 from stages.core.sessions import StopFlag
 from stages.data_prep import build as data_prep
 from stages.evaluate import evaluation as evaluate
@@ -135,6 +141,55 @@ def test_report_files_scores_and_records(trained) -> None:
     [(_, written)] = read_evaluations(record_uri.rsplit("/", 1)[0])
     assert written.evaluation == directory and written.report_uri == report.uri
     assert written.scores["format_rate"] == by_name["sft"].format_rate
+
+
+def started_run(root: str, run: str, recipe: Recipe) -> str:
+    """A run's run.json as `far run` writes it (kept if there is one): `far audit` reads it."""
+    run_uri = storage.join(root, run)
+    if not storage.exists(f"{run_uri}/run.json"):
+        manifest = RunManifest(
+            run=run,
+            recipe=recipe.model_dump(mode="json"),
+            recipe_source="smoke.yaml",
+            created_at=datetime.now(UTC),
+        )
+        write_manifest(run_uri, manifest)
+    return run_uri
+
+
+def tree_digests(folder: str) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): storage.sha256_file(str(p))
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_scoring_another_runs_checkpoint_leaves_that_run_as_it_was(
+    trained, tmp_path: Path, capsys
+) -> None:
+    from flows.cli import main
+
+    recipe, ctx, _, checkpoint = trained
+    first = started_run(ctx.root, ctx.run, recipe)
+    before = tree_digests(first)
+    second = RunContext(str(tmp_path), "scorer", cache_dir=ctx.cache_dir)
+    started_run(second.root, second.run, recipe)
+    dataset = data_prep.prepare(recipe.data, recipe.model, second).output
+    config = recipe.eval.model_copy(
+        update={"models": ["base", checkpoint.uri], "max_generation_tokens": 16, "base_shots": 0}
+    )
+    outcome = evaluate.evaluate(dataset, {}, config, recipe.model, recipe.mesh, second)
+    assert tree_digests(first) == before  # the scored run: not one byte changed or added
+    assert main(["audit", first]) == 0 and main(["audit", second.run_uri]) == 0
+    assert capsys.readouterr().out.count("everything matches") == 2
+    directory = outcome.record_uri.rsplit("/", 1)[0]
+    [(_, scored)] = read_external_evaluations(directory)
+    record_uri, _ = find_checkpoint_record(checkpoint.uri)
+    assert scored.checkpoint_record_uri == record_uri and scored.checkpoint_uri == checkpoint.uri
+    assert scored.checkpoint_record_digest == storage.sha256_file(record_uri)
+    by_name = {s.name: s for s in outcome.output.scores}
+    assert scored.scores["accuracy"] == by_name[checkpoint.uri].accuracy
 
 
 def test_sampling_gives_pass_at_k(trained, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     read_evaluations,
+    read_external_evaluations,
     record_digest,
     run_stage,
     with_uris,
@@ -159,6 +160,64 @@ def test_audit_names_an_edited_evaluation_file(run: dict[str, Any]) -> None:
     ]
     Path(uri).unlink()
     assert lineage.audit(run["ctx"].run_uri) == [f"{uri}: evaluation file missing"]
+
+
+def tree_bytes(folder: str) -> dict[str, bytes]:
+    """Every file under `folder` by its relative path, with its bytes."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()
+    }
+
+
+def scoring_run(root: Path) -> RunContext:
+    """A second run, with its own run.json, that evaluates a checkpoint by URI."""
+    ctx = RunContext(root=str(root), run="scorer")
+    recipe = recipe_with(str(root)).model_dump(mode="json")
+    manifest = RunManifest(
+        run="scorer", recipe=recipe, recipe_source="", created_at=datetime.now(UTC)
+    )
+    write_manifest(ctx.run_uri, manifest)
+    return ctx
+
+
+def test_scoring_another_runs_checkpoint_writes_only_in_the_scoring_run(tmp_path: Path) -> None:
+    first = make_run(tmp_path / "first")
+    first_uri, sft = first["ctx"].run_uri, first["sft"]
+    before = tree_bytes(first_uri)
+    scorer = scoring_run(tmp_path / "second")
+    outcome = evaluate_stage(scorer, sft.output)
+    assert tree_bytes(first_uri) == before  # not one byte of the scored run changed
+    assert lineage.audit(first_uri) == [] and lineage.audit(scorer.run_uri) == []
+    eval_dir = outcome.record_uri.rsplit("/", 1)[0]
+    [(uri, scored)] = read_external_evaluations(eval_dir)
+    assert scored.checkpoint_record_uri == sft.record_uri
+    assert scored.checkpoint_record_digest == storage.sha256_bytes(
+        before[sft.record_uri.removeprefix(first_uri + "/")]
+    )
+    assert scored.checkpoint_fingerprint == sft.output.fingerprint
+    assert scored.scores["accuracy"] == 0.25 and scored.evaluation == eval_dir
+    record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
+    assert uri.removeprefix(eval_dir + "/") in record.files  # sealed with the scoring stage
+    assert storage.read_json(storage.join(eval_dir, EVALUATIONS_INDEX)) == {}
+    shown = lineage.render(lineage.ancestry(outcome.output.uri))
+    assert (
+        f"scored another run's checkpoint: format_rate=0.5, accuracy=0.25 ({sft.output.uri}; "
+        f"record {scored.checkpoint_record_digest})"
+    ) in shown
+    # the scoring run's audit follows the scored checkpoint: its files, then its record
+    weights = Path(sft.output.uri, "1", "w")
+    weights.write_bytes(b"sft-weights-B")
+    assert lineage.audit(scorer.run_uri) == [
+        f"{uri}: evaluated checkpoint: {weights.parent.parent.parent}/checkpoints/1/w: altered "
+        "(size 13, recorded 13; content digest differs)"
+    ]
+    weights.write_bytes(b"sft-weights-A")
+    reseal(Path(sft.record_uri), lambda d: d["metrics"].update({"loss": 0.5}))
+    assert lineage.audit(scorer.run_uri) == [
+        f"{sft.record_uri}: record changed since evaluate consumed it (input sft of "
+        f"{outcome.record_uri})",
+        f"{uri}: the evaluated checkpoint's record {sft.record_uri} changed since it was read",
+    ]
 
 
 def test_records_committed_before_named_digests_still_read() -> None:

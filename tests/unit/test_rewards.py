@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import ClassVar
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -143,6 +146,65 @@ def test_math_equivalent_table() -> None:
     refs = [Reference(r) for _, r, _ in MATH_CASES]
     assert rewards.math_equivalent(completions, refs, stats) == [e for _, _, e in MATH_CASES]
     assert stats.runs >= 10  # each non-numeric answer: its own parse and verify sandboxes
+
+
+class ProcessesStarted:
+    """Every process this interpreter starts, seen through Python's own audit hook for
+    `subprocess.Popen` (the way every sandbox starts, bwrap or a child interpreter): a real
+    count, not a stand-in for the sandbox. An audit hook cannot be removed, so one is added
+    once and counts only while a `with` block of some instance is open."""
+
+    _open: ClassVar[list[list[str]]] = []
+    _hooked: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        if not ProcessesStarted._hooked:
+            sys.addaudithook(ProcessesStarted._hook)
+            ProcessesStarted._hooked = True
+
+    @staticmethod
+    def _hook(event: str, args: tuple) -> None:
+        if event == "subprocess.Popen":
+            for started in ProcessesStarted._open:
+                started.append(str(args[0]))
+
+    def __enter__(self) -> list[str]:
+        ProcessesStarted._open.append(self.started)
+        return self.started
+
+    def __exit__(self, *_: object) -> None:
+        ProcessesStarted._open.remove(self.started)
+
+
+TEXT_CASES = [  # (completion, text reference, expected): decided here, by plain comparison
+    ("<answer>olleh</answer>", "olleh", 1.0),
+    ("<answer>hello</answer>", "olleh", 0.0),  # an anagram: math-verify read both as h*e*l*l*o
+    ("<answer>Paris</answer>", "paris", 0.0),  # SymPy's product of letters ignored the case
+    ("<answer>yes</answer>", "no", 0.0),
+    ("<answer>act</answer>", "cat", 0.0),
+    ("<answer>B</answer>", "A", 0.0),
+    ("<answer>the red fox</answer>", "the red fox", 1.0),
+    ("<answer>7</answer>", "seven", 0.0),
+]
+
+
+def test_text_answers_start_no_sandbox_and_are_not_anagrams() -> None:
+    completions = [c for c, _, _ in TEXT_CASES] * 3
+    refs = [Reference(r) for _, r, _ in TEXT_CASES] * 3
+    stats = SandboxStats()  # bwrap, as a recipe has it
+    with ProcessesStarted() as started:
+        scores = rewards.math_equivalent(completions, refs, stats)
+    assert scores == [e for _, _, e in TEXT_CASES] * 3
+    assert started == [] and stats.runs == 0
+    assert [rewards.math_grading.is_text_answer(r) for r in ("x^2", "\\pi", "2", "(a, b)")] == [
+        False
+    ] * 4
+    # the hook sees the sandbox where mathematics needs it: one parse, one verify
+    math = SandboxStats("process")
+    with ProcessesStarted() as started:
+        assert rewards.math_equivalent(["<answer>\\frac{1}{2}</answer>"], [Reference("0.5")], math)
+    assert len(started) == 2 and math.runs == 2
 
 
 ADD_TESTS = ("assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4")

@@ -9,6 +9,7 @@ training): exit 2 and one line naming the node, field or file, or the plan and e
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -241,6 +242,43 @@ def test_plan_of_a_new_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert not (tmp_path / "runs" / "smoke-dag").exists()  # nothing written but the probe
 
 
+def test_the_plan_lists_what_each_evaluate_node_scores_and_warns_of_ignored_eval_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pipeline's evaluate node scores 'base' and its checkpoint inputs: a recipe-level
+    eval.models it does not score is said, naming the node (it silently scored only base)."""
+    nodes = [
+        {"id": "data_prep", "kind": "data_prep"},
+        {"id": "sft", "kind": "sft", "inputs": {"dataset": "data_prep"}},
+        {"id": "evaluate", "kind": "evaluate", "inputs": {"dataset": "data_prep"}},
+        {"id": "scores_sft", "kind": "evaluate", "inputs": {"dataset": "data_prep", "sft": "sft"}},
+    ]
+    eval_section = {**DAG["eval"], "models": ["base", "sft"]}
+    recipe = _write(tmp_path, {**DAG, "eval": eval_section, "pipeline": nodes})
+    with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
+        code, out, err = _far(capsys, "validate", recipe)
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert rows["evaluate"].endswith("(scores base)")
+    assert rows["scores_sft"].endswith("(scores base, sft)")
+    assert "scores" not in rows["sft"].split("run", 1)[1]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("pipeline node 'evaluate' (evaluate) scores ['base'], not ")
+    assert "eval.models ['base', 'sft']" in warning
+    code, out, _ = _far(capsys, "validate", recipe, "--json")
+    shown = json.loads(out)
+    assert shown["warnings"] == [warning]
+    assert [n["models"] for n in shown["nodes"]] == [None, None, ["base"], ["base", "sft"]]
+    # the recipe's models scored by every node, or left at their default: nothing to say
+    caplog.clear()
+    for models in (["sft", "base"], None):
+        section = {**DAG["eval"], **({"models": models} if models else {})}
+        data = {**DAG, "eval": section, "pipeline": [*nodes[:2], nodes[3]]}
+        with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
+            assert _far(capsys, "validate", _write(tmp_path, data))[0] == 0
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_validate_on_a_fresh_root_leaves_it_absent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -424,7 +462,7 @@ def test_plan_of_a_dag_whose_one_node_changed(
     assert code == 0, err
     rows = _rows(out)
     assert [rows[n][3] for n in ("data_prep", "sft", "grpo")] == ["skip"] * 3
-    assert rows["evaluate_train"][3:] == ["run", "eval.seed:", "0", "->", "7"]
+    assert rows["evaluate_train"][3:] == ["run", "eval.seed:", "0", "->", "7", "(scores", "grpo)"]
     assert rows["hard"][3:] == ["run", "after", "evaluate_train"]
 
 
