@@ -18,16 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # appended: a tree bench/roofline.py put first stays first
-    sys.path.append(str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
 
 
 def median_seconds(call: Callable[[], Any], repeats: int) -> float:

@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
 # tests.conftest.recipe_with: a recipe with fields replaced. Appended, not put first: when
 # bench/roofline.py measures a baseline tree it has put that tree first, and this module must
 # not put the current tree's stages ahead of it (it did: the --baseline run measured this code).
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
 
 SECONDS_PREFIX = "far/seconds/"  # stages/grpo/timing.PREFIX (kept here: older trees import it)
 

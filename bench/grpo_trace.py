@@ -27,10 +27,6 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-for path in (str(REPO), str(BENCH)):  # stages/, tests.conftest; grpo_phases, the profile's parser
-    if path not in sys.path:
-        sys.path.append(path)
 
 
 def traced_updates(call: int, trace_dir: str) -> tuple[Any, list[float]]:
@@ -68,7 +64,7 @@ def traced_updates(call: int, trace_dir: str) -> tuple[Any, list[float]]:
 
 def train_step_origins(dump_dir: str) -> dict[str, tuple[str, str]]:
     """Op name -> (result shape, JAX operation) in the last compiled train step."""
-    from train_step_profile import op_origins
+    from bench.train_step_profile import op_origins
 
     steps = sorted(glob.glob(f"{dump_dir}/*train_step*after_optimizations.txt"))
     if not steps:
@@ -98,8 +94,8 @@ def main() -> None:
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
     )  # read when JAX's backend starts, after this
-    import grpo_phases
-    from train_step_profile import print_ops, trace_totals
+    from bench import grpo_phases
+    from bench.train_step_profile import print_ops, trace_totals
 
     _, walls = traced_updates(args.call, trace_dir)
     grpo_phases.run_stages(Path(args.recipe).stem, args.sft_steps, args.grpo_steps, args.cache_dir)

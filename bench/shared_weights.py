@@ -88,7 +88,16 @@ def run_child(
     recipe: str, root: Path, variant: str, cache_dir: str, assignments: list[str]
 ) -> dict[str, Any]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, __file__, "--child", recipe, str(root), variant, cache_dir]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.shared_weights",
+        "--child",
+        recipe,
+        str(root),
+        variant,
+        cache_dir,
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(
         [*command, *assignments], cwd=REPO, env=env, capture_output=True, text=True, check=False

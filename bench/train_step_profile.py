@@ -24,15 +24,10 @@ import glob
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # stages/, schemas/ and tests.conftest.recipe_with
-    sys.path.append(str(REPO))
 
 
 def build(recipe_name: str, cache: str, rows: int, length: int, targets: int) -> tuple[Any, ...]:

@@ -25,7 +25,6 @@ import itertools
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,10 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
-
 
 # --- bare Tunix ------------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ demo 285 s against 355 s). README.md's own table: tests/unit/test_readme.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench import reinforce_mode
 from tests.conftest import REPO
 
 RESULTS_PAGE = REPO / "docs" / "results.md"
@@ -106,16 +106,6 @@ def test_results_page_quotes_the_sft_sweep_of_its_results_file() -> None:
         assert quoted in text, f"docs/results.md should quote {quoted!r} from sft-sweep.json"
 
 
-def load_reinforce_mode_bench() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "reinforce_mode_bench", REPO / "bench" / "reinforce_mode.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
     """The control experiments as docs/results.md shows them: every line of the greedy and the
     sampled tables is the one bench/reinforce_mode.py builds from
@@ -123,13 +113,12 @@ def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> N
     and the sentences around them quote
     the same file: the lowest strict format rate, the mode pools' sizes, the pick's output,
     the answer signs of seed 1 and the minutes of each run's stages."""
-    bench = load_reinforce_mode_bench()
     runs = results("reinforce-mode-s24")["runs"]
     assert sorted(run["data_seed"] for run in runs) == [0, 1, 2]
     text = RESULTS_PAGE.read_text()
     for line in [
-        *bench.readme_table(runs).splitlines(),
-        *bench.readme_sampled_table(runs).splitlines(),
+        *reinforce_mode.readme_table(runs).splitlines(),
+        *reinforce_mode.readme_sampled_table(runs).splitlines(),
     ]:
         assert line in text, f"docs/results.md should show {line!r} from reinforce-mode-s24.json"
     flat = " ".join(text.split())

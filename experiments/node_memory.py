@@ -34,14 +34,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
 
 
 def proc_kib(field: str) -> int:

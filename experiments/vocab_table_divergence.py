@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from pipeline.recipes import load_recipe  # noqa: E402
 from stages.modeling import generation, models, tunix_compat  # noqa: E402
