@@ -9,7 +9,7 @@ of prompt and completion tokens at the recipe's GRPO shapes, and prints, in one 
 functions' compiled FLOPs, median seconds of the forward and of the gradient, their ratio,
 and the largest difference of the log-probs and gradients (0 means bitwise equal).
 
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/completion_logits.py \
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.completion_logits \
         --recipe demo-reinforce --repeats 3
 """
 

@@ -5,8 +5,8 @@ history, each step's seconds per phase and each phase's share of the timed time 
 steps after the first (the first one compiles). bench/roofline.py runs the same stages
 (`run_stages`) and sets each phase's time against the machine's bound.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py                       # smoke
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py \
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_phases                       # smoke
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_phases \
         --recipe demo --sft-steps 2 --grpo-steps 4                     # the real Gemma 3 270M
 
 `--compare KEY=VALUE` (repeatable; grpo fields, VALUE read as YAML) measures two settings in

@@ -8,7 +8,7 @@ shape and the JAX operation it came from (the step's optimized HLO, dumped with
 `--xla_dump_to`; layer numbers folded). Thread time: XLA CPU runs independent ops on two
 threads at once, so its total exceeds the update's wall time.
 
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_trace.py \\
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_trace \\
         --recipe reinforce-headroom --sft-steps 2 --grpo-steps 4
 
 Session 20 found Tunix's entropy metric this way (docs/log.md): 6.5 of the step's 18.7

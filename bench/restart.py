@@ -9,7 +9,7 @@ then restarted on the same storage. The cache modes alternate within each repeti
 cache directory is warmed by one unmeasured process first, so "fresh" is a warm fresh start
 (OS file cache, converted weights, compiled executables all present).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/restart.py [--reps 3]
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.restart [--reps 3]
 
 Prints per mode: seconds to the first step (median, min, max), the share of it spent in XLA
 compilation (or loading compiled executables), and the ratios restart/fresh and cache/no cache.

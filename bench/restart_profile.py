@@ -9,7 +9,7 @@ For each, it prints the seconds from launch to the first new step and how the sa
 until then split between phases (the first phase of PHASES a frame of the sampled stack
 matches).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/restart_profile.py [--reps 2]
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.restart_profile [--reps 2]
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ The bound is the larger of FLOPs / peak FLOP/s and bytes / peak bytes/s, on the 
 batch is padded to; `useful` is the fraction of those positions holding real tokens (the
 padding's share is work the bound counts but the recipe does not need).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/roofline.py --recipe recipes/smoke.yaml
-    JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python bench/roofline.py --recipe recipes/demo.yaml \
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.roofline --recipe recipes/smoke.yaml
+    JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python -m bench.roofline --recipe recipes/demo.yaml \
         --sft-steps 6 --grpo-steps 3 --no-xla --baseline 491a66d^
 
 On the real model XLA's cross-check (on by default) compiles two gradients of the 270M model

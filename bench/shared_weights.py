@@ -7,8 +7,8 @@ variants alternate within each repetition. The model cache and JAX's compilation
 (under the model cache, as `far run` sets it) are shared, and one unmeasured run warms them
 first (fewer steps, same shapes) unless --no-warmup.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/shared_weights.py --recipe demo --reps 1
-    JAX_PLATFORMS=cpu .venv/bin/python bench/shared_weights.py --recipe smoke --reps 3
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.shared_weights --recipe demo --reps 1
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.shared_weights --recipe smoke --reps 3
 
 Prints per run: seconds per stage, the pipeline's seconds, the process's wall time (imports
 included), how many times the base weights were built and the seconds spent building them;

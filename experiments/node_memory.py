@@ -16,8 +16,8 @@ prints and records:
 - with `--malloc-trim`, the resident memory after glibc's `malloc_trim(0)` (freed memory the
   allocator still held, not returned to the system).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/node_memory.py recipes/smoke.yaml --clear-caches
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/node_memory.py \\
+    JAX_PLATFORMS=cpu .venv/bin/python -m experiments.node_memory recipes/smoke.yaml --clear-caches
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m experiments.node_memory \\
         recipes/reinforce-mode.yaml --set sft.max_steps=8 ... --clear-caches --out mem.json
 
 `--without-collect` is the before of pipeline.nodes.run_node's collection after each node:

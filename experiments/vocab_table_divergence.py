@@ -8,7 +8,7 @@ the bfloat16-operand product the sampler would use: the total variation distance
 sampled token's distribution moves by), whether the argmax agrees, the largest logit change;
 and greedy completions decoded with the bfloat16 sampler against the float32 ones.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/vocab_table_divergence.py \
+    JAX_PLATFORMS=cpu .venv/bin/python -m experiments.vocab_table_divergence \
         --out bench/results/vocab-table-divergence.json
 
 The model is the base Gemma 3 270M with fresh LoRA adapters (B = 0: the base model's outputs),
