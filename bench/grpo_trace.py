@@ -11,8 +11,8 @@ threads at once, so its total exceeds the update's wall time.
     flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_trace \\
         --recipe reinforce-headroom --sft-steps 2 --grpo-steps 4
 
-Session 20 found Tunix's entropy metric this way (docs/log.md): 6.5 of the step's 18.7
-thread-seconds went to a second, positions-major projection of the completion.
+This is how Tunix's entropy metric was found to pay a second, positions-major projection of
+the completion (docs/performance.md, GRPO's entropy metric).
 """
 
 from __future__ import annotations

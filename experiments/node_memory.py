@@ -1,7 +1,7 @@
 """Where one `far run` process's memory goes, node by node.
 
-A reinforce-mode run on the real model held 15.9 GB of resident memory at its 11th node
-(docs/log.md, 2026-11-26): every node builds its own trainer, sampler and LoRA clone, and
+A reinforce-mode run on the real model was killed for memory at its 11th node
+(docs/log.md, 2026-11-27): every node builds its own trainer, sampler and LoRA clone, and
 what keeps them alive after the node returns decides whether a long DAG fits on a machine.
 
 This runs a recipe's DAG in one process, node by node, as the flow's tasks do

@@ -12,7 +12,7 @@ and greedy completions decoded with the bfloat16 sampler against the float32 one
         --out bench/results/vocab-table-divergence.json
 
 The model is the base Gemma 3 270M with fresh LoRA adapters (B = 0: the base model's outputs),
-in the reinforce-headroom recipe's prompt format; about 3 minutes on 2 cores.
+in the reinforce-headroom recipe's prompt format.
 """
 
 from __future__ import annotations

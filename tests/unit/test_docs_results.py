@@ -106,21 +106,24 @@ def test_results_page_quotes_the_sft_sweep_of_its_results_file() -> None:
         assert quoted in text, f"docs/results.md should quote {quoted!r} from sft-sweep.json"
 
 
+THREE_SEEDS = "reinforce-mode-three-seeds"
+
+
 def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
     """The control experiments as docs/results.md shows them: every line of the greedy and the
     sampled tables is the one bench/reinforce_mode.py builds from
-    docs/results/reinforce-mode-three-seeds.json (the three data seeds' runs with the `sampled` node),
-    and the sentences around them quote
+    docs/results/reinforce-mode-three-seeds.json (the three data seeds' runs with the
+    `sampled` node), and the sentences around them quote
     the same file: the lowest strict format rate, the mode pools' sizes, the pick's output,
     the answer signs of seed 1 and the minutes of each run's stages."""
-    runs = results("reinforce-mode-three-seeds")["runs"]
+    runs = results(THREE_SEEDS)["runs"]
     assert sorted(run["data_seed"] for run in runs) == [0, 1, 2]
     text = RESULTS_PAGE.read_text()
     for line in [
         *reinforce_mode.readme_table(runs).splitlines(),
         *reinforce_mode.readme_sampled_table(runs).splitlines(),
     ]:
-        assert line in text, f"docs/results.md should show {line!r} from reinforce-mode-three-seeds.json"
+        assert line in text, f"docs/results.md should show {line!r} from {THREE_SEEDS}.json"
     flat = " ".join(text.split())
     lowest = min(r["format_rate"] for run in runs for r in run["held_out"])
     assert f"strict format >= {lowest:.3f} in every row" in flat
@@ -154,7 +157,8 @@ def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> N
 
 
 SPEED_DIR = REPO / "bench" / "results"
-SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-steps-skip-flat.json"  # the page's table
+# the page's table
+SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-steps-skip-flat.json"
 SPEED_REPEATS = (  # the comparison with the earlier settings (docs/log.md)
     SPEED_DIR / "roofline-reinforce-headroom-40-steps.json",
 )
