@@ -4,10 +4,10 @@ vocabulary projection), timed with float32 and with bfloat16 operands (float32 a
 as a bf16 sampler would run them), interleaved in one process.
 
 Decode reads every weight once per step, so at a few rows it is bound by memory: bfloat16
-halves the bytes. Issue 35 item 5 names "bf16 sampler weights" as a lever; this measures the
-ceiling of that lever before any sampler is changed. Shapes come from the recipe's model.
+halves the bytes. This measures the ceiling of "bf16 sampler weights" as a lever, apart from
+any sampler. Shapes come from the recipe's model.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/bf16_matmul.py \
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.bf16_matmul \
         --out bench/results/bf16-matmul.json
 """
 

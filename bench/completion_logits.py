@@ -9,7 +9,7 @@ of prompt and completion tokens at the recipe's GRPO shapes, and prints, in one 
 functions' compiled FLOPs, median seconds of the forward and of the gradient, their ratio,
 and the largest difference of the log-probs and gradients (0 means bitwise equal).
 
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/completion_logits.py \
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.completion_logits \
         --recipe demo-reinforce --repeats 3
 """
 
@@ -18,16 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # appended: a tree bench/roofline.py put first stays first
-    sys.path.append(str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
 
 
 def median_seconds(call: Callable[[], Any], repeats: int) -> float:

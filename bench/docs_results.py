@@ -8,7 +8,7 @@ docs/getting-started.md quotes a smoke number that disagrees with the file, so a
 changed by running this, never by hand:
 
     rm -rf /tmp/far-docs-runs/smoke
-    JAX_PLATFORMS=cpu .venv/bin/python bench/docs_results.py   # then paste `excerpt`
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.docs_results   # then paste `excerpt`
 
 The demo's numbers (docs/results/demo.json) come from a fresh-clone measurement;
 that file says so, and the same test holds docs/results.md and docs/getting-started.md to it

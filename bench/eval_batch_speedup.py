@@ -1,6 +1,6 @@
 """Greedy evaluation's completions per second at several batch sizes, on the same prompts.
 
-Usage: .venv/bin/python bench/eval_batch_speedup.py [--recipe demo] [--batches 1 16]
+Usage: .venv/bin/python -m bench.eval_batch_speedup [--recipe demo] [--batches 1 16]
            [--prompts 16] [--tokens 32] [--reps 1]
 
 Every batch size is compiled first (a warm-up call each), then the sizes are timed in turns,
@@ -8,12 +8,12 @@ Every batch size is compiled first (a warm-up call each), then the sizes are tim
 same work, and a load that comes and goes falls on every size alike. Each size's greedy
 outputs are compared with the first size's. Prints one JSON line.
 
-Why: a decode step reads every weight whatever its rows (1.07 GB in f32 for Gemma 3 270M),
+Why: a decode step reads every weight whatever its rows (all of Gemma 3 270M's f32 bytes),
 so below the compute bound more rows per step cost little (bench/results/roofline-demo.json:
 decode with 8 rows ran at its memory bound, at about an eighth of the matmul peak). Every
 evaluate node (headroom, validation, held out) decodes `eval.batch_size` rows a step.
 
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/eval_batch_speedup.py \
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.eval_batch_speedup \
         --recipe reinforce-mode --batches 32 64 128 --prompts 256 --reps 2
 """
 

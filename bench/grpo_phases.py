@@ -5,8 +5,8 @@ history, each step's seconds per phase and each phase's share of the timed time 
 steps after the first (the first one compiles). bench/roofline.py runs the same stages
 (`run_stages`) and sets each phase's time against the machine's bound.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py                       # smoke
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_phases.py \
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_phases                       # smoke
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_phases \
         --recipe demo --sft-steps 2 --grpo-steps 4                     # the real Gemma 3 270M
 
 `--compare KEY=VALUE` (repeatable; grpo fields, VALUE read as YAML) measures two settings in
@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
 # tests.conftest.recipe_with: a recipe with fields replaced. Appended, not put first: when
 # bench/roofline.py measures a baseline tree it has put that tree first, and this module must
 # not put the current tree's stages ahead of it (it did: the --baseline run measured this code).
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
 
 SECONDS_PREFIX = "far/seconds/"  # stages/grpo/timing.PREFIX (kept here: older trees import it)
 

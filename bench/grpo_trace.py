@@ -8,11 +8,11 @@ shape and the JAX operation it came from (the step's optimized HLO, dumped with
 `--xla_dump_to`; layer numbers folded). Thread time: XLA CPU runs independent ops on two
 threads at once, so its total exceeds the update's wall time.
 
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/grpo_trace.py \\
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.grpo_trace \\
         --recipe reinforce-headroom --sft-steps 2 --grpo-steps 4
 
-Session 20 found Tunix's entropy metric this way (docs/log.md): 6.5 of the step's 18.7
-thread-seconds went to a second, positions-major projection of the completion.
+This is how Tunix's entropy metric was found to pay a second, positions-major projection of
+the completion (docs/performance.md, GRPO's entropy metric).
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-for path in (str(REPO), str(BENCH)):  # stages/, tests.conftest; grpo_phases, the profile's parser
-    if path not in sys.path:
-        sys.path.append(path)
 
 
 def traced_updates(call: int, trace_dir: str) -> tuple[Any, list[float]]:
@@ -68,7 +64,7 @@ def traced_updates(call: int, trace_dir: str) -> tuple[Any, list[float]]:
 
 def train_step_origins(dump_dir: str) -> dict[str, tuple[str, str]]:
     """Op name -> (result shape, JAX operation) in the last compiled train step."""
-    from train_step_profile import op_origins
+    from bench.train_step_profile import op_origins
 
     steps = sorted(glob.glob(f"{dump_dir}/*train_step*after_optimizations.txt"))
     if not steps:
@@ -98,8 +94,8 @@ def main() -> None:
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
     )  # read when JAX's backend starts, after this
-    import grpo_phases
-    from train_step_profile import print_ops, trace_totals
+    from bench import grpo_phases
+    from bench.train_step_profile import print_ops, trace_totals
 
     _, walls = traced_updates(args.call, trace_dir)
     grpo_phases.run_stages(Path(args.recipe).stem, args.sft_steps, args.grpo_steps, args.cache_dir)

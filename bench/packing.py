@@ -6,8 +6,8 @@ does (same sources, tokenizer, chat template) and packs it at the recipe's row l
 longer ones, printing the share of token slots that hold a real token and the row count
 (rows are what a step pays for). No timing: the numbers are a property of the data.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/packing.py --recipe demo
-    JAX_PLATFORMS=cpu .venv/bin/python bench/packing.py --recipe smoke --lengths 512 1024
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.packing --recipe demo
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.packing --recipe smoke --lengths 512 1024
 """
 
 from __future__ import annotations

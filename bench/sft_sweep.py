@@ -6,7 +6,7 @@ evaluate node of the prompts SFT never trains on. This reads every such run and 
 point, the learning rate, the steps and the greedy accuracy with its prompt count, so the
 numbers the README and the log quote come from one file a command regenerates.
 
-    python bench/sft_sweep.py --runs /work/exp/s12/sweep/runs --out docs/results/sft-sweep.json
+    python -m bench.sft_sweep --runs /work/exp/s12/sweep/runs --out docs/results/sft-sweep.json
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ variants alternate within each repetition. The model cache and JAX's compilation
 (under the model cache, as `far run` sets it) are shared, and one unmeasured run warms them
 first (fewer steps, same shapes) unless --no-warmup.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/shared_weights.py --recipe demo --reps 1
-    JAX_PLATFORMS=cpu .venv/bin/python bench/shared_weights.py --recipe smoke --reps 3
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.shared_weights --recipe demo --reps 1
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.shared_weights --recipe smoke --reps 3
 
 Prints per run: seconds per stage, the pipeline's seconds, the process's wall time (imports
 included), how many times the base weights were built and the seconds spent building them;
@@ -88,7 +88,16 @@ def run_child(
     recipe: str, root: Path, variant: str, cache_dir: str, assignments: list[str]
 ) -> dict[str, Any]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, __file__, "--child", recipe, str(root), variant, cache_dir]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.shared_weights",
+        "--child",
+        recipe,
+        str(root),
+        variant,
+        cache_dir,
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(
         [*command, *assignments], cwd=REPO, env=env, capture_output=True, text=True, check=False

@@ -8,7 +8,7 @@ folded). The table is thread time per step: XLA CPU runs independent ops on two 
 once, so its total exceeds the step's wall time. `--qwix-backward` restores qwix's own LoRA
 backward (before tunix_compat.lora_backward_positions_major) to show what it cost.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/train_step_profile.py --recipe recipes/demo.yaml
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.train_step_profile --recipe recipes/demo.yaml
 
 The compiled step's memory (XLA's temporaries, beside the weights it reads) is printed too.
 GRPO's actor update is the same gradient at its shapes (rows = prompts x generations,
@@ -24,15 +24,10 @@ import glob
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # stages/, schemas/ and tests.conftest.recipe_with
-    sys.path.append(str(REPO))
 
 
 def build(recipe_name: str, cache: str, rows: int, length: int, targets: int) -> tuple[Any, ...]:

@@ -13,8 +13,8 @@ FAR's SFT checkpoint; they differ in their sampling seeds (FAR seeds each step, 
 uses Tunix's one key), so their completions, and so their rollout work, differ by chance.
 `--far-untimed` adds FAR's GRPO without its per-phase timer, on the same seeds as FAR's.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/vs_tunix.py --reps 5
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/vs_tunix.py \
+    JAX_PLATFORMS=cpu .venv/bin/python -m bench.vs_tunix --reps 5
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.vs_tunix \
         --recipe demo --sft-steps 6 --grpo-steps 2 --reps 3       # the real Gemma 3 270M
 """
 
@@ -25,7 +25,6 @@ import itertools
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,10 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.conftest.recipe_with: a recipe with fields replaced
-
 
 # --- bare Tunix ------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 # A repository path as prose names it: a top-level folder of this repository, then a path.
 PATH = re.compile(
-    r"(?<![\w./~-])((?:schemas|stages|pipeline|flows|deploy|recipes|bench|tests|docs)"
+    r"(?<![\w./~-])((?:schemas|stages|pipeline|flows|deploy|recipes|bench|experiments|tests|docs)"
     r"/[\w./-]*[\w/])"
 )
 PLACEHOLDER = re.compile(r"[<>{}*]|\.\.\.|-<|XXXX")

@@ -6,7 +6,6 @@ demo 285 s against 355 s). README.md's own table: tests/unit/test_readme.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench import reinforce_mode
 from tests.conftest import REPO
 
 RESULTS_PAGE = REPO / "docs" / "results.md"
@@ -106,32 +106,24 @@ def test_results_page_quotes_the_sft_sweep_of_its_results_file() -> None:
         assert quoted in text, f"docs/results.md should quote {quoted!r} from sft-sweep.json"
 
 
-def load_reinforce_mode_bench() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "reinforce_mode_bench", REPO / "bench" / "reinforce_mode.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+THREE_SEEDS = "reinforce-mode-three-seeds"
 
 
 def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> None:
     """The control experiments as docs/results.md shows them: every line of the greedy and the
     sampled tables is the one bench/reinforce_mode.py builds from
-    docs/results/reinforce-mode-s24.json (the three data seeds' runs with the `sampled` node),
-    and the sentences around them quote
+    docs/results/reinforce-mode-three-seeds.json (the three data seeds' runs with the
+    `sampled` node), and the sentences around them quote
     the same file: the lowest strict format rate, the mode pools' sizes, the pick's output,
     the answer signs of seed 1 and the minutes of each run's stages."""
-    bench = load_reinforce_mode_bench()
-    runs = results("reinforce-mode-s24")["runs"]
+    runs = results(THREE_SEEDS)["runs"]
     assert sorted(run["data_seed"] for run in runs) == [0, 1, 2]
     text = RESULTS_PAGE.read_text()
     for line in [
-        *bench.readme_table(runs).splitlines(),
-        *bench.readme_sampled_table(runs).splitlines(),
+        *reinforce_mode.readme_table(runs).splitlines(),
+        *reinforce_mode.readme_sampled_table(runs).splitlines(),
     ]:
-        assert line in text, f"docs/results.md should show {line!r} from reinforce-mode-s24.json"
+        assert line in text, f"docs/results.md should show {line!r} from {THREE_SEEDS}.json"
     flat = " ".join(text.split())
     lowest = min(r["format_rate"] for run in runs for r in run["held_out"])
     assert f"strict format >= {lowest:.3f} in every row" in flat
@@ -165,9 +157,10 @@ def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> N
 
 
 SPEED_DIR = REPO / "bench" / "results"
-SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-skip-s22.json"  # the page's table
+# the page's table
+SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-steps-skip-flat.json"
 SPEED_REPEATS = (  # the comparison with the earlier settings (docs/log.md)
-    SPEED_DIR / "roofline-reinforce-headroom-40-s22.json",
+    SPEED_DIR / "roofline-reinforce-headroom-40-steps.json",
 )
 
 
@@ -197,7 +190,7 @@ def test_results_page_quotes_the_grpo_speed_of_its_roofline_file() -> None:
     """GRPO's speed before and after (bench/roofline.py against the code before the opt-in
     grpo settings, this tree with them) as docs/results.md shows them: the ratio of
     each run of the comparison, the settings, what the bfloat16 vocabulary table moves
-    (bench/vocab_table_divergence.py), the informative-group shares and the table's seconds
+    (experiments/vocab_table_divergence.py), the informative-group shares and the table's seconds
     and completions per second."""
     run = json.loads(SPEED_RESULTS.read_text())
     now, before = run["current"], run["baseline"]
@@ -239,7 +232,7 @@ def test_results_page_quotes_the_oversampled_run_of_its_roofline_file() -> None:
     """grpo.oversample 2 with the four settings, against this tree without settings (one
     pair): the update's informative share, both completion ratios and the update's seconds as
     docs/results.md quotes them."""
-    path = SPEED_DIR / "roofline-reinforce-headroom-40-oversample-s23.json"
+    path = SPEED_DIR / "roofline-reinforce-headroom-40-steps-oversample.json"
     run = json.loads(path.read_text())
     (now,) = run["current"]
     assert now["grpo_changes"]["oversample"] == 2 and not run["baseline"][0]["grpo_changes"]

@@ -4,28 +4,14 @@ id (not by the order the rows were written in)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import reinforce_mode as bench
 
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reinforce_mode", BENCH / "reinforce_mode.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reinforce_mode"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
 SOLVED = {  # model -> prompt id -> its two samples' verdicts
     "sft": {"a": [1, 0], "b": [0, 0], "c": [1, 1], "d": [0, 1]},
     "control": {"a": [1, 1], "b": [0, 0], "c": [1, 1], "d": [0, 1]},

@@ -3,32 +3,19 @@ XLA's own count of the compiled functions on the tiny model."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from bench import roofline
 from schemas.recipe import GRPOConfig
 from stages.modeling import models
 from tests.conftest import recipe_with
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def load_roofline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("roofline", BENCH / "roofline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["roofline"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-roofline = load_roofline()
+REPO = Path(__file__).resolve().parents[2]
 
 
 def arch_of(recipe: Any) -> Any:
@@ -149,9 +136,10 @@ def test_sft_steps_are_timed_after_compilation_by_their_median() -> None:
 def test_bad_arguments_are_one_line_exit_2_before_compute(argv: list[str], named: str) -> None:
     """Was: a traceback after data_prep and SFT (or a git error). The out path is a fresh
     directory, which stays absent: nothing ran."""
-    out = BENCH.parent / "test-outputs" / "roofline-refused" / "out.json"
+    out = REPO / "test-outputs" / "roofline-refused" / "out.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH / "roofline.py"), *argv, "--out", str(out)],
+        [sys.executable, "-m", "bench.roofline", *argv, "--out", str(out)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
@@ -168,7 +156,8 @@ def test_grpo_trace_refuses_an_update_it_will_not_reach(call: str) -> None:
     """bench/grpo_trace.py: a --call outside 1..--grpo-steps would run the stages and trace
     nothing; it is one line, exit 2, before any compute."""
     done = subprocess.run(
-        [sys.executable, str(BENCH / "grpo_trace.py"), "--grpo-steps", "4", "--call", call],
+        [sys.executable, "-m", "bench.grpo_trace", "--grpo-steps", "4", "--call", call],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,

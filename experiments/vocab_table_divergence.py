@@ -8,18 +8,17 @@ the bfloat16-operand product the sampler would use: the total variation distance
 sampled token's distribution moves by), whether the argmax agrees, the largest logit change;
 and greedy completions decoded with the bfloat16 sampler against the float32 ones.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/vocab_table_divergence.py \
+    JAX_PLATFORMS=cpu .venv/bin/python -m experiments.vocab_table_divergence \
         --out bench/results/vocab-table-divergence.json
 
 The model is the base Gemma 3 270M with fresh LoRA adapters (B = 0: the base model's outputs),
-in the reinforce-headroom recipe's prompt format; about 3 minutes on 2 cores.
+in the reinforce-headroom recipe's prompt format.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from pipeline.recipes import load_recipe  # noqa: E402
 from stages.modeling import generation, models, tunix_compat  # noqa: E402

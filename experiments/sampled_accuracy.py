@@ -5,7 +5,7 @@ Why: GRPO can only reinforce answers its rollouts sample. When GRPO's rollout re
 below the greedy evaluation, this tells a rollout defect (the two samplers disagree) from a
 policy that samples badly (both agree). Reads the run's data_prep and sft records.
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/sampled_accuracy.py runs/r17 --prompts 48 \
+    JAX_PLATFORMS=cpu .venv/bin/python -m experiments.sampled_accuracy runs/r17 --prompts 48 \
         --samples 4 --temperature 0.5
 """
 

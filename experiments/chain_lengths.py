@@ -7,7 +7,7 @@ recipe's eval.max_generation_tokens must fit it. The sequence is BOS,
 prompt and target, which `data.max_seq_len` bounds. Rows are generated as the recipe's data
 seed draws them (duplicates included), nothing is trained.
 
-    python bench/chain_lengths.py recipes/reinforce-mode.yaml --rows 2000
+    python -m experiments.chain_lengths recipes/reinforce-mode.yaml --rows 2000
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where one `far run` process's memory goes, node by node.
 
-A reinforce-mode run on the real model held 15.9 GB of resident memory at its 11th node
-(docs/log.md, 2026-11-26): every node builds its own trainer, sampler and LoRA clone, and
+A reinforce-mode run on the real model was killed for memory at its 11th node
+(docs/log.md, 2026-11-27): every node builds its own trainer, sampler and LoRA clone, and
 what keeps them alive after the node returns decides whether a long DAG fits on a machine.
 
 This runs a recipe's DAG in one process, node by node, as the flow's tasks do
@@ -16,8 +16,8 @@ prints and records:
 - with `--malloc-trim`, the resident memory after glibc's `malloc_trim(0)` (freed memory the
   allocator still held, not returned to the system).
 
-    JAX_PLATFORMS=cpu .venv/bin/python bench/node_memory.py recipes/smoke.yaml --clear-caches
-    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python bench/node_memory.py \\
+    JAX_PLATFORMS=cpu .venv/bin/python -m experiments.node_memory recipes/smoke.yaml --clear-caches
+    flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m experiments.node_memory \\
         recipes/reinforce-mode.yaml --set sft.max_steps=8 ... --clear-caches --out mem.json
 
 `--without-collect` is the before of pipeline.nodes.run_node's collection after each node:
@@ -34,14 +34,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
 
 
 def proc_kib(field: str) -> int:

@@ -4,7 +4,7 @@ stages/modeling/torchless_tensorboard.py's hook (tensorboardX's writer without t
 Each import runs in a fresh interpreter, alternating, `--reps` pairs; the CPU seconds are
 the child's user + system time (os.wait4), so other load on the machine changes them little.
 
-    .venv/bin/python bench/import_cost.py --reps 5
+    .venv/bin/python -m experiments.import_cost --reps 5
 """
 
 from __future__ import annotations
