@@ -44,9 +44,10 @@ def _title(summary: RunSummary) -> str:
 
 def _stage_lines(summary: RunSummary) -> list[str]:
     lines = []
+    width = max([10, *(len(s.stage) for s in summary.stages)])  # node ids line up
     for s in summary.stages:
         took = "skipped (already complete)" if s.skipped else f"ran in {s.seconds:.1f} s"
-        line = f"  {s.stage:<10} {took:<27} {relative(s.output_uri, summary.run_uri)}"
+        line = f"  {s.stage:<{width}} {took:<27} {relative(s.output_uri, summary.run_uri)}"
         lines.append(line if len(line) <= WIDTH else line[: WIDTH - 3] + "...")
     return lines
 

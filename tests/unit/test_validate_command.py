@@ -476,25 +476,45 @@ def test_version_and_exit_codes_in_help(capsys: pytest.CaptureFixture[str]) -> N
         assert code in " ".join(text.split()), code
 
 
-def test_summary_prints_every_evaluation_report(
+def test_summary_shows_the_last_evaluation_of_any_node_id(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The report of an evaluate node with any id (not only one named `evaluate`)."""
-    stages = []
-    for node in ("evaluate_all", "sft"):
-        folder = tmp_path / node
-        folder.mkdir()
-        (folder / "report.md").write_text(f"table of {node}")
-        output = folder / ("report.json" if node != "sft" else "checkpoints")
-        stages.append(
-            StageSummary(
-                stage=node, output_uri=str(output), record_uri="", skipped=True, seconds=0.0
-            )
+    """The report of an evaluate node with any id (not only one named `evaluate`), as one
+    table of its models, and the report.md that holds every table named beside it."""
+    from schemas.artifacts import EvalReport, ModelScores
+
+    folder = tmp_path / "evaluate_all"
+    folder.mkdir()
+    scores = [
+        ModelScores(
+            name=name,
+            checkpoint_uri=None,
+            num_prompts=8,
+            format_rate=rate,
+            accuracy=rate,
+            mean_completion_chars=10.0,
         )
+        for name, rate in (("base", 0.0), ("sft", 0.5))
+    ]
+    report = EvalReport(
+        uri=str(folder / "report.json"),
+        samples_uri=str(folder / "samples.jsonl"),
+        scores=scores,
+        fingerprint="0" * 64,
+    )
+    (folder / "report.json").write_text(report.model_dump_json())
+    stages = [
+        StageSummary(stage=node, output_uri=str(output), record_uri="", skipped=True, seconds=0.0)
+        for node, output in (("evaluate_all", folder / "report.json"), ("sft", tmp_path / "c"))
+    ]
     summary = RunSummary(run="r", run_uri=str(tmp_path), complete=True, stages=stages, seconds=1.0)
     cli.print_summary(summary)
     out = capsys.readouterr().out
-    assert "table of evaluate_all" in out and "table of sft" not in out
+    rows = [
+        line.split()[:3] for line in out.splitlines() if line.split()[1:2] in (["0.000"], ["0.500"])
+    ]
+    assert rows == [["base", "0.000", "0.000"], ["sft", "0.500", "0.500"]], out
+    assert "evaluate_all/report.md" in out
 
 
 def test_the_far_executable_refuses_a_bad_node_before_compute(tmp_path: Path) -> None:
