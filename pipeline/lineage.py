@@ -199,7 +199,8 @@ def _dag_order(run_uri: str, problems: list[str] | None) -> tuple[str, ...]:
         raise
     except ValueError as e:  # not JSON, or not a manifest of this schema
         problems.append(
-            f"{manifest_uri(run_uri)}: unreadable (a torn write or an edit): {_line(e)}"
+            f"{manifest_uri(run_uri)}: unreadable (a torn write or an edit): "
+            f"{_line(e.__cause__ or e)}"
         )
         return ()
 
