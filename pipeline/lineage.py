@@ -205,7 +205,7 @@ def _dag_order(run_uri: str, problems: list[str] | None) -> tuple[str, ...]:
         return ()
 
 
-def _line(error: Exception) -> str:
+def _line(error: BaseException) -> str:
     """An error's message on one line, cut short (a problem line is one line)."""
     text = " ".join(str(error).split())
     return text if len(text) <= 200 else text[:197] + "..."
