@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -329,6 +330,19 @@ def _add_override_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _wait_seconds(text: str) -> float:
+    """A finite, non-negative number of seconds (nan, inf or a negative wait means nothing)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected a finite number of seconds >= 0 (e.g. 600)"
+        )
+    return seconds
+
+
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-change",
@@ -345,7 +359,7 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-wait",
-        type=float,
+        type=_wait_seconds,
         default=0.0,
         metavar="SECONDS",
         help="if another session holds the run's lease, wait this long for it (default 0),\n"

@@ -9,6 +9,7 @@ file a record lists and checks that each input still matches its upstream output
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from schemas.cli_output import Code, EvaluationScores, LineageEntry, Machine
 from schemas.record import ExternalEvaluation, LedgerEntry, RunManifest, StageRecord
 from stages.core import ledger, runner, storage
 from stages.core.errors import MissingInput
+from stages.core.metrics_logging import MLFLOW_DIR
 from stages.core.runner import RECORD_NAME, read_record
 
 OPENLINEAGE_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
@@ -217,12 +219,13 @@ def _dag_order(run_uri: str, problems: list[str] | None) -> tuple[str, ...]:
         raise
     except ValueError as e:  # not JSON, or not a manifest of this schema
         problems.append(
-            f"{manifest_uri(run_uri)}: unreadable (a torn write or an edit): {_line(e)}"
+            f"{manifest_uri(run_uri)}: unreadable (a torn write or an edit): "
+            f"{_line(e.__cause__ or e)}"
         )
         return ()
 
 
-def _line(error: Exception) -> str:
+def _line(error: BaseException) -> str:
     """An error's message on one line, cut short (a problem line is one line)."""
     text = " ".join(str(error).split())
     return text if len(text) <= 200 else text[:197] + "..."
@@ -255,6 +258,7 @@ def audit(
     problems += _audit_evaluations(run_uri, records)
     problems += _audit_external_evaluations(records)
     problems += _audit_top_level(run_uri)
+    problems += _audit_top_directories(run_uri, _dag_order(run_uri, []), records)
     return problems + _audit_ledger(run_uri, records, key, expect_root, accept_later)
 
 
@@ -269,6 +273,33 @@ def _audit_top_level(run_uri: str) -> list[str]:
         for rel in top
         if rel not in RUN_FILES
     ]
+
+
+RUN_DIRS = (MLFLOW_DIR,)
+"""The directories a run keeps at its top level beside its stage directories."""
+_STAGE_DIR = re.compile(r"^(?P<node>[a-z][a-z0-9_]{0,39})-[0-9a-f]{12}$")  # {node id}-{hash}
+
+
+def _audit_top_directories(
+    run_uri: str, order: tuple[str, ...], records: list[tuple[str, StageRecord]]
+) -> list[str]:
+    """Each directory at the run's top level that is neither a stage directory of a node of
+    the run's DAG (any node, when run.json is unreadable) nor one of RUN_DIRS. A directory
+    holding a stage record is judged by the record checks (a planted one is not in the
+    ledger), so it is not reported twice."""
+    recorded = {runner.record_directory(uri) for uri, _ in records}
+    problems = []
+    for name in sorted(storage.list_dirs(run_uri)):
+        uri, stage = storage.join(run_uri, name), _STAGE_DIR.match(name)
+        if name in RUN_DIRS or uri in recorded:
+            continue
+        if stage and (not order or stage["node"] in order):
+            continue
+        problems.append(
+            f"{uri}: directory at the run's top level that is no stage of the run's DAG and "
+            f"not FAR's (added)"
+        )
+    return problems
 
 
 def later_entries(run_uri: str, expect_root: str | None) -> list[str]:

@@ -21,7 +21,7 @@ from pipeline.dag import node_order
 from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, ledger, storage
-from stages.core.errors import MissingInput
+from stages.core.errors import InputError, MissingInput
 from stages.core.runner import (
     IDENTITY_NAME,
     RECORD_NAME,
@@ -38,6 +38,11 @@ def manifest_uri(run_uri: str) -> str:
     return storage.join(run_uri, MANIFEST_NAME)
 
 
+class TornManifest(InputError):
+    """A run.json that is not JSON or not a manifest of this schema (a torn write or an edit):
+    nothing can be planned or resumed from it, and nothing in it is guessed."""
+
+
 def read_manifest(run_uri: str) -> RunManifest:
     uri = manifest_uri(run_uri)
     if not storage.exists(uri):
@@ -45,7 +50,15 @@ def read_manifest(run_uri: str) -> RunManifest:
             f"no FAR run at {run_uri}: expected {MANIFEST_NAME} there (give the run's URI, "
             f"{{storage_root}}/{{name}}, as `far run` printed it)"
         )
-    return RunManifest.model_validate(storage.read_json(uri))
+    try:
+        return RunManifest.model_validate(storage.read_json(uri))
+    except ValueError as e:  # not JSON, not UTF-8, or not a manifest (ValidationError)
+        reason = " ".join(str(e).split())[:160]
+        raise TornManifest(
+            f"{uri} is unreadable (a torn write or an edit: {reason}); restore it from a "
+            f"copy, or start a new run under another --name (`far audit {run_uri}` lists "
+            f"what the stage records still vouch for)"
+        ) from e
 
 
 def with_current_defaults(recorded: dict[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,10 @@
 parsed and before the flow starts, so a wrong reward name (in the `grpo` or `eval` section,
 any `grpo` or `evaluate` node), a `self_teach` node verifying with an unknown reward, a
 `preferences` node given both a file and samples, a mesh larger than the machine, an
-unreachable model, a missing data file (of any node) or evaluation checkpoint, or a storage
-root that cannot be written is refused in seconds with one line naming the node, field or
-file, instead of after the stages before it spent their compute. Each check raises
+unreachable model or MLflow tracking server (or an MLflow path that cannot be written), a
+missing data file (of any node) or evaluation checkpoint, or a storage root that cannot be
+written is refused in seconds with one line naming the node, field or file, instead of
+after the stages before it spent their compute. Each check raises
 stages.core.errors.InputError.
 """
 
@@ -31,7 +32,7 @@ from schemas.recipe import (
     StageNode,
 )
 from stages import registry
-from stages.core import storage
+from stages.core import metrics_logging, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
@@ -50,6 +51,7 @@ def validate_run(recipe: Recipe, root: str, cache_dir: str, computes: bool = Tru
         log.warning("%s", warning)
     check_storage_writable(root)
     if computes:
+        metrics_logging.check_tracking_uri(recipe.logging)
         check_mesh(recipe.mesh)
         check_model(recipe.model, cache_dir)
         check_prompt_templates(recipe, cache_dir)

@@ -50,6 +50,24 @@ SamplingTemperature = Annotated[float, Field(gt=0, le=MAX_SAMPLING_TEMPERATURE)]
 Draw = Literal["gumbel", "inverse_cdf"]
 EVAL_BATCH_SLACK = 4  # an eval batch may be this many times its split's completions (padding)
 GENERATION_PER_ROW = 8  # max_generation_tokens may be at most this many max_seq_len rows
+# Counts, lengths and seeds are bounded the same way: a value no run means is refused in
+# validation, naming it, rather than overflowing a step counter, allocating an impossible
+# array or being refused by a library mid-stage.
+MAX_STEPS = 10_000_000
+"""Optimizer steps a training node may ask for: far beyond any session's compute (resumed
+sessions included) and well inside the 32-bit step counters of Optax and Orbax."""
+Steps = Annotated[int, Field(gt=0, le=MAX_STEPS)]
+MAX_SAMPLES = 1024
+"""Completions sampled per prompt: pass@k up to k = 1024, more than any estimate here needs;
+every sample is decoded and kept, so a larger count only multiplies a stage's time."""
+SampleCount = Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
+MAX_SEED = 2**31 - 1
+"""Seeds are non-negative 31-bit integers: Grain and NumPy refuse a negative seed, and JAX
+without 64-bit mode keeps 32 bits of a wider one."""
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+MAX_SEQ_LEN = 131_072
+"""Tokens per row: the longest context of any supported model (Gemma 3 4B's 128K); a longer
+row is no model's input, and its arrays and attention masks would not fit in memory."""
 
 
 class MeshSpec(Frozen):
@@ -116,8 +134,8 @@ class ModelSpec(Frozen):
     """bytes (random models) or sentencepiece (the weights' own tokenizer)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """The parameters' dtype."""
-    init_seed: int = 0
-    """Seeds a random-init model's weights."""
+    init_seed: Seed = 0
+    """Seeds a random-init model's weights (0 to 2**31 - 1, see MAX_SEED)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:

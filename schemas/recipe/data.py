@@ -11,7 +11,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Frozen
-from schemas.recipe.common import PositiveInt
+from schemas.recipe.common import MAX_SEQ_LEN, PositiveInt, Seed
 from schemas.recipe.kinds import ALL_SPLITS, StageSpec
 
 Domain = Literal["math", "code", "science", "creative", "summarization", "general"]
@@ -289,10 +289,13 @@ class DataPrepConfig(Frozen):
     """A validation split apart from `eval`, drawn right after it: a `pick` node chooses
     between policies by their accuracy here, so the held-out eval split is scored only after
     the choice; null: none (and the other splits are drawn exactly as without the field)."""
-    seed: int = 0
-    """Seeds the draw of examples from each source."""
-    max_seq_len: PositiveInt = 128
-    """Tokens per row (prompt and completion)."""
+    seed: Seed = 0
+    """Seeds the draw of examples from each source (0 to 2**31 - 1: Grain and NumPy
+    refuse a negative seed)."""
+    max_seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] = 128
+    """Tokens per row (prompt and completion); at most 131,072, the longest context of any
+    supported model (Gemma 3 4B): a longer row is no model's input and its arrays would not
+    fit in memory."""
     max_prompt_len: PositiveInt = 64
     """Tokens a prompt may take; longer examples are quarantined. Must be < max_seq_len."""
     packing: bool = False

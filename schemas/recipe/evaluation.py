@@ -16,6 +16,8 @@ from schemas.recipe.common import (
     MAX_SAMPLING_TEMPERATURE,
     Draw,
     PositiveInt,
+    SampleCount,
+    Seed,
 )
 from schemas.recipe.kinds import Port, StageSpec
 
@@ -45,14 +47,15 @@ class EvalConfig(Frozen):
     """Prompts decoded at a time."""
     temperature: Annotated[float, Field(ge=0, le=MAX_SAMPLING_TEMPERATURE)] = 0.0
     """0: greedy decoding; above 0: sampled, with `samples` per prompt."""
-    samples: PositiveInt = 1
-    """Completions per prompt (needs temperature > 0 when above 1)."""
+    samples: SampleCount = 1
+    """Completions per prompt (needs temperature > 0 when above 1); at most 1024 (pass@1024;
+    each sample is decoded, so more only multiplies the stage's time)."""
     draw: Draw = "gumbel"
     """How a sampled completion draws each token: gumbel (Tunix's) or inverse_cdf (one
     uniform number per row; the same distribution, other tokens for a seed; needs a
     temperature)."""
-    seed: int = 0
-    """Seeds sampling."""
+    seed: Seed = 0
+    """Seeds sampling (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
     steps: Literal["last", "saved"] = "last"
     """last: each checkpoint at the step its stage committed; saved: also every earlier step
     its stage kept (`keep_checkpoints`), a row `<model>@step<N>` each, so a pick node can

@@ -20,6 +20,8 @@ from schemas.recipe.common import (
     PositiveFloat,
     PositiveInt,
     SamplingTemperature,
+    Seed,
+    Steps,
 )
 from schemas.recipe.kinds import DATASET_FOR, Port, StageSpec
 
@@ -87,8 +89,9 @@ class GRPOConfig(Frozen):
     cosine decay (to 10% of the peak), gradients clipped to global norm 0.1.
     """
 
-    max_steps: PositiveInt
-    """GRPO steps (each: a batch of prompts, rollouts, rewards, policy updates)."""
+    max_steps: Steps
+    """GRPO steps (each: a batch of prompts, rollouts, rewards, policy updates); at most
+    10,000,000: beyond any compute budget, inside 32-bit step counters."""
     batch_size: PositiveInt
     """prompts per step; each gets num_generations completions"""
     train_micro_batch_size: PositiveInt | None = None
@@ -153,8 +156,9 @@ class GRPOConfig(Frozen):
     """kept free before a deadline"""
     samples_per_step: Annotated[int, Field(ge=0, le=64)] = 4
     """completions kept in samples.jsonl"""
-    seed: int = 0
-    """Seeds the prompt order and, with the global step, each step's rollout sampling key."""
+    seed: Seed = 0
+    """Seeds the prompt order and, with the global step, each step's rollout sampling key
+    (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
     flat_groups: Literal["count", "drop"] = "count"
     """A group whose completions all earn the same reward has zero advantage. `count`: its
     completions still count in the loss's mean over sequences (Tunix's GRPO), diluting the

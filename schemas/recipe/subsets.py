@@ -16,7 +16,9 @@ from schemas.recipe.common import (
     NodeId,
     NonNegativeFloat,
     PositiveInt,
+    SampleCount,
     SamplingTemperature,
+    Seed,
 )
 from schemas.recipe.kinds import ALL_SPLITS, DATASET_FOR, Port, StageSpec
 
@@ -87,8 +89,9 @@ class SelfTeachConfig(Frozen):
 
     split: Literal["grpo_train", "eval"] = "grpo_train"
     """The dataset split whose prompts are sampled."""
-    samples: PositiveInt = 4
-    """Completions sampled per prompt."""
+    samples: SampleCount = 4
+    """Completions sampled per prompt; at most 1024 (each is decoded, so more only multiplies
+    the stage's time)."""
     temperature: SamplingTemperature = 0.9
     """Sampling temperature."""
     draw: Draw = "gumbel"
@@ -104,8 +107,8 @@ class SelfTeachConfig(Frozen):
     """The score each reward in verify must reach."""
     keep_per_prompt: PositiveInt = 1
     """Most distinct completions kept per prompt."""
-    seed: int = 0
-    """Seeds sampling."""
+    seed: Seed = 0
+    """Seeds sampling (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
 
     @field_validator("verify")
     @classmethod

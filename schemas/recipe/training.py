@@ -19,6 +19,8 @@ from schemas.recipe.common import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    Seed,
+    Steps,
 )
 from schemas.recipe.kinds import DATASET_FOR, Port, StageSpec
 
@@ -26,8 +28,9 @@ from schemas.recipe.kinds import DATASET_FOR, Port, StageSpec
 class SFTConfig(Frozen):
     """Supervised format training with Tunix PeftTrainer."""
 
-    max_steps: PositiveInt
-    """optimizer steps"""
+    max_steps: Steps
+    """optimizer steps (at most 10,000,000:
+    beyond any compute budget, inside 32-bit step counters)"""
     batch_size: PositiveInt
     """the micro-batch: rows per forward/backward pass"""
     gradient_accumulation_steps: PositiveInt = 1
@@ -53,8 +56,8 @@ class SFTConfig(Frozen):
     """also save on a timer"""
     save_margin_seconds: NonNegativeFloat = 60.0
     """kept free before a deadline"""
-    seed: int = 0
-    """Seeds the data order."""
+    seed: Seed = 0
+    """Seeds the data order (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> SFTConfig:
@@ -70,8 +73,9 @@ class DPOConfig(Frozen):
 
     algorithm: Literal["dpo", "orpo"] = "dpo"
     """dpo, or orpo (odds-ratio preference optimisation, no reference model)."""
-    max_steps: PositiveInt
-    """Optimizer steps."""
+    max_steps: Steps
+    """Optimizer steps (at most 10,000,000:
+    beyond any compute budget, inside 32-bit step counters)."""
     batch_size: PositiveInt = 2
     """Pairs per step."""
     learning_rate: LearningRate = 1e-4
@@ -89,8 +93,8 @@ class DPOConfig(Frozen):
     saved` scores each and a pick node chooses among them (never shipping a worse step)."""
     save_margin_seconds: NonNegativeFloat = 60.0
     """Kept free before a deadline."""
-    seed: int = 0
-    """Seeds the pair order."""
+    seed: Seed = 0
+    """Seeds the pair order (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
 
 
 class DistillConfig(Frozen):
@@ -106,8 +110,9 @@ class DistillConfig(Frozen):
     """The student's ModelSpec; null: the recipe's model."""
     lora: LoraSpec | None = None
     """Adapters on the student; null: train its full weights."""
-    max_steps: PositiveInt
-    """Optimizer steps."""
+    max_steps: Steps
+    """Optimizer steps (at most 10,000,000:
+    beyond any compute budget, inside 32-bit step counters)."""
     batch_size: PositiveInt = 4
     """SFT rows per step."""
     learning_rate: LearningRate = 1e-3
@@ -123,8 +128,8 @@ class DistillConfig(Frozen):
     saved` scores each and a pick node chooses among them (never shipping a worse step)."""
     save_margin_seconds: NonNegativeFloat = 60.0
     """Kept free before a deadline."""
-    seed: int = 0
-    """Seeds the data order."""
+    seed: Seed = 0
+    """Seeds the data order (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
 
 
 SFT_KIND = StageSpec(

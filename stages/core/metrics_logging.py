@@ -132,6 +132,8 @@ class MLflow:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str]):
         from mlflow.tracking import MlflowClient
 
+        for name, bound in CLIENT_BOUNDS.items():
+            os.environ.setdefault(name, bound)
         try:
             self._client = MlflowClient(tracking_uri=tracking_uri)
             self.run_id = _open_run(self._client, experiment, run_name, tags)
@@ -256,6 +258,67 @@ def tracking_uri(config: LoggingConfig, run_uri: str) -> str | None:
     path = os.path.abspath(os.path.expanduser(uri))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return f"sqlite:///{path}"
+
+
+TRACKING_CHECK_SECONDS = 5.0
+"""How long `far validate` / `far run` wait for an MLflow server to answer before compute."""
+# MLflow's own client retries a failing request 7 times with backoff and waits 120 s for each
+# answer: minutes inside a stage, deaf to the session's deadline. A stage's client gets these
+# bounds unless the user set MLflow's variables.
+CLIENT_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+class UnusableTrackingUri(InputError):
+    """logging.mlflow_tracking_uri names a server that does not answer or a path MLflow
+    cannot write."""
+
+
+def check_tracking_uri(config: LoggingConfig) -> None:
+    """Before compute: an http(s) tracking URI answers one request within
+    TRACKING_CHECK_SECONDS (any HTTP status: the server is there); a SQLite file or file
+    store lies in a directory this user can write (or can create). Writes nothing."""
+    uri = config.mlflow_tracking_uri
+    if not config.mlflow or uri is None or uri == "databricks":
+        return
+    scheme, _, rest = uri.partition("://") if "://" in uri else ("", "", uri)
+    if scheme in ("http", "https"):
+        _check_server(uri)
+    elif scheme == "sqlite":
+        _check_directory(uri, os.path.dirname(rest[1:]) or ".")  # sqlite:///path: 3 slashes
+    elif scheme == "file":
+        _check_directory(uri, rest)
+    elif not scheme:
+        _check_directory(uri, os.path.dirname(os.path.abspath(os.path.expanduser(uri))))
+
+
+def _check_server(uri: str) -> None:
+    import httpx
+
+    try:
+        httpx.get(uri, timeout=TRACKING_CHECK_SECONDS)
+    except httpx.HTTPError as e:
+        raise UnusableTrackingUri(
+            f"logging.mlflow_tracking_uri: the MLflow server {uri} did not answer within "
+            f"{TRACKING_CHECK_SECONDS:g} s ({type(e).__name__}); start it, correct the URI, "
+            f"or set logging.mlflow: false"
+        ) from e
+
+
+def _check_directory(uri: str, directory: str) -> None:
+    """`directory` is a writable directory, or can be made under one (nothing is made)."""
+    existing = os.path.abspath(directory)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        why = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"the directory {existing} is not writable by this user"
+    else:
+        return
+    raise UnusableTrackingUri(
+        f"logging.mlflow_tracking_uri: MLflow cannot write {uri!r}: {why}; expected a path "
+        f"in a directory this user can write"
+    )
 
 
 def for_stage(config: LoggingConfig, run: str, run_uri: str, directory: str) -> MetricsSinks:

@@ -117,18 +117,50 @@ def hub_directory(repo_id: str, cache_dir: str) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    silent = _hub_silence(repo_id)
     try:
         path = snapshot_download(
             repo_id,
             cache_dir=os.path.join(cache_dir, "hub"),
             allow_patterns=["*.safetensors", "*.json", "tokenizer.model"],
+            etag_timeout=HUB_TIMEOUT_SECONDS,
+            local_files_only=silent is not None,
         )
     except (LocalEntryNotFoundError, OSError) as e:
+        why = silent or str(e)
         raise UnreachableInput(
             f"cannot download {repo_id!r} from the Hugging Face hub and it is not in the "
-            f"cache ({os.path.join(cache_dir, 'hub')}): {e}. {_OFFLINE_HINT}"
+            f"cache ({os.path.join(cache_dir, 'hub')}): {why}. {_OFFLINE_HINT}"
         ) from e
     return _check_hf_dir(path, f"hub:{repo_id}")
+
+
+HUB_TIMEOUT_SECONDS = 10.0
+"""Connect and read timeout (each) of the hub requests FAR makes before a download.
+huggingface_hub's own client has no timeout on its repository query, so an endpoint that
+accepts connections and never answers would hold a session silent without one."""
+
+
+def _hub_silence(repo_id: str) -> str | None:
+    """Why the hub endpoint cannot be used (it did not connect or answer within
+    HUB_TIMEOUT_SECONDS), or None when it answered (any answer) or the hub is offline by
+    choice (HF_HUB_OFFLINE: the cache alone is read)."""
+    import httpx
+    from huggingface_hub import HfApi, constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    endpoint = constants.ENDPOINT
+    try:
+        HfApi(endpoint=endpoint).repo_info(repo_id, timeout=HUB_TIMEOUT_SECONDS)
+    except httpx.TransportError as e:
+        return (
+            f"the hub endpoint {endpoint} did not connect or answer within "
+            f"{HUB_TIMEOUT_SECONDS:g} s ({type(e).__name__})"
+        )
+    except Exception:  # an answer (not found, gated, unauthorized): the download reports it
+        return None
+    return None
 
 
 def kaggle_directory(handle: str) -> str:
