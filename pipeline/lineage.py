@@ -513,3 +513,23 @@ def _dataset(uri: str, fingerprint: str, external: bool = False) -> dict[str, An
         "fingerprint": fingerprint,
     }
     return {"namespace": namespace, "name": name, "facets": {"far_fingerprint": facet}}
+
+
+def export_problems(
+    record_uris: list[str],
+    key: SecretStr | None = None,
+    expect_root: str | None = None,
+    accept_later: bool = False,
+) -> list[str]:
+    """What stops `far export` from vouching for a checkpoint: the first of `record_uris` is
+    its stage's record, the rest the upstream records its model card lists. Each record must be
+    one the audit trusts (`record_doubts`: sealed, in the ledger as written, covered by the
+    key and `expect_root`) and the checkpoint's files must match its record (the audit's
+    `runner.verify_files`). Empty when the export may go ahead."""
+    run_uri = runner.record_run(record_uris[0])
+    doubts = record_doubts(run_uri, key, expect_root, accept_later)
+    problems = [f"{uri}: {doubts[uri]}" for uri in record_uris if uri in doubts]
+    record = read_record(record_uris[0])
+    if record is not None:
+        problems += runner.verify_files(record_uris[0], record)
+    return problems
