@@ -243,6 +243,25 @@ def test_far_export_cli_on_the_tiny_checkpoint(
     with torch.no_grad():
         gap = (peft_model(ids).logits - hf(ids).logits).abs().max().item()
     assert gap < 1e-5
+    # a merged export into the adapter's directory replaces it whole: no adapter file is left
+    # for transformers to apply on top of the merged weights (it would change the logits)
+    root = ledger.root(ctx.run_uri)
+    again = [*far[:2], str(adapter), *far[3:], "--expect-root", str(root)]
+    assert main(again) == 0
+    assert sorted(p.name for p in adapter.iterdir()) == sorted(p.name for p in out.iterdir())
+    assert not (adapter / "adapter_config.json").exists() and not (adapter / "base").exists()
+    with torch.no_grad():
+        gap = (
+            (
+                transformers.AutoModelForCausalLM.from_pretrained(str(adapter))(ids).logits
+                - hf(ids).logits
+            )
+            .abs()
+            .max()
+            .item()
+        )
+    assert gap == 0.0
+    assert [p.name for p in tmp_path.iterdir() if ".far-export-" in p.name] == []
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == EXIT_INVALID
     assert "no committed FAR checkpoint" in capsys.readouterr().err
 
