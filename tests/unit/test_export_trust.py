@@ -92,6 +92,24 @@ def test_a_resealed_checkpoint_fails_the_ledger_and_a_rebuilt_ledger_the_root(
     assert not out.exists()
 
 
+def test_an_edited_evaluation_beside_the_checkpoint_is_refused(
+    run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The card shows the evaluations beside the checkpoint: each must be its evaluation's."""
+    checkpoint = run["sft"].output.uri
+    sft_dir = Path(run["sft"].record_uri).parent
+    eval_record = run["eval"].record_uri
+    assert lineage.export_problems(vouched(checkpoint)) == []
+    [evaluation] = (sft_dir / "evaluations").iterdir()
+    data = json.loads(evaluation.read_text())
+    data["scores"]["accuracy"] = 0.97
+    evaluation.write_text(json.dumps(data))
+    code, err = far(capsys, "export", checkpoint, str(tmp_path / "hf"))
+    assert code == cli.EXIT_PROBLEMS and f"{evaluation}: evaluation file edited" in err, err
+    reseal(Path(eval_record), lambda d: d["metrics"].update({"sft/accuracy": 0.97}))
+    assert f"{eval_record}: record differs" in lineage.export_problems(vouched(checkpoint))[0]
+
+
 def test_an_upstream_record_the_root_does_not_cover_is_refused(
     run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
