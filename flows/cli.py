@@ -176,7 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
             "model.safetensors, config.json, the tokenizer with FAR's chat template,\n"
             "generation_config.json (greedy, stops at <end_of_turn>) and a model card\n"
             "(README.md: recipe, data, stages, evaluations, ledger root). CHECKPOINT_URI is\n"
-            "an sft or grpo output URI as `far run` prints it."
+            "an sft or grpo output URI as `far run` prints it.\n"
+            "First the checkpoint's files are checked against its record, and its record and\n"
+            "the upstream ones the card lists against the ledger (and --expect-root): any\n"
+            "difference is exit 1, nothing written. OUT_DIR is new, empty or a previous FAR\n"
+            "export (far-export.json), which is replaced whole."
         ),
         formatter_class=argparse.RawTextHelpFormatter,
     )
@@ -206,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("HF_ENDPOINT"),
         help="the hub to push to (default HF_ENDPOINT, else huggingface.co)",
     )
+    _add_root_options(export)
     _add_common_options(export)
     return parser
 
@@ -844,6 +849,8 @@ def _expected_root(args: argparse.Namespace) -> str | None:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
+    if args.openlineage:
+        storage.check_regular_target(args.openlineage, "--openlineage")
     try:
         node = lineage.ancestry(args.uri)
         run_uri = record_run(node.record_uri)
@@ -929,15 +936,26 @@ def _audit_verdict(problems: list[str], unchecked: list[str]) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    storage.check_export_target(args.out_dir)  # before the seconds importing JAX and Tunix
-    _, record = find_checkpoint_record(args.checkpoint_uri)
+    from stages.modeling import export_card, export_target, hub_push  # no JAX
+
+    export_target.check(args.out_dir)  # before the seconds importing JAX and Tunix
+    expect_root = _expected_root(args)
+    record_uri, record = find_checkpoint_record(args.checkpoint_uri)
     if args.adapter and getattr(record.output, "lora", None) is None:
         raise InputError(
             f"--adapter: checkpoint {args.checkpoint_uri} holds full weights, not LoRA "
             "adapters; export it without --adapter"
         )
-    from stages.modeling import export_card, hub_push  # no JAX: checked before any compute
-
+    vouched = [uri for uri, _ in reversed(export_card.upstream(record_uri, record))]
+    problems = lineage.export_problems(vouched, args.audit_key, expect_root, args.accept_later)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        print(
+            f"far: export refused, nothing written: {problems[0]}{more}; "
+            f"`far audit {record_run(record_uri)}` lists every problem",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEMS
     facts = export_card.gather(args.checkpoint_uri)
     then = None
     if args.push_to:

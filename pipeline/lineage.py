@@ -592,3 +592,43 @@ def _dataset(uri: str, fingerprint: str, external: bool = False) -> dict[str, An
         "fingerprint": fingerprint,
     }
     return {"namespace": namespace, "name": name, "facets": {"far_fingerprint": facet}}
+
+
+def export_problems(
+    record_uris: list[str],
+    key: SecretStr | None = None,
+    expect_root: str | None = None,
+    accept_later: bool = False,
+) -> list[str]:
+    """What stops `far export` from vouching for a checkpoint: the first of `record_uris` is
+    its stage's record, the rest the upstream records its model card lists. Each record, and
+    each evaluation's record whose scores the card shows, must be one the audit trusts
+    (`record_doubts`: sealed, in the ledger as written, covered by the key and
+    `expect_root`); the checkpoint's files must match its record (`runner.verify_files`) and
+    its evaluation files their evaluations (`_audit_evaluations`), as the audit checks them.
+    Empty when the export may go ahead."""
+    checkpoint_record = record_uris[0]
+    run_uri = runner.record_run(checkpoint_record)
+    folder = storage.join(runner.record_directory(checkpoint_record), runner.EVALUATIONS_DIR)
+    records = run_records(run_uri)
+    vouched = [*record_uris, *_evaluators(records, folder)]
+    doubts = record_doubts(run_uri, key, expect_root, accept_later)
+    problems = [f"{uri}: {doubts[uri]}" for uri in vouched if uri in doubts]
+    record = read_record(checkpoint_record)
+    if record is not None:
+        problems += runner.verify_files(checkpoint_record, record)
+    evaluations = _audit_evaluations(run_uri, records)
+    return problems + [p for p in evaluations if p.startswith(folder + "/")]
+
+
+def _evaluators(records: list[tuple[str, StageRecord]], folder: str) -> list[str]:
+    """The records whose evaluation index lists a file in `folder`."""
+    found = []
+    for record_uri, record in records:
+        if runner.EVALUATIONS_INDEX in record.files:
+            index = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_INDEX)
+            names = ("/".join(uri.rsplit("/", 3)[-3:]) for uri in _evaluation_index(index))
+            run = runner.record_run(record_uri)
+            if any(storage.join(run, name).startswith(folder + "/") for name in names):
+                found.append(record_uri)
+    return found

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -558,3 +559,33 @@ def _gcs_delete_if(fs: fsspec.AbstractFileSystem, path: str, generation: str) ->
         return False
     fs.invalidate_cache(path)
     return True
+
+
+def check_regular_target(uri: str, what: str) -> None:
+    """A file FAR writes at a path the user gave (`what`, e.g. the flag): a regular file or a
+    new path, never a device, FIFO, socket, directory or symlink, which an atomic write would
+    replace with a regular file (as root, /dev/null itself)."""
+    if protocol(uri) != "file":
+        return
+    path = normalize(uri)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise InputError(
+            f"{what} {uri}: is {_file_kind(mode)}, not a regular file; FAR writes only to a "
+            f"regular file (replaced) or a new path: give one"
+        )
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "a special file")

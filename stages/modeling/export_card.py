@@ -61,7 +61,7 @@ def gather(checkpoint_uri: str) -> CardFacts:
         run_uri=run_uri,
         ledger_root=ledger.root(run_uri),
     )
-    facts.stages = _upstream(record_uri, record)
+    facts.stages = upstream(record_uri, record)
     facts.evaluations = [
         (e.evaluation.rstrip("/").rsplit("/", 1)[-1], e.scores)
         for _, e in read_evaluations(record_directory(record_uri))
@@ -70,7 +70,7 @@ def gather(checkpoint_uri: str) -> CardFacts:
     return facts
 
 
-def _upstream(record_uri: str, record: StageRecord) -> list[tuple[str, StageRecord]]:
+def upstream(record_uri: str, record: StageRecord) -> list[tuple[str, StageRecord]]:
     """The record and its inputs' records, recursively, each once, upstream first."""
     seen: dict[str, StageRecord] = {}
 

@@ -35,9 +35,9 @@ from schemas.recipe import EvalConfig, LoraSpec, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.errors import InputError
 from stages.core.runner import find_checkpoint_record, located_output
-from stages.core.storage import check_export_target
 from stages.modeling import (
     export_card,
+    export_target,
     families,
     hf_package,
     models,
@@ -294,12 +294,14 @@ def export_checkpoint(
 ) -> str:
     """Write `checkpoint_uri` as an HF model directory at `out_uri`; returns `out_uri`.
 
-    A missing checkpoint, an `out_uri` that is an existing file, or an adapter export of a
-    full-weight checkpoint is refused before any model is built. options.then (a push) runs
-    on the finished local directory.
+    A missing checkpoint, an `out_uri` that is a file, lies under one or is a non-empty
+    directory no FAR export wrote, or an adapter export of a full-weight checkpoint is refused
+    before any model is built (`far export` also verifies the checkpoint against its records
+    first). The export is built in a staging folder and replaces `out_uri` whole
+    (export_target); options.then (a push) runs on the finished directory before that.
     """
     options = options or ExportOptions()
-    check_export_target(out_uri)  # again, for callers other than `far export`
+    export_target.check(out_uri)  # again, for callers other than `far export`
     artifact = find_checkpoint(checkpoint_uri)
     if options.adapter and artifact.lora is None:
         raise InputError(
@@ -310,12 +312,14 @@ def export_checkpoint(
     mesh = models.build_mesh(MeshSpec())
     base = models.build_base_model(spec, mesh, cache_dir)
     policy = models.restore_policy(artifact, base, mesh)
-    with tempfile.TemporaryDirectory() as scratch:
-        merged = os.path.join(scratch, "merged")
-        export_model(spec, base, policy, artifact.lora, cache_dir, merged, options)
-        out_uri = storage.normalize(out_uri)
-        storage.upload_tree(merged, out_uri)
+    out_uri = storage.normalize(out_uri)
+    with export_target.staging(out_uri) as staged:
+        export_model(spec, base, policy, artifact.lora, cache_dir, staged, options)
+        kind = "adapter" if options.adapter else "merged"
+        facts = {"checkpoint": artifact.uri, "step": artifact.step, "kind": kind}
+        export_target.write_marker(staged, facts)
         if options.then is not None:
-            options.then(merged)
+            options.then(staged)
+        export_target.publish(staged, out_uri)
     log.info("exported %s (step %d) to %s", artifact.uri, artifact.step, out_uri)
     return out_uri

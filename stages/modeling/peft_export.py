@@ -6,7 +6,8 @@ factors Tunix's merge multiplies into (in, out) deltas, `A @ B * alpha / rank`, 
 the head axes the way the weight export does (q: (r, N, H) -> (r, N*H); kv_einsum's (r, 2, K,
 H) splits into k and v; attn_vec: (N, H, r) -> (N*H, r)). So lora_A.weight = A.T and
 lora_B.weight = B.T, under the Hugging Face module names the weight export uses; peft then
-gives the merged export's logits on the base's export.
+gives the merged export's logits on the base's export. Qwen 3 and Llama 3 adapt their
+q/k/v/o projections ((D, N, H) and (N, H, D) kernels, flattened alike) and the same MLPs.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from safetensors.numpy import save_file
 from schemas.recipe import LoraSpec
 from stages.core.errors import InputError
 
-# Tunix module name -> Hugging Face module name (Gemma 2 and 3 alike)
+# Tunix module name -> Hugging Face module name: Gemma 2 and 3 name their attention einsums,
+# Qwen 3 and Llama 3 their projections as Hugging Face does (q: (D, N, H), o: (N, H, D), the
+# layouts the weight export flattens the same way); the MLPs are named alike in all four
 _HF_MODULES = {
     "attn.q_einsum": "self_attn.q_proj",
     "attn.k_einsum": "self_attn.k_proj",
     "attn.v_einsum": "self_attn.v_proj",
     "attn.attn_vec_einsum": "self_attn.o_proj",
+    **{f"attn.{p}_proj": f"self_attn.{p}_proj" for p in "qkvo"},
     "mlp.gate_proj": "mlp.gate_proj",
     "mlp.up_proj": "mlp.up_proj",
     "mlp.down_proj": "mlp.down_proj",

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from pipeline import lineage
 from pipeline.manifest import write_manifest
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.recipe import EvalConfig, Recipe
@@ -256,6 +257,11 @@ def test_far_export_cli_on_the_tiny_checkpoint(
             created_at=datetime.now(UTC),
         ),
     )
+    # an evaluation that another run wrote beside this checkpoint (test_sampling's) is one no
+    # evaluation of this run lists: the audit flags it, and so export refuses to show it
+    for problem in lineage.audit(ctx.run_uri):
+        if problem.endswith(": evaluation file not listed by any committed evaluation"):
+            Path(problem.split(": ", 1)[0]).unlink()
     out = tmp_path / "hf"
     far = ["export", checkpoint.uri, str(out), "--cache-dir", str(tmp_path)]
     push = ["--push-to", "tester/smoke-sft", "--hub-endpoint", endpoint]
@@ -298,6 +304,25 @@ def test_far_export_cli_on_the_tiny_checkpoint(
     with torch.no_grad():
         gap = (peft_model(ids).logits - hf(ids).logits).abs().max().item()
     assert gap < 1e-5
+    # a merged export into the adapter's directory replaces it whole: no adapter file is left
+    # for transformers to apply on top of the merged weights (it would change the logits)
+    root = ledger.root(ctx.run_uri)
+    again = [*far[:2], str(adapter), *far[3:], "--expect-root", str(root)]
+    assert main(again) == 0
+    assert sorted(p.name for p in adapter.iterdir()) == sorted(p.name for p in out.iterdir())
+    assert not (adapter / "adapter_config.json").exists() and not (adapter / "base").exists()
+    with torch.no_grad():
+        gap = (
+            (
+                transformers.AutoModelForCausalLM.from_pretrained(str(adapter))(ids).logits
+                - hf(ids).logits
+            )
+            .abs()
+            .max()
+            .item()
+        )
+    assert gap == 0.0
+    assert [p.name for p in tmp_path.iterdir() if ".far-export-" in p.name] == []
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == EXIT_INVALID
     assert "no committed FAR checkpoint" in capsys.readouterr().err
 
