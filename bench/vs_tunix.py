@@ -143,6 +143,7 @@ def bare_grpo(
     from tunix.sft import checkpoint_manager
 
     from stages.grpo.training import prompt_batches
+    from stages.modeling import tunix_api
     from stages.modeling.tokenizers import build_tokenizer
 
     config, prompt_len = recipe.grpo, recipe.data.max_prompt_len
@@ -182,11 +183,11 @@ def bare_grpo(
             eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
         ),
     )
-    cluster = rl_cluster_lib.RLCluster(
+    cluster = tunix_api.RLEngine(
         actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config
     )
     learner = grpo_learner.GRPOLearner(
-        rl_cluster=cluster,
+        **{tunix_api.LEARNER_ENGINE_ARG: cluster},
         algo_config=grpo_learner.GRPOConfig(
             num_generations=config.num_generations, beta=config.beta, epsilon=config.epsilon
         ),

@@ -54,7 +54,7 @@ from stages.core.runner import (
 from stages.core.sessions import StepClock, guarded, nonempty
 from stages.grpo import advantages, metrics, reward_sums, rollouts, timing
 from stages.grpo import baseline as greedy_baseline
-from stages.modeling import models, optim, tunix_compat
+from stages.modeling import models, optim, tunix_api, tunix_compat
 from stages.modeling.compilations import (
     SAMPLER_FUNCTIONS,
     TRAIN_STEP,
@@ -175,7 +175,7 @@ def with_greedy_eval(
     return {rl_cluster_lib.Mode.TRAIN: rollout, rl_cluster_lib.Mode.EVAL: greedy}
 
 
-def greedy_decode(cluster: rl_cluster_lib.RLCluster, prompts: list[str]) -> list[str]:
+def greedy_decode(cluster: tunix_api.RLEngine, prompts: list[str]) -> list[str]:
     """`prompts`' greedy completions by the cluster's current rollout policy. `cluster.generate`
     is looked up at each call, so the phase timer's wrapper counts it as rollout time."""
     return list(cluster.generate(prompts=prompts, mode=rl_cluster_lib.Mode.EVAL).text)
@@ -224,13 +224,13 @@ _LEARNERS: dict[str, type[grpo_learner.GRPOLearner]] = {
 
 
 def _learner(
-    cluster: rl_cluster_lib.RLCluster,
+    cluster: tunix_api.RLEngine,
     config: GRPOConfig,
     reward_fns: list[Callable[..., Any]],
     observer: metrics.StepObserver,
 ) -> grpo_learner.GRPOLearner:
     return _LEARNERS[config.algorithm](
-        rl_cluster=cluster,
+        **{tunix_api.LEARNER_ENGINE_ARG: cluster},
         algo_config=algorithm_config(config),
         reward_fns=reward_fns,
         metric_fns=[observer],
@@ -238,7 +238,7 @@ def _learner(
 
 
 def _reward_fns(
-    cluster: rl_cluster_lib.RLCluster,
+    cluster: tunix_api.RLEngine,
     config: GRPOConfig,
     sandbox: rewards.SandboxStats,
     answer_format: AnswerFormat,
@@ -280,7 +280,7 @@ def build_session(
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
     eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
-    cluster = rl_cluster_lib.RLCluster(
+    cluster = tunix_api.RLEngine(
         actor=actor,
         reference=reference,
         tokenizer=tokenizer,
@@ -327,7 +327,7 @@ def build_session(
     )
 
 
-def session_metrics(cluster: rl_cluster_lib.RLCluster) -> Callable[[dict[str, float]], None]:
+def session_metrics(cluster: tunix_api.RLEngine) -> Callable[[dict[str, float]], None]:
     """Log {name: value} at the cluster's current step (Tunix averages repeats in a step)."""
     return lambda values: cluster.buffer_metrics({k: (v, np.mean) for k, v in values.items()})
 
@@ -398,7 +398,7 @@ def _reference_and_actor(
 class Session:
     """One GRPO session's Tunix objects and where its outputs go."""
 
-    cluster: rl_cluster_lib.RLCluster
+    cluster: tunix_api.RLEngine
     learner: grpo_learner.GRPOLearner
     observer: metrics.StepObserver
     sandbox: rewards.SandboxStats
@@ -526,7 +526,7 @@ def _results(
     return artifact, scalars, history.curves(actor_kl(session.cluster))
 
 
-def actor_kl(cluster: rl_cluster_lib.RLCluster) -> list[float]:
+def actor_kl(cluster: tunix_api.RLEngine) -> list[float]:
     """KL to the reference per optimizer update of this session (Tunix logs it as actor/kl)."""
     logger = cluster.actor_trainer.metrics_logger
     if not logger.metric_exists("actor", "kl", "train"):

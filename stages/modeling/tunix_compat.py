@@ -27,7 +27,6 @@ from qwix import version as qwix_version
 from qwix._src.providers import lora as qwix_lora
 from tunix.generate import sampler as tunix_sampler
 from tunix.models.gemma3 import model as gemma3_model
-from tunix.rl import algo_core
 from tunix.rl import common as rl_common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 from tunix.sft import checkpoint_manager as tunix_ckpt
@@ -35,7 +34,7 @@ from tunix.sft import peft_trainer
 
 from stages.core import sessions, storage
 from stages.core.errors import InputError
-from stages.modeling import projection, sampling, tunix_version
+from stages.modeling import projection, sampling, tunix_api, tunix_version
 
 tunix_version.check_installed()
 log = logging.getLogger(__name__)
@@ -654,7 +653,7 @@ class TokenEntropy:
     entropy: jax.Array
 
 
-TUNIX_ENTROPY_FROM_LOGITS = algo_core.compute_entropy_from_logits
+TUNIX_ENTROPY_FROM_LOGITS = tunix_api.ENTROPY_MODULE.compute_entropy_from_logits
 
 
 def _entropy_from_logits(logits: Any) -> jax.Array:
@@ -671,7 +670,7 @@ def project_completion_only() -> None:
     logits were asked for). Tunix reads both functions from their modules at each call, so
     this is two assignments; idempotent."""
     rl_common.compute_per_token_logps = completion_per_token_logps
-    algo_core.compute_entropy_from_logits = _entropy_from_logits
+    tunix_api.ENTROPY_MODULE.compute_entropy_from_logits = _entropy_from_logits
 
 
 # --- the rollout's prompt pass: logits of the last prompt position only -------------------------

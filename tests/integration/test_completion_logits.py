@@ -158,8 +158,9 @@ def test_grpo_loss_takes_the_entropy_from_the_log_probs_projection(
     report their entropy, so FAR's completion-only log-probs had to decode them a second
     time. With project_completion_only the loss, its entropy and its gradient are Tunix's
     own (to rounding), and the compiled step drops at least one completion projection."""
-    from tunix.rl import algo_core
     from tunix.rl import common as rl_common
+
+    from stages.modeling import tunix_api
 
     network, prompts, completions, mesh = policy
 
@@ -186,13 +187,16 @@ def test_grpo_loss_takes_the_entropy_from_the_log_probs_projection(
             rl_common, "compute_per_token_logps", tunix_compat.TUNIX_COMPUTE_PER_TOKEN_LOGPS
         )
         monkeypatch.setattr(
-            algo_core, "compute_entropy_from_logits", tunix_compat.TUNIX_ENTROPY_FROM_LOGITS
+            tunix_api.ENTROPY_MODULE,
+            "compute_entropy_from_logits",
+            tunix_compat.TUNIX_ENTROPY_FROM_LOGITS,
         )
         tunix_values, tunix_grads, _ = run()
         monkeypatch.setattr(rl_common, "compute_per_token_logps", decoded_logits)
         _, _, decoded_flops = run()
         tunix_compat.project_completion_only()  # what the GRPO stage installs; monkeypatch restores
-        assert algo_core.compute_entropy_from_logits is tunix_compat._entropy_from_logits
+        entropy = tunix_api.ENTROPY_MODULE.compute_entropy_from_logits
+        assert entropy is tunix_compat._entropy_from_logits
         our_values, our_grads, our_flops = run()
     for ours, theirs in zip(our_values, tunix_values, strict=True):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)

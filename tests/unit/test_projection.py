@@ -65,13 +65,14 @@ def test_a_stopped_gradient_stops_it(inputs: tuple[Any, ...]) -> None:
 
 
 def textbook_entropy(hidden: Any, embedding: Any, temperature: float) -> Any:
-    """Tunix 0.1.7's own entropy (algo_core.compute_entropy_from_logits) of the same logits."""
-    from tunix.rl import algo_core
+    """Tunix's own entropy (compute_entropy_from_logits, where tunix_api finds it) of the same
+    logits."""
+    from stages.modeling import tunix_api
 
     logits = hidden @ embedding.T
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
-    return algo_core.compute_entropy_from_logits(logits)
+    return tunix_api.ENTROPY_MODULE.compute_entropy_from_logits(logits)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
