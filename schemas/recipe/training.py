@@ -85,7 +85,7 @@ class DPOConfig(Frozen):
     0.1.7's (its ORPO odds ratio then compares whole-sequence probabilities, which shrink
     with length); mean: averaged over the response's tokens, as TRL's ORPO and Tunix's later
     releases take them (DPO's log-ratios, policy and reference alike, averaged too). ORPO's
-    NLL term is per-token either way (stages/preference_loss.py)."""
+    NLL term is per-token either way (stages/modeling/preference_loss.py)."""
     max_response_len: PositiveInt = 32
     """Tokens a chosen or rejected response keeps (longer ones are cut)."""
     checkpoint_every_steps: PositiveInt = 50
