@@ -43,7 +43,7 @@ from stages.core.runner import (
     take,
 )
 from stages.core.sessions import StepClock, guarded
-from stages.modeling import models
+from stages.modeling import models, preference_loss
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.modeling.tunix_compat import raise_save_errors, release_scalar_listeners
 from stages.registry import hashed_config
@@ -122,7 +122,10 @@ def build_trainer(
         pbar_description=config.algorithm.upper(),
     )
     optimizer = optax.adamw(config.learning_rate)
-    return dpo_trainer.DPOTrainer(network, reference, optimizer, training)
+    trainer = dpo_trainer.DPOTrainer(network, reference, optimizer, training)
+    if config.logprobs == "mean":  # FAR's loss on per-token averaged log-probs
+        trainer.with_loss_fn(preference_loss.averaged_loss_fn, has_aux=True)
+    return trainer
 
 
 def _optimize(

@@ -95,3 +95,42 @@ def scaled(name: str, root: str, **changes: dict[str, Any]) -> Recipe:
 def devices_needed(name: str) -> int:
     mesh = recipe_data(name)["mesh"]
     return int(mesh.get("fsdp", 1)) * int(mesh.get("tp", 1))
+
+
+def _tiny_level(terms: int, size: int, tag: str | None = None) -> dict[str, Any]:
+    args = {"min_terms": terms, "max_terms": terms, "min_digits": 1, "max_digits": 1}
+    source = {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": size, "args": args}
+    return {**source, "reasoning": "steps", **({"tag": tag} if tag else {})}
+
+
+def scaled_generalize(root: str) -> Recipe:
+    """recipes/reinforce-generalize.yaml on the tiny model: its DAG, its node kinds and their
+    settings (rewards, the random reward, logprobs mean, GRPO's throughput knobs, tags), with
+    the smoke model, a ladder of 2 / 3 / 4 terms, a handful of rows and steps, and short
+    generations."""
+    data = copy.deepcopy(recipe_data("reinforce-generalize"))
+    smoke = recipe_data("smoke")
+    data["storage_root"] = root
+    data["model"] = smoke["model"]
+    data["data"].update(max_seq_len=PACKED_LEN, max_prompt_len=smoke["data"]["max_prompt_len"])
+    data["data"]["eval"] = {
+        "size": 12,
+        "sources": [_tiny_level(4, 4, "k2"), _tiny_level(3, 4, "k1"), _tiny_level(2, 4, "le_k")],
+    }
+    data["data"]["validation"] = {"size": 8, "sources": [_tiny_level(3, 80)]}
+    data["data"]["grpo"] = {"size": 8, "sources": [_tiny_level(3, 80)]}
+    data["data"]["sft"] = {"size": 32, "sources": [_tiny_level(2, 200)]}
+    data["sft"].update(max_steps=SFT_STEPS, checkpoint_every_steps=SFT_CHECKPOINT_EVERY)
+    small = {"max_steps": 2, "checkpoint_every_steps": 1}
+    tokens = {"max_generation_tokens": GENERATION_TOKENS}
+    data["grpo"].update(**small, **tokens)
+    data["eval"].update(**tokens)
+    for node in data["pipeline"]:
+        config = node.get("config", {})
+        if "max_steps" in config:
+            config.update(small)
+        if "max_generation_tokens" in config:
+            config.update(tokens)
+        if node["kind"] == "dpo":
+            config["max_response_len"] = GENERATION_TOKENS
+    return parse_recipe(data, "reinforce-generalize (scaled to the tiny model)")

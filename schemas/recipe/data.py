@@ -143,6 +143,12 @@ class SourceSpec(Frozen):
     operation per step ("-7 - 3 = -10. -(-10) = 10."); reasoning_gym integer-arithmetic
     generators only (basic_arithmetic, chain_sum, products); a row whose chain does not end
     in its answer is quarantined. Left out of the dump when given (stage hashes unchanged)."""
+    tag: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.<=+-]+$", exclude_if=_unset)
+    """A label its rows carry into the prompt splits (a row's `tag`), so an evaluation can
+    score the rows of one source apart (EvalConfig `tag`), e.g. one difficulty level of a
+    held-out split drawn from several. A tagged source is a source of its own: the same
+    generator untagged, or tagged otherwise, is drawn apart (de-duplicated by prompt against
+    it). Null: none (left out of the dump: stage hashes unchanged)."""
 
     @model_validator(mode="after")
     def _adapter_known(self) -> SourceSpec:

@@ -71,6 +71,10 @@ class EvalConfig(Frozen):
     prompts for every model and every run of the split); unset: all of them. Sampling k
     completions a prompt costs k greedy evaluations, so a recipe can sample fewer prompts than
     it scores greedily (reinforce-mode: greedy on 512, sampled on the first 256)."""
+    tag: Annotated[str, Field(min_length=1)] | None = None
+    """Score only the split's rows whose source carries this `tag` (SourceSpec `tag`), before
+    `max_prompts` applies: one level of a held-out split drawn from several; null: every
+    row."""
     rewards: list[str] = Field(default_factory=list)
     """Registered rewards also scored on every sample (its row in samples.jsonl gets
     `reward/<name>`, the report the mean per model): a hard_subset can then select by the
@@ -116,7 +120,15 @@ EVALUATE_KIND = StageSpec(
     any_other_input=Port(("checkpoint",)),
     section="eval",
     progress=True,
-    hash_exempt_defaults=("split", "greedy", "rewards", "steps", "max_prompts", "draw"),
+    hash_exempt_defaults=(
+        "split",
+        "greedy",
+        "rewards",
+        "steps",
+        "max_prompts",
+        "draw",
+        "tag",
+    ),
     summary="Format rate and accuracy of each model compared.",
 )
 """The evaluate kind (stages/evaluate/evaluation.py)."""

@@ -84,6 +84,12 @@ class DPOConfig(Frozen):
     """DPO's temperature on the log-ratio difference."""
     lambda_orpo: PositiveFloat = 0.1
     """ORPO's weight of the odds-ratio term."""
+    logprobs: Literal["sum", "mean"] = "sum"
+    """How a response's token log-probs make its sequence log-prob in the loss. sum: Tunix
+    0.1.7's (its ORPO odds ratio then compares whole-sequence probabilities, which shrink
+    with length); mean: averaged over the response's tokens, as TRL's ORPO and Tunix's later
+    releases take them (DPO's log-ratios, policy and reference alike, averaged too). ORPO's
+    NLL term is per-token either way (stages/modeling/preference_loss.py)."""
     max_response_len: PositiveInt = 32
     """Tokens a chosen or rejected response keeps (longer ones are cut)."""
     checkpoint_every_steps: PositiveInt = 50
@@ -150,7 +156,7 @@ DPO_KIND = StageSpec(
     "stages.dpo:run",
     "checkpoint",
     {"policy": Port(("checkpoint",)), "preferences": Port(("preferences",))},
-    hash_exempt_defaults=("keep_checkpoints",),
+    hash_exempt_defaults=("keep_checkpoints", "logprobs"),
     summary="DPO or ORPO on preference pairs.",
 )
 """The dpo kind (stages/dpo.py)."""

@@ -196,6 +196,8 @@ def load_source(
             continue
         if spec.domain is not None:
             example = dataclasses.replace(example, domain=spec.domain)
+        if spec.tag is not None:
+            example = dataclasses.replace(example, tag=spec.tag)
         duplicate = dedupe.duplicate_of(example)
         if duplicate:
             quarantine.add(label, duplicate, index=index, id=example.id)
@@ -373,6 +375,7 @@ def prompt_row(
         "prompt": chat_prompt(example.prompt, prompt, tokenizer),
         "answer": example.answer,
         "tests": list(example.tests),
+        **({"tag": example.tag} if example.tag else {}),  # untagged rows as before
         # a mapped source's own columns, for a user's reward (none: the key is left out)
         **({"columns": example.columns} if isinstance(example, MappedExample) else {}),
     }

@@ -75,6 +75,7 @@ class Example:
     reasoning: str  # may be empty: the source has no reference reasoning
     answer: str
     tests: tuple[str, ...] = ()
+    tag: str = ""  # its source's `tag` (SourceSpec), written into prompt rows when set
 
 
 @dataclass(frozen=True)

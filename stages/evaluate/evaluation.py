@@ -39,6 +39,7 @@ from schemas.recipe import AnswerFormat, EvalConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core.checkpoints import saved_steps
 from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
+from stages.core.errors import InputError
 from stages.core.runner import (
     RunContext,
     StageIdentity,
@@ -251,6 +252,21 @@ def majority_accuracy(
     return hits / len(rows) if rows else 0.0
 
 
+def tagged(rows: list[dict[str, Any]], tag: str | None) -> list[dict[str, Any]]:
+    """The rows whose source carries `tag` (all of them when it is None); an InputError when
+    none does, naming the tags the split has."""
+    if tag is None:
+        return rows
+    kept = [r for r in rows if r.get("tag") == tag]
+    if not kept:
+        found = sorted({str(r["tag"]) for r in rows if "tag" in r})
+        raise InputError(
+            f"eval tag {tag!r}: no row of the split carries it; its tags: {found or 'none'} "
+            f"(set `tag` on a data source of that split, or another eval tag)"
+        )
+    return kept
+
+
 def _networks(
     names: Sequence[str],
     checkpoints: dict[str, CheckpointArtifact],
@@ -347,7 +363,7 @@ def _evaluate(
     cache_dir = ctx.model_cache
     tokenizer = build_tokenizer(spec, cache_dir, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
-    rows = load_prompts(dataset, config.split)[: config.max_prompts]
+    rows = tagged(load_prompts(dataset, config.split), config.tag)[: config.max_prompts]
     prompts = [r["prompt"] for r in rows]
     progress: dict[str, EvalProgress] = {}
     total = sum(v.batches(len(rows)) for m in config.models for v in _variant_labels(m, config))

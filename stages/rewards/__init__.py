@@ -395,6 +395,33 @@ def code_pass_rate(
     return [_score_tests(checks, result) for checks, result in zip(plans, results, strict=True)]
 
 
+RANDOM_REWARD_SEED = 0
+"""Salts the `random` reward's draws (a fixed number: the same draws in every run)."""
+
+
+def random_draw(prompt: str, sample: int, seed: int = RANDOM_REWARD_SEED) -> float:
+    """0.0 or 1.0 with even odds: the low bit of sha256(seed, prompt, sample index)."""
+    digest = hashlib.sha256(f"{seed}\x00{sample}\x00{prompt}".encode()).digest()
+    return float(digest[-1] & 1)
+
+
+@reward("random", batch=True)
+def random_reward(
+    completions: Sequence[str], refs: Sequence[Reference], stats: SandboxStats
+) -> list[float]:
+    """The negative control: 0 or 1 with even odds, independent of the completion's text and
+    of the answer. Each completion's draw is decided by its prompt and its index among the
+    batch's completions of that prompt (its place in the group), so a run that resumes, given
+    the same prompts in the same order, draws the same rewards bit for bit."""
+    seen: dict[str, int] = {}
+    out = []
+    for ref in refs:
+        index = seen.get(ref.prompt, 0)
+        seen[ref.prompt] = index + 1
+        out.append(random_draw(ref.prompt, index))
+    return out
+
+
 BUILTIN = frozenset(REGISTRY)
 """FAR's own rewards (registered above, as a plugin's are)."""
 

@@ -91,6 +91,7 @@ def test_far_rewards_register_the_way_a_plugin_does() -> None:
         "reasoning_quality",
         "math_equivalent",
         "code_pass_rate",
+        "random",
     }
     for name in rewards.BUILTIN:
         assert rewards.REGISTRY[name].module == "stages.rewards"

@@ -179,11 +179,13 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "steps",
         "max_prompts",
         "draw",
+        "tag",
     )
     assert registry.spec("self_teach").hash_exempt_defaults == ("draw",)
     assert registry.spec("pick").hash_exempt_defaults == ("max_p", "correction")
-    for kind in ("sft", "dpo", "distill"):
+    for kind in ("sft", "distill"):
         assert registry.spec(kind).hash_exempt_defaults == ("keep_checkpoints",)
+    assert registry.spec("dpo").hash_exempt_defaults == ("keep_checkpoints", "logprobs")
     assert registry.spec("grpo").hash_exempt_defaults == (
         "flat_groups",
         "keep_checkpoints",
@@ -202,7 +204,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "right_share",
     )
     plain = registry.hashed_config("evaluate", EvalConfig())
-    assert not {"split", "greedy", "rewards", "steps", "max_prompts", "draw"} & set(plain)
+    assert not {"split", "greedy", "rewards", "steps", "max_prompts", "draw", "tag"} & set(plain)
     greedy = EvalConfig(samples=4, temperature=0.8, greedy=True, split="grpo_train")
     assert {"split": "grpo_train", "greedy": True}.items() <= registry.hashed_config(
         "evaluate", greedy
