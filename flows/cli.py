@@ -615,10 +615,13 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
     if not args.distributed:  # every host of a slice joins jax.distributed, even for nothing
-        done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key)
+        changed: list[str] = []
+        done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key, changed)
         if done is not None:
             validate_run(plan.recipe, plan.root, cache_dir, computes=False)
             return report_settled(plan, done, time.perf_counter() - started)
+        for line in changed:  # then the stages decide what runs again, as for an edited recipe
+            print(f"far: not complete: {line}", file=sys.stderr)
     validate_run(plan.recipe, plan.root, cache_dir)
     try:  # before the flow module: Prefect must see the server's URL when it starts
         startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))

@@ -29,9 +29,11 @@ from stages.core.errors import InputError, TamperedStage
 from stages.core.runner import (
     IDENTITY_NAME,
     RECORD_NAME,
+    REWARD_SOURCE,
     SOURCE_PREFIX,
     Planned,
     RunContext,
+    find_record,
     located_output,
     read_record,
     verify_before_reuse,
@@ -276,7 +278,11 @@ class SettledNode:
 
 
 def settled(
-    recipe: Recipe, root: str, allow_changes: Sequence[str] = (), key: SecretStr | None = None
+    recipe: Recipe,
+    root: str,
+    allow_changes: Sequence[str] = (),
+    key: SecretStr | None = None,
+    changed_code: list[str] | None = None,
 ) -> list[SettledNode] | None:
     """Every node of the recipe's DAG, when the run is complete and a run would skip them all,
     shown from storage alone (no stage module, so no JAX): `far run` on a finished run and
@@ -288,8 +294,13 @@ def settled(
     record and run.json match their latest entries; and each node's current directory holds
     a committed record that `run_stage` would reuse: sealed, its files unaltered, the stage
     code version and hashed config the node has now, built on its upstream nodes' current
-    records (unchanged since it read them), and its external sources (data files, packages)
-    with the fingerprints it recorded.
+    outputs (read through the records that hold them, unchanged since it read them: a pick
+    node's output is its chosen stage's checkpoint, under that stage's record), and its
+    external sources (data files, packages) and a user's rewards' source files with the
+    fingerprints it recorded.
+
+    A node whose user reward changed since its record is named in `changed_code` (when given),
+    so the run can say why it is not complete before its own path decides what runs again.
     """
     run_uri = storage.join(root, recipe.name)
     if not storage.exists(manifest.manifest_uri(run_uri)):
@@ -310,14 +321,21 @@ def settled(
     if not complete or len(directories) < len(dag.nodes) or None in directories.values():
         return None  # before any file is hashed: a run that continues reads them itself
     found: dict[str, SettledNode] = {}
+    holders: dict[str, str] = {}  # node -> the record its output lies under, as stages read it
     for node in dag.nodes:
         record_uri = storage.join(str(directories[node.id]), RECORD_NAME)
         record = read_record(record_uri)
-        upstream = [found[up].record_uri for up in dag.upstream(node.id)]
+        upstream = [holders[up] for up in dag.upstream(node.id)]
+        if record is not None and changed_code is not None:
+            changed_code += [f"{node.id}: {c}" for c in reward_changes(record)]
         if record is None or not _reusable(recipe, node, run_uri, record_uri, record, upstream):
             return None
         output = located_output(record_uri, record).uri
         found[node.id] = SettledNode(node.id, node.kind, record_uri, output)
+        holder = find_record(output, levels=3)  # a pick's output is its chosen stage's
+        if holder is None:
+            return None
+        holders[node.id] = holder[0]
     return list(found.values()) if _ledger_holds(run_uri, found.values(), key) else None
 
 
@@ -365,6 +383,8 @@ def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) 
         if ref.record_digest is None or not storage.exists(uri):
             return False
         return storage.sha256_bytes(storage.read_bytes(uri)) == ref.record_digest
+    if name.startswith(SOURCE_PREFIX + REWARD_SOURCE):
+        return reward_change(name, ref) is None
     if not (isinstance(config, DataPrepConfig) and name.startswith(SOURCE_PREFIX)):
         return False
     from stages.data_prep.sources import source_fingerprint  # reads no model, imports no JAX
@@ -372,6 +392,32 @@ def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) 
     kind, _, source = name.removeprefix(SOURCE_PREFIX).partition(":")
     specs = [s for s in _sources(config) if s.kind == kind and s.name == source]
     return bool(specs) and all(source_fingerprint(s) == ref.fingerprint for s in specs)
+
+
+def reward_changes(record: StageRecord) -> list[str]:
+    """How each user reward a stage recorded differs from the one registered now."""
+    changes = [reward_change(k, ref) for k, ref in record.input_artifacts.items()]
+    return [c for c in changes if c is not None]
+
+
+def reward_change(name: str, ref: ArtifactRef) -> str | None:
+    """How a user's reward differs from the one a stage recorded as its input `name`
+    ("source:reward:NAME:MODULE", fingerprint: the sha256 of the module's source file), with
+    the reward as this process registered it (its plugin module, imported to read the recipe,
+    hashed its file then); None when it is the same code, or `name` is no reward."""
+    if not name.startswith(SOURCE_PREFIX + REWARD_SOURCE):
+        return None
+    reward, _, module = name.removeprefix(SOURCE_PREFIX + REWARD_SOURCE).partition(":")
+    found = rewards.REGISTRY.get(reward)
+    if found is None or found.module != module:
+        now = "not registered" if found is None else f"registered by {found.module}"
+        return f"reward {reward!r} of {module} is {now} now"
+    if found.digest != ref.fingerprint:
+        return (
+            f"reward {reward!r}: the source file of {module} changed since the stage used it "
+            f"(sha256 {str(ref.fingerprint)[:12]} recorded, {str(found.digest)[:12]} now)"
+        )
+    return None
 
 
 def _sources(config: DataPrepConfig) -> list[SourceSpec]:
