@@ -37,7 +37,7 @@ from pipeline.validate import check_session_budget, validate_run
 from schemas import cli_output
 from schemas.record import RunSummary, StageSummary
 from stages import registry
-from stages.core import ledger, storage
+from stages.core import drift, ledger, storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
 from stages.core.sessions import LeaseLost, SaveFailed
@@ -615,13 +615,12 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
     if not args.distributed:  # every host of a slice joins jax.distributed, even for nothing
-        changed: list[str] = []
+        changed: list[tuple[str, drift.Change]] = []
         done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key, changed)
         if done is not None:
             validate_run(plan.recipe, plan.root, cache_dir, computes=False)
             return report_settled(plan, done, time.perf_counter() - started)
-        for line in changed:  # then the stages decide what runs again, as for an edited recipe
-            print(f"far: not complete: {line}", file=sys.stderr)
+        report_changed_code(changed, args.allow_change)
     validate_run(plan.recipe, plan.root, cache_dir)
     try:  # before the flow module: Prefect must see the server's URL when it starts
         startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))
@@ -677,6 +676,22 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
         return report_prefect_start_failure(e)
     print_summary(summary)
     return exit_code(summary)
+
+
+def report_changed_code(
+    changed: list[tuple[str, drift.Change]], allow_changes: Sequence[str]
+) -> None:
+    """A user's reward whose source file changed since a complete stage used it: refused
+    before any session starts (drift.DriftError, as the stage's own drift guard refuses it),
+    or, when allowed, said before the stages decide what runs again."""
+    for node in dict.fromkeys(n for n, _ in changed):
+        changes = [c for n, c in changed if n == node]
+        drift.check(f"stage {node}", changes, allow_changes)
+        shown = "; ".join(str(c) for c in changes)
+        print(
+            f"far: not complete: the reward code of stage {node} changed ({shown}), allowed; "
+            f"the stages decide what runs again"
+        )
 
 
 def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> int:

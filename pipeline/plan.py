@@ -282,7 +282,7 @@ def settled(
     root: str,
     allow_changes: Sequence[str] = (),
     key: SecretStr | None = None,
-    changed_code: list[str] | None = None,
+    changed_code: list[tuple[str, drift.Change]] | None = None,
 ) -> list[SettledNode] | None:
     """Every node of the recipe's DAG, when the run is complete and a run would skip them all,
     shown from storage alone (no stage module, so no JAX): `far run` on a finished run and
@@ -299,8 +299,9 @@ def settled(
     external sources (data files, packages) and a user's rewards' source files with the
     fingerprints it recorded.
 
-    A node whose user reward changed since its record is named in `changed_code` (when given),
-    so the run can say why it is not complete before its own path decides what runs again.
+    Each node whose user reward's code changed since its record is added to `changed_code`
+    (when given) with the change, as the node's drift guard names it, so the run can say why
+    it is not complete before any session starts.
     """
     run_uri = storage.join(root, recipe.name)
     if not storage.exists(manifest.manifest_uri(run_uri)):
@@ -327,7 +328,7 @@ def settled(
         record = read_record(record_uri)
         upstream = [holders[up] for up in dag.upstream(node.id)]
         if record is not None and changed_code is not None:
-            changed_code += [f"{node.id}: {c}" for c in reward_changes(record)]
+            changed_code += [(node.id, c) for c in reward_changes(record)]
         if record is None or not _reusable(recipe, node, run_uri, record_uri, record, upstream):
             return None
         output = located_output(record_uri, record).uri
@@ -394,30 +395,27 @@ def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) 
     return bool(specs) and all(source_fingerprint(s) == ref.fingerprint for s in specs)
 
 
-def reward_changes(record: StageRecord) -> list[str]:
-    """How each user reward a stage recorded differs from the one registered now."""
+def reward_changes(record: StageRecord) -> list[drift.Change]:
+    """Each user reward a stage recorded whose code differs from the reward registered now."""
     changes = [reward_change(k, ref) for k, ref in record.input_artifacts.items()]
     return [c for c in changes if c is not None]
 
 
-def reward_change(name: str, ref: ArtifactRef) -> str | None:
-    """How a user's reward differs from the one a stage recorded as its input `name`
-    ("source:reward:NAME:MODULE", fingerprint: the sha256 of the module's source file), with
-    the reward as this process registered it (its plugin module, imported to read the recipe,
-    hashed its file then); None when it is the same code, or `name` is no reward."""
+def reward_change(name: str, ref: ArtifactRef) -> drift.Change | None:
+    """A user's reward recorded as input `name` ("source:reward:NAME:MODULE", fingerprint: the
+    sha256 of the module's source file) against the reward as this process registered it (its
+    plugin module, imported to read the recipe, hashed its file then), as the stage's drift
+    guard names it (`code.rewards.NAME`); None when it is the same code, or `name` is no reward.
+    """
     if not name.startswith(SOURCE_PREFIX + REWARD_SOURCE):
         return None
     reward, _, module = name.removeprefix(SOURCE_PREFIX + REWARD_SOURCE).partition(":")
     found = rewards.REGISTRY.get(reward)
-    if found is None or found.module != module:
-        now = "not registered" if found is None else f"registered by {found.module}"
-        return f"reward {reward!r} of {module} is {now} now"
-    if found.digest != ref.fingerprint:
-        return (
-            f"reward {reward!r}: the source file of {module} changed since the stage used it "
-            f"(sha256 {str(ref.fingerprint)[:12]} recorded, {str(found.digest)[:12]} now)"
-        )
-    return None
+    if found is not None and found.module == module and found.digest == ref.fingerprint:
+        return None
+    return drift.Change(
+        f"code.rewards.{reward}", ref.fingerprint, None if found is None else found.digest
+    )
 
 
 def _sources(config: DataPrepConfig) -> list[SourceSpec]:
