@@ -26,16 +26,18 @@ from pipeline.plan import (
     NodePlan,
     RunPlan,
     SettledNode,
+    check_changed_code,
     plan_recipe,
     plan_run,
     preview,
     render_preview,
     settled,
+    settled_summary,
 )
 from pipeline.recipes import BUNDLED, RecipeError, bundled_recipes, copy_bundled, parse_recipe
 from pipeline.validate import check_session_budget, validate_run
 from schemas import cli_output
-from schemas.record import RunSummary, StageSummary
+from schemas.record import RunSummary
 from stages import registry
 from stages.core import drift, ledger, storage
 from stages.core.errors import InputError, is_input_error
@@ -620,7 +622,8 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
         if done is not None:
             validate_run(plan.recipe, plan.root, cache_dir, computes=False)
             return report_settled(plan, done, time.perf_counter() - started)
-        report_changed_code(changed, args.allow_change)
+        for line in check_changed_code(changed, args.allow_change):
+            print(f"far: {line}; the stages decide what runs again")
     validate_run(plan.recipe, plan.root, cache_dir)
     try:  # before the flow module: Prefect must see the server's URL when it starts
         startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))
@@ -678,41 +681,10 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     return exit_code(summary)
 
 
-def report_changed_code(
-    changed: list[tuple[str, drift.Change]], allow_changes: Sequence[str]
-) -> None:
-    """A user's reward whose source file changed since a complete stage used it: refused
-    before any session starts (drift.DriftError, as the stage's own drift guard refuses it),
-    or, when allowed, said before the stages decide what runs again."""
-    for node in dict.fromkeys(n for n, _ in changed):
-        changes = [c for n, c in changed if n == node]
-        drift.check(f"stage {node}", changes, allow_changes)
-        shown = "; ".join(str(c) for c in changes)
-        print(
-            f"far: not complete: the reward code of stage {node} changed ({shown}), allowed; "
-            f"the stages decide what runs again"
-        )
-
-
 def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> int:
     """The summary of a run that is already complete, from its records: no session is started
     (no Prefect, no JAX, nothing written), so run.json and the ledger root stay as they were."""
-    run_uri = storage.join(plan.root, plan.recipe.name)
-    stages = [
-        StageSummary(
-            stage=n.node, output_uri=n.output_uri, record_uri=n.record_uri, skipped=True, seconds=0
-        )
-        for n in done
-    ]
-    summary = RunSummary(
-        run=plan.recipe.name,
-        run_uri=run_uri,
-        complete=True,
-        stages=stages,
-        seconds=seconds,
-        ledger_root=ledger.root(run_uri),
-    )
-    print_summary(summary)
+    print_summary(settled_summary(plan.recipe, plan.root, done, seconds))
     print(
         "Nothing to run: every stage is complete and verified against its record and the "
         "ledger; no session was started, so run.json and the ledger root are unchanged."

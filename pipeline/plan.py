@@ -22,7 +22,7 @@ from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact, run_node
 from pipeline.recipes import load_recipe
 from schemas.recipe import DataPrepConfig, Recipe, SourceSpec, StageNode
-from schemas.record import ArtifactRef, StageRecord
+from schemas.record import ArtifactRef, RunSummary, StageRecord, StageSummary
 from stages import registry, rewards
 from stages.core import drift, ledger, metrics_logging, storage
 from stages.core.errors import InputError, TamperedStage
@@ -338,6 +338,43 @@ def settled(
             return None
         holders[node.id] = holder[0]
     return list(found.values()) if _ledger_holds(run_uri, found.values(), key) else None
+
+
+def settled_summary(
+    recipe: Recipe, root: str, done: list[SettledNode], seconds: float
+) -> RunSummary:
+    """The summary of a complete run from its records (`settled`): every stage skipped, and
+    the ledger root as it stands, since nothing was written."""
+    run_uri = storage.join(root, recipe.name)
+    stages = [
+        StageSummary(
+            stage=n.node, output_uri=n.output_uri, record_uri=n.record_uri, skipped=True, seconds=0
+        )
+        for n in done
+    ]
+    return RunSummary(
+        run=recipe.name,
+        run_uri=run_uri,
+        complete=True,
+        stages=stages,
+        seconds=seconds,
+        ledger_root=ledger.root(run_uri),
+    )
+
+
+def check_changed_code(
+    changed: list[tuple[str, drift.Change]], allow_changes: Sequence[str]
+) -> list[str]:
+    """A user's reward whose source file changed since a complete stage used it (`settled`'s
+    `changed_code`): drift.DriftError before any session starts, as the stage's own drift
+    guard refuses it; when allowed, a line saying so for each stage."""
+    lines = []
+    for node in dict.fromkeys(n for n, _ in changed):
+        changes = [c for n, c in changed if n == node]
+        drift.check(f"stage {node}", changes, allow_changes)
+        shown = "; ".join(str(c) for c in changes)
+        lines.append(f"not complete: the reward code of stage {node} changed ({shown}), allowed")
+    return lines
 
 
 def _reusable(
