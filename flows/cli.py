@@ -32,12 +32,11 @@ from pipeline.plan import (
     preview,
     render_preview,
     settled,
-    settled_summary,
 )
 from pipeline.recipes import BUNDLED, RecipeError, bundled_recipes, copy_bundled, parse_recipe
 from pipeline.validate import check_session_budget, validate_run
 from schemas import cli_output
-from schemas.record import RunSummary
+from schemas.record import RunSummary, StageSummary
 from stages import registry
 from stages.core import drift, ledger, storage
 from stages.core.errors import InputError, is_input_error
@@ -684,7 +683,22 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
 def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> int:
     """The summary of a run that is already complete, from its records: no session is started
     (no Prefect, no JAX, nothing written), so run.json and the ledger root stay as they were."""
-    print_summary(settled_summary(plan.recipe, plan.root, done, seconds))
+    run_uri = storage.join(plan.root, plan.recipe.name)
+    stages = [
+        StageSummary(
+            stage=n.node, output_uri=n.output_uri, record_uri=n.record_uri, skipped=True, seconds=0
+        )
+        for n in done
+    ]
+    summary = RunSummary(
+        run=plan.recipe.name,
+        run_uri=run_uri,
+        complete=True,
+        stages=stages,
+        seconds=seconds,
+        ledger_root=ledger.root(run_uri),
+    )
+    print_summary(summary)
     print(
         "Nothing to run: every stage is complete and verified against its record and the "
         "ledger; no session was started, so run.json and the ledger root are unchanged."
