@@ -28,6 +28,7 @@ from pipeline.plan import (
     NodePlan,
     RunPlan,
     SettledNode,
+    check_changed_code,
     plan_recipe,
     plan_run,
     preview,
@@ -47,7 +48,7 @@ from pipeline.validate import check_session_budget, ignored_eval_models, validat
 from schemas import cli_output
 from schemas.record import RunSummary, StageSummary
 from stages import registry
-from stages.core import ledger, storage
+from stages.core import drift, ledger, storage
 from stages.core.errors import InputError, is_input_error
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
 from stages.core.sessions import LeaseLost, SaveFailed
@@ -653,10 +654,13 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
     if not args.distributed:  # every host of a slice joins jax.distributed, even for nothing
-        done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key)
+        changed: list[tuple[str, drift.Change]] = []
+        done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key, changed)
         if done is not None:
             validate_run(plan.recipe, plan.root, cache_dir, computes=False)
             return report_settled(plan, done, time.perf_counter() - started)
+        for line in check_changed_code(changed, args.allow_change):
+            print(f"far: {line}; the stages decide what runs again")
     validate_run(plan.recipe, plan.root, cache_dir)
     try:  # before the flow module: Prefect must see the server's URL when it starts
         startup = float(os.environ.get(STARTUP_ENV, EPHEMERAL_STARTUP_SECONDS))

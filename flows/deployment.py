@@ -15,6 +15,7 @@ recipe or a stage error fails the flow run.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 
 from prefect import flow
@@ -22,9 +23,10 @@ from prefect.states import Completed, State
 from pydantic import SecretStr
 
 from flows.far_flow import run_recipe
-from pipeline.plan import plan_run
+from pipeline.plan import check_changed_code, plan_run, settled, settled_summary
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
+from stages.core.drift import Change
 from stages.core.errors import InputError
 from stages.core.runner import RunContext
 
@@ -68,9 +70,19 @@ def far_scheduled(
         "compile_cache": compile_cache,
     }
     reject_unrendered_templates(given)
+    started = time.perf_counter()
     plan = plan_run(recipe_uri, storage_root, name, session_budget)
     cache = cache_dir or os.environ.get("FAR_CACHE_DIR")
-    validate_run(plan.recipe, plan.root, RunContext(root="", run="", cache_dir=cache).model_cache)
+    model_cache = RunContext(root="", run="", cache_dir=cache).model_cache
+    key = audit_key_from(os.environ)  # this entry point's read of FAR_AUDIT_KEY
+    changed: list[tuple[str, Change]] = []
+    done = settled(plan.recipe, plan.root, allow_changes or (), key, changed)
+    if done is not None:  # as `far run`: nothing to run, no session, nothing written
+        validate_run(plan.recipe, plan.root, model_cache, computes=False)
+        return final_state(settled_summary(plan.recipe, plan.root, done, _since(started)))
+    for line in check_changed_code(changed, allow_changes or ()):
+        print(line)
+    validate_run(plan.recipe, plan.root, model_cache)
     summary = run_recipe(
         plan.recipe,
         plan.root,
@@ -80,9 +92,13 @@ def far_scheduled(
         recipe_source=recipe_uri,
         lease_wait_seconds=lease_wait_seconds,
         compile_cache=compile_cache or os.environ.get("FAR_COMPILE_CACHE"),
-        audit_key=audit_key_from(os.environ),  # this entry point's read of FAR_AUDIT_KEY
+        audit_key=key,
     )
     return final_state(summary)
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
 
 
 def audit_key_from(environ: Mapping[str, str]) -> SecretStr | None:

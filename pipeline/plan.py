@@ -23,16 +23,18 @@ from pipeline.dag import build_dag, node_config
 from pipeline.nodes import Artifact, run_node
 from pipeline.recipes import load_recipe
 from schemas.recipe import DataPrepConfig, EvalConfig, Recipe, SourceSpec, StageNode
-from schemas.record import ArtifactRef, StageRecord
+from schemas.record import ArtifactRef, RunSummary, StageRecord, StageSummary
 from stages import registry, rewards
 from stages.core import drift, ledger, metrics_logging, storage
 from stages.core.errors import InputError, TamperedStage
 from stages.core.runner import (
     IDENTITY_NAME,
     RECORD_NAME,
+    REWARD_SOURCE,
     SOURCE_PREFIX,
     Planned,
     RunContext,
+    find_record,
     located_output,
     read_record,
     verify_before_reuse,
@@ -290,7 +292,11 @@ class SettledNode:
 
 
 def settled(
-    recipe: Recipe, root: str, allow_changes: Sequence[str] = (), key: SecretStr | None = None
+    recipe: Recipe,
+    root: str,
+    allow_changes: Sequence[str] = (),
+    key: SecretStr | None = None,
+    changed_code: list[tuple[str, drift.Change]] | None = None,
 ) -> list[SettledNode] | None:
     """Every node of the recipe's DAG, when the run is complete and a run would skip them all,
     shown from storage alone (no stage module, so no JAX): `far run` on a finished run and
@@ -302,8 +308,14 @@ def settled(
     record and run.json match their latest entries; and each node's current directory holds
     a committed record that `run_stage` would reuse: sealed, its files unaltered, the stage
     code version and hashed config the node has now, built on its upstream nodes' current
-    records (unchanged since it read them), and its external sources (data files, packages)
-    with the fingerprints it recorded.
+    outputs (read through the records that hold them, unchanged since it read them: a pick
+    node's output is its chosen stage's checkpoint, under that stage's record), and its
+    external sources (data files, packages) and a user's rewards' source files with the
+    fingerprints it recorded.
+
+    Each node whose user reward's code changed since its record is added to `changed_code`
+    (when given) with the change, as the node's drift guard names it, so the run can say why
+    it is not complete before any session starts.
     """
     run_uri = storage.join(root, recipe.name)
     if not storage.exists(manifest.manifest_uri(run_uri)):
@@ -324,15 +336,59 @@ def settled(
     if not complete or len(directories) < len(dag.nodes) or None in directories.values():
         return None  # before any file is hashed: a run that continues reads them itself
     found: dict[str, SettledNode] = {}
+    holders: dict[str, str] = {}  # node -> the record its output lies under, as stages read it
     for node in dag.nodes:
         record_uri = storage.join(str(directories[node.id]), RECORD_NAME)
         record = read_record(record_uri)
-        upstream = [found[up].record_uri for up in dag.upstream(node.id)]
+        upstream = [holders[up] for up in dag.upstream(node.id)]
+        if record is not None and changed_code is not None:
+            changed_code += [(node.id, c) for c in reward_changes(record)]
         if record is None or not _reusable(recipe, node, run_uri, record_uri, record, upstream):
             return None
         output = located_output(record_uri, record).uri
         found[node.id] = SettledNode(node.id, node.kind, record_uri, output)
+        holder = find_record(output, levels=3)  # a pick's output is its chosen stage's
+        if holder is None:
+            return None
+        holders[node.id] = holder[0]
     return list(found.values()) if _ledger_holds(run_uri, found.values(), key) else None
+
+
+def settled_summary(
+    recipe: Recipe, root: str, done: list[SettledNode], seconds: float
+) -> RunSummary:
+    """The summary of a complete run from its records (`settled`): every stage skipped, and
+    the ledger root as it stands, since nothing was written."""
+    run_uri = storage.join(root, recipe.name)
+    stages = [
+        StageSummary(
+            stage=n.node, output_uri=n.output_uri, record_uri=n.record_uri, skipped=True, seconds=0
+        )
+        for n in done
+    ]
+    return RunSummary(
+        run=recipe.name,
+        run_uri=run_uri,
+        complete=True,
+        stages=stages,
+        seconds=seconds,
+        ledger_root=ledger.root(run_uri),
+    )
+
+
+def check_changed_code(
+    changed: list[tuple[str, drift.Change]], allow_changes: Sequence[str]
+) -> list[str]:
+    """A user's reward whose source file changed since a complete stage used it (`settled`'s
+    `changed_code`): drift.DriftError before any session starts, as the stage's own drift
+    guard refuses it; when allowed, a line saying so for each stage."""
+    lines = []
+    for node in dict.fromkeys(n for n, _ in changed):
+        changes = [c for n, c in changed if n == node]
+        drift.check(f"stage {node}", changes, allow_changes)
+        shown = "; ".join(str(c) for c in changes)
+        lines.append(f"not complete: the reward code of stage {node} changed ({shown}), allowed")
+    return lines
 
 
 def _reusable(
@@ -379,6 +435,8 @@ def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) 
         if ref.record_digest is None or not storage.exists(uri):
             return False
         return storage.sha256_bytes(storage.read_bytes(uri)) == ref.record_digest
+    if name.startswith(SOURCE_PREFIX + REWARD_SOURCE):
+        return reward_change(name, ref) is None
     if not (isinstance(config, DataPrepConfig) and name.startswith(SOURCE_PREFIX)):
         return False
     from stages.data_prep.sources import source_fingerprint  # reads no model, imports no JAX
@@ -386,6 +444,29 @@ def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) 
     kind, _, source = name.removeprefix(SOURCE_PREFIX).partition(":")
     specs = [s for s in _sources(config) if s.kind == kind and s.name == source]
     return bool(specs) and all(source_fingerprint(s) == ref.fingerprint for s in specs)
+
+
+def reward_changes(record: StageRecord) -> list[drift.Change]:
+    """Each user reward a stage recorded whose code differs from the reward registered now."""
+    changes = [reward_change(k, ref) for k, ref in record.input_artifacts.items()]
+    return [c for c in changes if c is not None]
+
+
+def reward_change(name: str, ref: ArtifactRef) -> drift.Change | None:
+    """A user's reward recorded as input `name` ("source:reward:NAME:MODULE", fingerprint: the
+    sha256 of the module's source file) against the reward as this process registered it (its
+    plugin module, imported to read the recipe, hashed its file then), as the stage's drift
+    guard names it (`code.rewards.NAME`); None when it is the same code, or `name` is no reward.
+    """
+    if not name.startswith(SOURCE_PREFIX + REWARD_SOURCE):
+        return None
+    reward, _, module = name.removeprefix(SOURCE_PREFIX + REWARD_SOURCE).partition(":")
+    found = rewards.REGISTRY.get(reward)
+    if found is not None and found.module == module and found.digest == ref.fingerprint:
+        return None
+    return drift.Change(
+        f"code.rewards.{reward}", ref.fingerprint, None if found is None else found.digest
+    )
 
 
 def _sources(config: DataPrepConfig) -> list[SourceSpec]:
