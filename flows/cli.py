@@ -34,6 +34,7 @@ from pipeline.plan import (
     preview,
     render_preview,
     settled,
+    settled_summary,
     with_models,
 )
 from pipeline.recipes import (
@@ -46,7 +47,7 @@ from pipeline.recipes import (
 )
 from pipeline.validate import check_session_budget, ignored_eval_models, validate_run
 from schemas import cli_output
-from schemas.record import RunSummary, StageSummary
+from schemas.record import RunSummary
 from stages import registry
 from stages.core import drift, ledger, storage
 from stages.core.errors import InputError, is_input_error
@@ -728,23 +729,8 @@ def _opening_line(plan: RunPlan) -> str:
 def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> int:
     """The summary of a run that is already complete, from its records: no session is started
     (no Prefect, no JAX, nothing written), so run.json and the ledger root stay as they were."""
-    run_uri = storage.join(plan.root, plan.recipe.name)
-    stages = [
-        StageSummary(
-            stage=n.node, output_uri=n.output_uri, record_uri=n.record_uri, skipped=True, seconds=0
-        )
-        for n in done
-    ]
-    summary = RunSummary(
-        run=plan.recipe.name,
-        run_uri=run_uri,
-        complete=True,
-        stages=stages,
-        seconds=seconds,
-        ledger_root=ledger.root(run_uri),
-    )
     print_summary(
-        summary,
+        settled_summary(plan.recipe, plan.root, done, seconds),
         note="Nothing to run: every stage is complete and verified against its record and the "
         "ledger; no session was started, so run.json and the ledger root are unchanged.",
     )
