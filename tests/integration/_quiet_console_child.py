@@ -18,12 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-from flows import cli, prefect_server
+from flows import prefect_server
+from flows.commands import console
 
 
 def main(marker: str) -> None:
-    cli.configure_logging(verbose=False)
-    cli.configure_prefect(os.environ)  # type: ignore[arg-type]
+    console.configure_logging(verbose=False)
+    console.configure_prefect(os.environ)  # type: ignore[arg-type]
     import jax
 
     jax.devices()  # JAX's backend is up: its at-fork hook (a RuntimeWarning) is registered

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from flows import cli
+from flows.commands import console
 from tests.conftest import BIN, REPO, smoke_data
 
 pytestmark = pytest.mark.slow
@@ -205,8 +206,8 @@ def test_a_temporary_server_that_does_not_start_in_time_is_explained(tmp_path: P
         timeout=600,
         cwd=tmp_path,
     )
-    assert done.returncode == cli.EXIT_PREFECT, done.stderr
+    assert done.returncode == console.EXIT_PREFECT, done.stderr
     assert "Traceback" not in done.stderr
     assert "temporary local server did not start within 1 s" in done.stderr
     assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in done.stderr
-    assert cli.PREFECT_DEFAULTS["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "300"
+    assert console.PREFECT_DEFAULTS["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "300"

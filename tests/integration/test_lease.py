@@ -116,6 +116,7 @@ def test_far_run_that_loses_its_lease_stops_at_once_with_exit_5(
     the lease's lifetime): the holder's next commit finds it lost and the run exits 5 having
     committed nothing, leaving the newcomer's lease in place."""
     from flows import cli
+    from flows.commands import run as run_command
 
     root = str(tmp_path)
     run_uri = storage.join(root, "smoke")
@@ -126,7 +127,10 @@ def test_far_run_that_loses_its_lease_stops_at_once_with_exit_5(
     newcomer.join(timeout=5)
     assert list(Path(run_uri).glob("*/stage.json")) == []
     assert current_holder(run_uri).flow_run_id == "newcomer"
-    assert "far" in cli.RUN_EPILOG and "5 this session lost the run's lease" in cli.RUN_EPILOG
+    assert (
+        "far" in run_command.RUN_EPILOG
+        and "5 this session lost the run's lease" in run_command.RUN_EPILOG
+    )
 
 
 def _take_over_when_held(run_uri: str) -> None:

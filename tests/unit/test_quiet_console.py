@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flows import cli
+from flows.commands import console
 
 HINT = "Skipping non-TPU device: cpu. You might be missing jax[tpu] dependency."
 
@@ -38,9 +38,9 @@ def test_tunix_memory_report_on_cpu_only_skips_the_report(
 def test_the_cpu_hint_is_dropped_by_default_and_other_absl_warnings_kept(
     caplog: pytest.LogCaptureFixture, absl_filters: logging.Logger
 ) -> None:
-    cli.configure_logging(verbose=False)
-    cli.configure_logging(verbose=False)  # twice (tests, plugins): one filter
-    assert sum(isinstance(f, cli.DropHarmlessNotices) for f in absl_filters.filters) == 1
+    console.configure_logging(verbose=False)
+    console.configure_logging(verbose=False)  # twice (tests, plugins): one filter
+    assert sum(isinstance(f, console.DropHarmlessNotices) for f in absl_filters.filters) == 1
     with caplog.at_level(logging.WARNING, logger="absl"):
         absl_filters.warning("Skipping non-TPU device: %s. You might be missing jax[tpu]", "cpu")
         absl_filters.warning("Skipping non-TPU device: %s. You might be missing jax[tpu]", "gpu")
@@ -52,7 +52,7 @@ def test_verbose_keeps_the_cpu_hint(
     caplog: pytest.LogCaptureFixture, absl_filters: logging.Logger
 ) -> None:
     absl_filters.filters[:] = []
-    cli.configure_logging(verbose=True)
+    console.configure_logging(verbose=True)
     with caplog.at_level(logging.WARNING, logger="absl"):
         absl_filters.warning(HINT)
     assert [r.getMessage() for r in caplog.records] == [HINT]

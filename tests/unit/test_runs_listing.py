@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cmd_runs import cmd_runs
+from flows.commands.runs import cmd_runs
 from pipeline.runs import list_runs
 from schemas.record import Invocation, LeaseHolder, RunManifest
 from stages.core import storage

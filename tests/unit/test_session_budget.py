@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from flows import cli
+from flows.commands import run as run_command
 from schemas.record import RunSummary, StageSummary
 from stages.core.checkpoints import publish_session
 from stages.core.runner import NoProgress, RunContext, SessionExpired, StageIdentity, run_stage
@@ -99,9 +100,9 @@ def summary(no_progress: bool) -> RunSummary:
 def test_a_session_without_progress_exits_6_and_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.exit_code(summary(no_progress=True)) == cli.EXIT_NO_PROGRESS == 6
-    assert cli.exit_code(summary(no_progress=False)) == cli.EXIT_INCOMPLETE
-    cli.print_summary(summary(no_progress=True))
+    assert run_command.exit_code(summary(no_progress=True)) == cli.EXIT_NO_PROGRESS == 6
+    assert run_command.exit_code(summary(no_progress=False)) == cli.EXIT_INCOMPLETE
+    run_command.print_summary(summary(no_progress=True))
     out = capsys.readouterr().out
     assert "INCOMPLETE, NO PROGRESS" in out and "longer --session-budget" in out
     assert "6 stopped at the session deadline without progress" in cli.EXIT_CODES

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from flows import cli
+from flows.commands import run as run_command
 from pipeline.dag import build_dag, node_config
 from pipeline.manifest import manifest_uri
 from pipeline.nodes import run_node
@@ -508,7 +509,7 @@ def test_summary_shows_the_last_evaluation_of_any_node_id(
         for node, output in (("evaluate_all", folder / "report.json"), ("sft", tmp_path / "c"))
     ]
     summary = RunSummary(run="r", run_uri=str(tmp_path), complete=True, stages=stages, seconds=1.0)
-    cli.print_summary(summary)
+    run_command.print_summary(summary)
     out = capsys.readouterr().out
     rows = [
         line.split()[:3] for line in out.splitlines() if line.split()[1:2] in (["0.000"], ["0.500"])
