@@ -29,7 +29,7 @@ V vocabulary, A LoRA parameters a layer, P prompt and C completion positions, R 
                       (`as run` before tunix_compat.target_positions_loss: every position)
     rollout prefill   forward at R x P, projected at the last prompt position only (Tunix
                       0.1.7's Gemma 3 projects every prompt position, `as run` before
-                      tunix_compat.prefill_last_position_only; attention over the cache)
+                      fast path "prefill_last_position"; attention over the cache)
     rollout decode    per step a forward of R x 1 over the KV cache; steps = the longest
                       completion of the batch (Tunix's loop stops when every row ended)
     ref/old logps     forward at R x (P + C), projected at the C completion positions
@@ -265,8 +265,13 @@ def xla_flops(recipe: Any, shapes: Shapes, cache_dir: str) -> dict[str, float]:
     from schemas.recipe import LoraSpec
     from stages.modeling import models, tunix_compat
 
-    if hasattr(tunix_compat, "project_completion_only"):  # as the GRPO stage installs it
+    if hasattr(tunix_compat, "project_completion_only"):  # an older tree: process-wide
         tunix_compat.project_completion_only()
+    else:  # for the script's life, as the GRPO stage has them
+        from stages.modeling import fast_paths
+
+        paths = fast_paths.installed("completion_logps", "lora_backward")
+        contextlib.ExitStack().enter_context(paths)
     mesh = models.build_mesh(recipe.mesh)
     with mesh:
         network = models.apply_lora(
@@ -447,7 +452,7 @@ def measure(
     decode_steps = min(statistics.mean(lengths), shapes.completion)
     saves = sum(1 for v in later.get("checkpoint_save", []) if v > 0) / steps
     completion_only = getattr(tunix_compat, "completion_per_token_logps", None) is not None
-    last_only = hasattr(tunix_compat, "prefill_last_position_only")
+    last_only = hasattr(tunix_compat, "_gemma3_call")
     targets_only = hasattr(tunix_compat, "target_positions_loss")
     work = phase_work(arch, shapes, decode_steps, completion_only, saves, last_only, targets_only)
     prompt_real = statistics.mean(min(n, shapes.prompt) for n in run["prompt_lengths"])

@@ -6,7 +6,7 @@ the adapters, runs it under jax.profiler and sums each compiled op's time over t
 grouped by the op's kind and the JAX operation it came from (HLO metadata; layer numbers
 folded). The table is thread time per step: XLA CPU runs independent ops on two threads at
 once, so its total exceeds the step's wall time. `--qwix-backward` restores qwix's own LoRA
-backward (before tunix_compat.lora_backward_positions_major) to show what it cost.
+backward (without the fast path "lora_backward") to show what it cost.
 
     JAX_PLATFORMS=cpu .venv/bin/python -m bench.train_step_profile --recipe recipes/demo.yaml
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import glob
 import os
 import re
@@ -108,16 +109,14 @@ def main() -> None:
     args = parser.parse_args()
     import jax
 
-    from stages.modeling import tunix_compat
+    from stages.modeling import fast_paths
 
+    if not args.qwix_backward:  # FAR's LoRA backward for the script's life, as a stage has it
+        contextlib.ExitStack().enter_context(fast_paths.installed("lora_backward"))
     cache = args.cache_dir or str(Path.home() / ".cache" / "far")
     mesh, step, adapters, frozen = build(
         Path(args.recipe).stem, cache, args.rows, args.length, args.targets
     )
-    if args.qwix_backward:  # after apply_lora installed FAR's
-        from qwix._src.providers import lora as qwix_lora
-
-        qwix_lora._compute_lora_delta = tunix_compat.QWIX_COMPUTE_LORA_DELTA
     with mesh:
         compiled = step.lower(adapters, frozen).compile()
         origins = op_origins(compiled.as_text())

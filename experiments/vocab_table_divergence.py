@@ -18,6 +18,7 @@ in the reinforce-headroom recipe's prompt format.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 from pipeline.recipes import load_recipe  # noqa: E402
-from stages.modeling import generation, models, tunix_compat  # noqa: E402
+from stages.modeling import fast_paths, generation, models, tunix_compat  # noqa: E402
 from stages.modeling.tokenizers import build_tokenizer  # noqa: E402
 
 
@@ -92,7 +93,10 @@ def main() -> None:
     model = models.apply_lora(base, recipe.sft.lora, mesh)
     tokenizer = build_tokenizer(recipe.model, args.cache_dir)
     texts = prompts(args.prompts)
-    tunix_compat.prefill_last_position_only()
+    # for the script's life, as the GRPO stage has them
+    contextlib.ExitStack().enter_context(
+        fast_paths.installed("prefill_last_position", "vocab_table")
+    )
     kwargs: dict[str, Any] = {
         "max_generation_steps": args.tokens,
         "max_prompt_length": 64,

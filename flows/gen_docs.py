@@ -1,6 +1,7 @@
 """The generated reference pages of the docs site, from the code they describe.
 
-`python -m flows.gen_docs` writes docs/reference/{recipe,cli,stages,json}.md: the recipe
+`python -m flows.gen_docs` writes docs/reference/{recipe,cli,stages,json}.md and
+docs/tunix-patches.md (the patch ledger, stages/modeling/patches/ledger.py): the recipe
 reference from the Pydantic schema (attribute docstrings, types, defaults, constraints), the CLI
 reference from the `far` argparse parser, the stage table from the stage registry
 (stages/registry.py), and the `--json` outputs' fields from schemas/cli_output.py. A test
@@ -23,6 +24,7 @@ from pydantic.fields import FieldInfo, PydanticUndefined
 from flows.cli import build_parser
 from schemas import cli_output
 from schemas.recipe import Recipe
+from stages.modeling.patches.ledger import LEDGER, Patch
 from stages.registry import REGISTRY, SAYS, Port, StageSpec
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -36,6 +38,7 @@ def pages() -> dict[str, str]:
         "reference/cli.md": cli_page(),
         "reference/stages.md": stages_page(),
         "reference/json.md": json_page(),
+        "tunix-patches.md": patches_page(),
     }
 
 
@@ -267,6 +270,57 @@ def _port(name: str, port: Port) -> str:
         what += f", from the output of {' or '.join(port.producers)}"
     optional = "" if port.required else " (optional)"
     return f"`{name}`{optional}: {what}"
+
+
+# ---- the patch ledger ----------------------------------------------------------------------
+
+
+def patches_page() -> str:
+    lines = [
+        GENERATED,
+        "# Tunix patches",
+        "",
+        "Every place FAR changes or reads Tunix, qwix, Orbax or JAX internals, from the ledger in",
+        "`stages/modeling/patches/ledger.py`. Each entry's test shows the upstream behaviour it",
+        "answers and fails once upstream changes it: then remove the entry and its code, or",
+        "re-check them. *Installed*: `import` (process-wide when FAR is imported), `stage` (a",
+        "fast path, only while a stage that asked runs: `stages/modeling/fast_paths.py`),",
+        "`instance` (on one object FAR built), `handed` (passed to an upstream parameter),",
+        "`call` (FAR's own call). Where no upstream issue is filed, the report to file follows",
+        "the table.",
+        "",
+        "| id | kind | installed | changes or reads | versions | upstream | remove when | test |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_patch_row(patch) for patch in LEDGER]
+    lines += ["", "## Why each exists", ""]
+    for patch in LEDGER:
+        lines += [f"- **{patch.id}** (`{patch.code}`): {patch.why}"]
+    lines += ["", "## Reports to file", ""]
+    for patch in LEDGER:
+        if patch.report is not None:
+            lines += [f"### {patch.id}", "", patch.report, ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _patch_row(patch: Patch) -> str:
+    targets = "<br>".join(f"`{target}`" for target in patch.targets)
+    versions = ", ".join(f"{name} {version}" for name, version in patch.versions)
+    upstream = f"[to file](#{patch.id})"
+    if patch.upstream is not None:  # https://github.com/OWNER/REPO/issues/N
+        parts = patch.upstream.split("/")
+        upstream = f"[{parts[3]}/{parts[4]}#{parts[6]}]({patch.upstream})"
+    cells = [
+        patch.id,
+        patch.kind,
+        patch.installed,
+        targets,
+        versions,
+        upstream,
+        patch.remove_when,
+        f"`{patch.test}`",
+    ]
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
 
 
 def main(argv: list[str] | None = None) -> int:

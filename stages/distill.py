@@ -45,7 +45,7 @@ from stages.core.runner import (
     take,
 )
 from stages.core.sessions import StepClock, guarded
-from stages.modeling import models
+from stages.modeling import fast_paths, models
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.tunix_compat import raise_save_errors, release_scalar_listeners
 from stages.registry import hashed_config
@@ -189,6 +189,7 @@ def identity(
     return stage_identity("distill", STAGE_VERSION, hashed, inputs, model=student)
 
 
+@fast_paths.scoped("lora_backward")
 def distill(
     dataset: DatasetArtifact,
     teacher: CheckpointArtifact,

@@ -43,7 +43,7 @@ from stages.core.runner import (
     take,
 )
 from stages.core.sessions import StepClock, guarded
-from stages.modeling import models, preference_loss
+from stages.modeling import fast_paths, models, preference_loss
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.modeling.tunix_compat import raise_save_errors, release_scalar_listeners
 from stages.registry import hashed_config
@@ -202,6 +202,7 @@ def identity(
     return stage_identity("dpo", STAGE_VERSION, hashed_config("dpo", config), inputs, model=model)
 
 
+@fast_paths.scoped("lora_backward")
 def optimize(
     policy: CheckpointArtifact,
     preferences: PreferenceDataset,

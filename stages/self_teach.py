@@ -43,7 +43,7 @@ from stages.core.runner import (
     stage_identity,
     take,
 )
-from stages.modeling import generation, models
+from stages.modeling import fast_paths, generation, models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.registry import hashed_config
 
@@ -216,6 +216,7 @@ def identity(
     return stage_identity("self_teach", STAGE_VERSION, hashed, inputs, model=model, code=code)
 
 
+@fast_paths.scoped("lora_backward", "prefill_last_position", "draw")
 def teach(
     dataset: DatasetArtifact,
     policy: CheckpointArtifact,

@@ -46,7 +46,7 @@ from stages.core.runner import (
     take_optional,
 )
 from stages.core.sessions import StepClock, guarded
-from stages.modeling import models, optim, tunix_compat
+from stages.modeling import fast_paths, models, optim, tunix_compat
 from stages.modeling.compilations import TRAIN_STEP, counting_compilations
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.tunix_compat import release_scalar_listeners
@@ -289,6 +289,7 @@ def identity(
     return stage_identity("sft", STAGE_VERSION, hashed_config("sft", config), inputs, model=model)
 
 
+@fast_paths.scoped("lora_backward")
 def train(
     dataset: DatasetArtifact,
     config: SFTConfig,

@@ -53,7 +53,7 @@ from stages.core.runner import (
 from stages.core.shared import SharedBuilds
 from stages.evaluate import fewshot, headroom, reports
 from stages.evaluate.progress import BatchTally, EvalProgress
-from stages.modeling import generation, models
+from stages.modeling import fast_paths, generation, models
 from stages.modeling.compilations import SAMPLER_FUNCTIONS, CompileCounter, counting_compilations
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.registry import hashed_config
@@ -527,6 +527,7 @@ def with_saved_steps(
     return config.model_copy(update={"models": names}), expanded
 
 
+@fast_paths.scoped("lora_backward", "prefill_last_position", "draw")
 def evaluate(
     dataset: DatasetArtifact,
     checkpoints: dict[str, CheckpointArtifact],

@@ -54,7 +54,7 @@ from stages.core.runner import (
 from stages.core.sessions import StepClock, guarded, nonempty
 from stages.grpo import advantages, metrics, reward_sums, rollouts, timing
 from stages.grpo import baseline as greedy_baseline
-from stages.modeling import models, optim, tunix_api, tunix_compat
+from stages.modeling import fast_paths, models, optim, tunix_api, tunix_compat
 from stages.modeling.compilations import (
     SAMPLER_FUNCTIONS,
     TRAIN_STEP,
@@ -274,8 +274,6 @@ def build_session(
     sinks = metrics_logging.for_stage(ctx.metrics_logging, ctx.run, ctx.run_uri, directory)
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
-    tunix_compat.project_completion_only()  # no vocabulary logits over the prompt
-    tunix_compat.prefill_last_position_only()  # nor in the rollout's prefill (before the clones)
     reference, actor = _reference_and_actor(sft, spec, mesh, ctx)
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
@@ -557,6 +555,7 @@ def identity(
     return stage_identity("grpo", STAGE_VERSION, hashed, inputs, model=model, code=code)
 
 
+@fast_paths.scoped(*fast_paths.ALL)
 def reinforce(
     dataset: DatasetArtifact,
     sft: CheckpointArtifact,

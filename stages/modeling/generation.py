@@ -24,8 +24,8 @@ def build_sampler(
 ) -> tunix_sampler.Sampler:
     """A sampler whose KV cache fits `prompt_len` prompt tokens plus `max_tokens`; reuse it
     across calls to compile each shape once. Its prefill projects only the last prompt
-    position to the vocabulary (`tunix_compat.prefill_last_position_only`: the same logits)."""
-    tunix_compat.prefill_last_position_only()  # read by the Sampler when it is built
+    position to the vocabulary where the stage installs the fast path "prefill_last_position"
+    (stages/modeling/fast_paths.py, read by the Sampler when it is built: the same logits)."""
     arch = models.tunix_config(spec)
     return tunix_sampler.Sampler(
         network,

@@ -29,7 +29,7 @@ from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
 from stages.core import drift, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.shared import SharedBuilds
-from stages.modeling import families, tunix_compat, weight_sources
+from stages.modeling import families, weight_sources
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -153,10 +153,10 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
     """A LoRA clone of `base` that shares its frozen weights (base stays usable as reference).
 
     `seed` initializes the adapters; a restored checkpoint overwrites them anyway. The
-    adapters' backward goes through tunix_compat.lora_backward_positions_major (the same
-    gradients, bit for bit, without XLA CPU's transposed copies).
+    adapters' backward goes through tunix_compat's written-out one where the stage installs
+    the fast path "lora_backward" (stages/modeling/fast_paths.py: the same gradients, bit for
+    bit, without XLA CPU's transposed copies).
     """
-    tunix_compat.lora_backward_positions_major()
     module_path = families.lora_module_path(base, lora.module_path)
     provider = qwix.LoraProvider(module_path=module_path, rank=lora.rank, alpha=lora.alpha)
     model_input = base.get_model_input()  # type: ignore[attr-defined]

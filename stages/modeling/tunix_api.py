@@ -35,7 +35,7 @@ RLCluster = RLEngine
 LEARNER_ENGINE_ARG = "rl_engine" if RENAMED_TO_ENGINE else "rl_cluster"
 """The keyword an RL learner (GRPOLearner, DAPO, Dr. GRPO) takes its RLEngine by."""
 
-ENTROPY_MODULE: Any = (  # a module; Any, as FAR assigns its function (project_completion_only)
+ENTROPY_MODULE: Any = (  # a module; Any, as FAR swaps its function (fast_paths)
     algo_core if hasattr(algo_core, "compute_entropy_from_logits") else rl_common
 )
 """The module whose `compute_entropy_from_logits` Tunix's losses read at each call."""

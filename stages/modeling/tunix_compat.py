@@ -6,6 +6,13 @@ it works around and has a test that shows the defect; all of them were written a
 versions in tunix_version.TESTED_TUNIX_VERSIONS. Importing this module with any other
 installed google-tunix raises UntestedTunixError naming both (see tunix_version.py): an
 upgrade must be a decision, re-checked against these tests, never a silent change.
+
+Each adaptation is declared, with its upstream report and its condition for removal, in
+stages/modeling/patches/ledger.py (docs/tunix-patches.md is generated from it). Two stay
+installed at import because every trainer of every stage needs them (the checkpoint write
+fence and the fallback to the newest intact step); everything else is per instance or per
+call. FAR's own fast paths in the second half are installed only while a stage that asked
+runs (stages/modeling/fast_paths.py): importing this module leaves them out of Tunix and qwix.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import numpy as np
 from flax import nnx
 from orbax.checkpoint._src.path import atomicity
 from orbax.checkpoint._src.path import deleter as orbax_deleter
-from qwix import version as qwix_version
 from qwix._src.providers import lora as qwix_lora
 from tunix.generate import sampler as tunix_sampler
 from tunix.models.gemma3 import model as gemma3_model
@@ -478,10 +484,10 @@ def completion_per_token_logps(
     logits and a written-out backward: faster on XLA CPU, measured in bench/roofline.py).
     Log-probs and gradients equal Tunix's to float rounding (the order of sums differs;
     test). Where logits are asked for (`return_logits`: Tunix's losses, only for their
-    entropy) a TokenEntropy stands in their place, from the same projection; with
-    project_completion_only installed, Tunix's entropy function takes it and the entropy
-    equals Tunix's to rounding (test). Packed sequences, images and other model families go
-    to Tunix's function unchanged, with real logits.
+    entropy) a TokenEntropy stands in their place, from the same projection; with the fast
+    path "completion_logps" (stages/modeling/fast_paths.py), Tunix's entropy function takes
+    it and the entropy equals Tunix's to rounding (test). Packed sequences, images and other
+    model families go to Tunix's function unchanged, with real logits.
 
     Fewer prompt rows than completion rows (share_group_prompts: each group's prompt once)
     run each prompt through the model once (_hidden_sharing_prompts); where that path does
@@ -663,16 +669,6 @@ def _entropy_from_logits(logits: Any) -> jax.Array:
     return TUNIX_ENTROPY_FROM_LOGITS(logits)
 
 
-def project_completion_only() -> None:
-    """Route every Tunix log-prob computation (GRPO's actor loss, reference and old-policy
-    log-probs, rollout log-probs) through completion_per_token_logps, and Tunix's entropy
-    through _entropy_from_logits (the two go together: the first returns a TokenEntropy where
-    logits were asked for). Tunix reads both functions from their modules at each call, so
-    this is two assignments; idempotent."""
-    rl_common.compute_per_token_logps = completion_per_token_logps
-    tunix_api.ENTROPY_MODULE.compute_entropy_from_logits = _entropy_from_logits
-
-
 # --- the rollout's prompt pass: logits of the last prompt position only -------------------------
 
 # Tunix 0.1.7's Gemma 3 call, kept for every call that does not ask for the last position only.
@@ -690,9 +686,19 @@ def _gemma3_call(
     images: jax.Array | None = None,
     decode_only_last_token: bool = False,
 ) -> tuple[jax.Array, Any]:
-    """Gemma3.__call__ that, asked for `decode_only_last_token` (as Tunix's Sampler asks in its
-    prefill when the model accepts the argument), projects only the last position to the
-    vocabulary. Otherwise Tunix's own call, unchanged."""
+    """Gemma3.__call__ that, asked for `decode_only_last_token`, projects only the last
+    position to the vocabulary; otherwise Tunix's own call, unchanged (fast path
+    "prefill_last_position", stages/modeling/fast_paths.py).
+
+    Tunix 0.1.7's Sampler passes `decode_only_last_token=True` to the model's prefill call
+    when the model's __call__ accepts that argument (it checks the signature when the Sampler
+    is built), and then reads only the last position's logits (`_sample`: logits[:, -1]);
+    its Gemma 3 does not accept it, so every prompt position is projected to the vocabulary
+    and all but one thrown away. The last position's logits are the same arithmetic, bit for
+    bit. Samplers (and qwix LoRA clones, which bind __call__ when cloned) made outside the
+    fast path keep Tunix's prefill.
+    Test: tests/unit/test_prefill_last_position.py shows Tunix's prefill projecting every
+    position (compiled FLOPs) and the sampled completions equal with this."""
     if not decode_only_last_token or output_hidden_states:
         return TUNIX_GEMMA3_CALL(
             self, last_tokens, positions, cache, attention_mask, output_hidden_states, images=images
@@ -701,23 +707,6 @@ def _gemma3_call(
         self, last_tokens, positions, cache, attention_mask, True, images=images
     )
     return self.embedder.decode(_final_hidden(self)[:, -1:]), new_cache
-
-
-def prefill_last_position_only() -> None:
-    """Let Tunix's Sampler project only the last prompt position in its prefill.
-
-    Tunix 0.1.7's Sampler passes `decode_only_last_token=True` to the model's prefill call
-    when the model's __call__ accepts that argument (it checks the signature when the Sampler
-    is built), and then reads only the last position's logits (`_sample`: logits[:, -1]);
-    its Gemma 3 does not accept it, so every prompt position is projected to the
-    262,144-token vocabulary and all but one thrown away: on the demo's 8 rows of 64 prompt
-    tokens, 172 of the prefill's 274 GFLOP. This gives Gemma3 the argument; the last
-    position's logits are the same arithmetic, bit for bit (test). Samplers built before this
-    call keep Tunix's prefill. Idempotent.
-    Test: tests/unit/test_prefill_last_position.py shows Tunix's prefill projecting every
-    position (compiled FLOPs) and the sampled completions equal with this.
-    """
-    gemma3_model.Gemma3.__call__ = _gemma3_call
 
 
 # --- the rollout's prompt pass: each group's prompt once ------------------------------------
@@ -844,14 +833,19 @@ def set_draw(sampler: tunix_sampler.Sampler, draw: str) -> None:
     The draw belongs to the sampler (an attribute its patched `_sample` reads when the decode
     step traces), so no enclosing block can change it. A compiled decode step keeps the draw
     it was traced with, so a sampler that has sampled with one draw refuses another: build a
-    new sampler. The class patch is installed on the first call (idempotent); a sampler that
-    sampled before it drew with Tunix's function.
+    new sampler. The class patch is the fast path "draw" (stages/modeling/fast_paths.py): a
+    draw other than "gumbel" outside it is refused; a sampler that sampled outside it drew
+    with Tunix's function.
     Test: tests/unit/test_sampling.py shows Tunix's path drawing rows x vocabulary random
     numbers and this one rows, and a sampler keeping its draw inside another's block.
     """
     if draw not in DRAWS:
         raise ValueError(f"draw {draw!r}: expected one of {sorted(DRAWS)}")
-    tunix_sampler.Sampler._sample = _sample_by_draw
+    if draw != "gumbel" and tunix_sampler.Sampler._sample is not _sample_by_draw:
+        raise RuntimeError(
+            f"draw {draw!r} needs FAR's sampler path: run inside "
+            f"fast_paths.installed('draw') (the stage's scope)"
+        )
     compiled: set[str] = getattr(sampler, _TRACED, set()) - {draw}
     if compiled:
         raise ValueError(
@@ -913,7 +907,11 @@ def attach_vocab_table(model: Any, projection: str) -> None:
             "policy whose embedder has no adapters (full-weight training changes the "
             "embedding every step)"
         )
-    gemma3_model.Embedder.decode = _embedder_decode
+    if gemma3_model.Embedder.decode is not _embedder_decode:
+        raise RuntimeError(
+            "a bfloat16 sampler projection needs FAR's embedder decode: run inside "
+            "fast_paths.installed('vocab_table') (the stage's scope)"
+        )
     table = jax.jit(lambda e: e.T.astype(dtype))(model.embedder.input_embedding.value)
     first = _first_variable_dtype(model)
     model.embedder.vocab_table = VocabTable(table)
@@ -1115,7 +1113,18 @@ def _lora_delta(
     precision: Any = None,
 ) -> jax.Array:
     """qwix's `_compute_lora_delta` for a linear layer (one contracting axis, lhs's last; no
-    batch axes; default precision) through `_low_rank_product`; any other shape to qwix's."""
+    batch axes; default precision) through `_low_rank_product`; any other shape to qwix's.
+
+    qwix 0.1.8 computes a LoRA linear layer's delta as (x @ A) @ B with two dot_generals
+    (`_compute_lora_delta`, private) and leaves the backward to autodiff. On XLA CPU the
+    transpose of the second product, dB = (x A)^T g, makes XLA materialise the incoming
+    gradient g transposed ([hidden x positions]) in a fusion of its own for every adapted
+    layer (docs/performance.md). The written-out backward makes the same three products,
+    contracting the positions axis of the operands as they lie. qwix reads the function from
+    its module at each call: the fast path "lora_backward" (stages/modeling/fast_paths.py)
+    assigns it there, on the tested qwix versions only.
+    Test: tests/unit/test_lora_backward.py shows the transposed fusion in qwix's compiled
+    gradient and equal gradients without it."""
     linear = (
         not batch_shape
         and not lhs_ba
@@ -1138,25 +1147,3 @@ def _lora_delta(
             precision=precision,
         )
     return _low_rank_product(lhs, lora_a, lora_b)
-
-
-def lora_backward_positions_major() -> bool:
-    """Route qwix's LoRA delta for linear layers (Gemma's MLP: gate, up, down) through
-    `_low_rank_product`, whose backward is written out.
-
-    qwix 0.1.8 computes a LoRA linear layer's delta as (x @ A) @ B with two dot_generals
-    (`_compute_lora_delta`, private) and leaves the backward to autodiff. On XLA CPU the
-    transpose of the second product, dB = (x A)^T g, makes XLA materialise the incoming
-    gradient g transposed ([hidden x positions]) in a fusion of its own for every adapted
-    layer, beside the untransposed one the activation gradient uses: on the demo's SFT step
-    36 such fusions took 0.44 s of a 2.4 s step (XLA's trace; docs/performance.md). The
-    written-out backward makes the same three products, contracting the positions axis of
-    the operands as they lie. qwix reads the function from its module at each call, so this
-    is one assignment; idempotent. Returns False (and changes nothing) for an untested qwix.
-    Test: tests/unit/test_lora_backward.py shows the transposed fusion in qwix's compiled
-    gradient and equal gradients without it.
-    """
-    if qwix_version.__version__ not in TESTED_QWIX_VERSIONS:
-        return False
-    qwix_lora._compute_lora_delta = _lora_delta
-    return True

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from schemas.recipe import LoraSpec
-from stages.modeling import models, tunix_compat
+from stages.modeling import fast_paths, models, tunix_compat
 from tests.conftest import recipe_with
 
 VOCAB = 4096  # large enough that the output projection dominates, as Gemma 3's 262k does
@@ -156,7 +156,7 @@ def test_grpo_loss_takes_the_entropy_from_the_log_probs_projection(
 ) -> None:
     """The defect: Tunix's GRPO loss asks for the completion's full-vocabulary logits only to
     report their entropy, so FAR's completion-only log-probs had to decode them a second
-    time. With project_completion_only the loss, its entropy and its gradient are Tunix's
+    time. With the fast path "completion_logps" the loss, its entropy and its gradient are Tunix's
     own (to rounding), and the compiled step drops at least one completion projection."""
     from tunix.rl import common as rl_common
 
@@ -194,10 +194,10 @@ def test_grpo_loss_takes_the_entropy_from_the_log_probs_projection(
         tunix_values, tunix_grads, _ = run()
         monkeypatch.setattr(rl_common, "compute_per_token_logps", decoded_logits)
         _, _, decoded_flops = run()
-        tunix_compat.project_completion_only()  # what the GRPO stage installs; monkeypatch restores
-        entropy = tunix_api.ENTROPY_MODULE.compute_entropy_from_logits
-        assert entropy is tunix_compat._entropy_from_logits
-        our_values, our_grads, our_flops = run()
+        with fast_paths.installed("completion_logps"):  # as the GRPO stage has it
+            entropy = tunix_api.ENTROPY_MODULE.compute_entropy_from_logits
+            assert entropy is tunix_compat._entropy_from_logits
+            our_values, our_grads, our_flops = run()
     for ours, theirs in zip(our_values, tunix_values, strict=True):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
     assert float(tunix_values[1]) > 1.0  # a real entropy over 4,096 tokens, not a stand-in 0

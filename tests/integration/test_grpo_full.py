@@ -407,7 +407,7 @@ def count_shared_prompt_paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]
         traced["vocab_table"] += getattr(self, "vocab_table", None) is not None
         return real_decode(self, x)
 
-    # attach_vocab_table installs this module's function on Tunix's Embedder: put it back
+    # the stage's fast path "vocab_table" installs _embedder_decode, read when it is entered
     monkeypatch.setattr(gemma3_model.Embedder, "decode", gemma3_model.Embedder.decode)
     monkeypatch.setattr(tunix_compat, "_embedder_decode", decode)
     for key, name in (

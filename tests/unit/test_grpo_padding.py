@@ -22,7 +22,7 @@ from tunix.rl.grpo import drgrpo_learner, grpo_learner
 
 from schemas.recipe import GRPOConfig, LoraSpec
 from stages.grpo import advantages, training
-from stages.modeling import models, tunix_compat
+from stages.modeling import fast_paths, models, tunix_compat
 from tests.conftest import recipe_with
 
 PAD, EOS = 0, 1
@@ -329,16 +329,23 @@ def compiled_flops(network: Any, example: Any, algo: Any) -> float:
     return float(jax.jit(jax.grad(of)).lower(adapters).compile().cost_analysis()["flops"])
 
 
+@pytest.fixture
+def completion_logps() -> Any:
+    """FAR's completion-only log-probs installed in Tunix for the test, as GRPO has them (a
+    prompt row per group needs them: Tunix's own function expects a row per completion)."""
+    with fast_paths.installed("completion_logps"):
+        yield
+
+
 @pytest.mark.parametrize("window", [None, 8], ids=["shared", "window-too-short"])
 def test_shared_prompts_give_the_same_loss_and_gradients(
-    policy: tuple[Any, Any], window: int | None
+    policy: tuple[Any, Any], window: int | None, completion_logps: None
 ) -> None:
     """Each group's prompt runs once into a key/value cache that its completions attend to:
     the same loss and adapter gradients as the full pass (tolerances as above), for fewer
     compiled FLOPs. A sliding window shorter than the sequence (window 8 here) runs the full
     pass instead, with the prompts repeated back: the same numbers, the full FLOPs."""
     network, mesh = policy
-    tunix_compat.project_completion_only()  # as the GRPO stage installs it
     vocab = network.embedder.input_embedding.value.shape[0]
     grouped = grouped_example(vocab, generations=4)
     shared = tunix_compat.share_group_prompts(grouped, 4)
@@ -385,7 +392,7 @@ def test_the_recipe_composes_shared_prompts_after_the_cut() -> None:
 
 
 def test_flat_groups_then_shared_prompts_give_the_same_loss_and_gradients(
-    policy: tuple[Any, Any],
+    policy: tuple[Any, Any], completion_logps: None
 ) -> None:
     """skip_flat_groups, trim_padding and share_prompts, as the stage composes them: the flat
     second group is dropped, its one informative group keeps one prompt row for its two

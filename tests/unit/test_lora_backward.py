@@ -1,7 +1,7 @@
-"""tunix_compat.lora_backward_positions_major: qwix 0.1.8's LoRA backward makes XLA CPU write
-each adapted MLP layer's incoming gradient transposed ([hidden x positions]) before the
-adapters' gradient; the written-out backward does not, and its gradients are qwix's bit for
-bit (the tiny smoke model, LoRA on every projection, B moved off zero)."""
+"""The fast path "lora_backward" (tunix_compat._lora_delta): qwix 0.1.8's LoRA backward makes
+XLA CPU write each adapted MLP layer's incoming gradient transposed ([hidden x positions])
+before the adapters' gradient; the written-out backward does not, and its gradients are
+qwix's bit for bit (the tiny smoke model, LoRA on every projection, B moved off zero)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 from qwix._src.providers import lora as qwix_lora
 
-from stages.modeling import models, tunix_compat
+from stages.modeling import fast_paths, models, tunix_compat
 from tests.conftest import recipe_with
 
 ROWS, LENGTH = 4, 24
@@ -75,13 +75,12 @@ def test_qwix_transposes_the_gradient_and_the_written_out_backward_does_not(
 
 
 def test_installing_routes_qwix_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(qwix_lora, "_compute_lora_delta", tunix_compat.QWIX_COMPUTE_LORA_DELTA)
-    assert tunix_compat.lora_backward_positions_major()
-    assert qwix_lora._compute_lora_delta is tunix_compat._lora_delta
-    monkeypatch.setattr(tunix_compat, "TESTED_QWIX_VERSIONS", ("0.0.0",))
-    monkeypatch.setattr(qwix_lora, "_compute_lora_delta", tunix_compat.QWIX_COMPUTE_LORA_DELTA)
-    assert not tunix_compat.lora_backward_positions_major()  # an untested qwix keeps its own
+    with fast_paths.installed("lora_backward"):
+        assert qwix_lora._compute_lora_delta is tunix_compat._lora_delta
     assert qwix_lora._compute_lora_delta is tunix_compat.QWIX_COMPUTE_LORA_DELTA
+    monkeypatch.setattr(tunix_compat, "TESTED_QWIX_VERSIONS", ("0.0.0",))
+    with fast_paths.installed("lora_backward"):  # an untested qwix keeps its own
+        assert qwix_lora._compute_lora_delta is tunix_compat.QWIX_COMPUTE_LORA_DELTA
 
 
 def test_other_shapes_go_to_qwix() -> None:

@@ -1,6 +1,6 @@
-"""tunix_compat.prefill_last_position_only: Tunix's Sampler projects every prompt position of
-a Gemma 3 prefill to the vocabulary and keeps one; with the compat, only the last position is
-projected and the sampled completions are the same, bit for bit."""
+"""The fast path "prefill_last_position" (tunix_compat._gemma3_call): Tunix's Sampler projects
+every prompt position of a Gemma 3 prefill to the vocabulary and keeps one; with the fast
+path, only the last position is projected and the sampled completions are the same, bit for bit."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 from tunix.models.gemma3 import model as gemma3_model
 
-from stages.modeling import generation, models, tunix_compat
+from stages.modeling import fast_paths, generation, models, tunix_compat
 from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import recipe_with
 
@@ -85,9 +85,9 @@ def test_last_position_only_samples_the_same_completions(tmp_path: Path, tunix_c
     _, tunix_texts = sample(recipe, lora_clone(recipe, base), tokenizer)
     tunix_flops = prefill_flops(lora_clone(recipe, base), last_only=False)
 
-    tunix_compat.prefill_last_position_only()  # before the clone, as the GRPO stage does
-    network = lora_clone(recipe, base)
-    far_sampler, far_texts = sample(recipe, network, tokenizer)
+    with fast_paths.installed("prefill_last_position"):  # before the clone, as in a stage
+        network = lora_clone(recipe, base)
+        far_sampler, far_texts = sample(recipe, network, tokenizer)
     assert far_sampler._supports_decode_only_last_token
     assert far_texts == tunix_texts
     # the projection at 31 of 32 positions is gone: 4 x 31 x 128 x 512 multiply-adds

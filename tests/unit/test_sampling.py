@@ -17,7 +17,7 @@ from tunix.generate import sampler as tunix_sampler
 from schemas.recipe import EvalConfig, GRPOConfig, SelfTeachConfig
 from stages import self_teach
 from stages.core.runner import RunContext
-from stages.modeling import models, sampling, tunix_compat
+from stages.modeling import fast_paths, models, sampling, tunix_compat
 from stages.modeling.generation import build_sampler, generate
 from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import recipe_with
@@ -112,7 +112,22 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return recipe, mesh, network, build_tokenizer(recipe.model, root)
 
 
-def test_a_sampler_draws_by_its_own_draw_and_keeps_it(tiny: Any) -> None:
+@pytest.fixture
+def draw_path() -> Any:
+    """FAR's draw installed in Tunix's Sampler for the test, as a sampling stage has it."""
+    with fast_paths.installed("draw"):
+        yield
+
+
+def test_a_draw_other_than_tunixs_is_refused_outside_the_fast_path(tiny: Any) -> None:
+    recipe, _, network, tokenizer = tiny
+    sampler = build_sampler(network, tokenizer, recipe.model, recipe.data.max_prompt_len, 8)
+    tunix_compat.set_draw(sampler, "gumbel")  # Tunix's own: nothing to install
+    with pytest.raises(RuntimeError, match=r"fast_paths.installed\('draw'\)"):
+        tunix_compat.set_draw(sampler, "inverse_cdf")
+
+
+def test_a_sampler_draws_by_its_own_draw_and_keeps_it(tiny: Any, draw_path: None) -> None:
     """The real Tunix sampler on the tiny smoke model, through the shared sampling loop
     (`generate(draw=...)`, which sets the sampler's draw): the same seed draws the same
     completions, another seed others, and Tunix's own draw from the same seed differs. The
@@ -166,7 +181,7 @@ def test_a_sampler_draws_by_its_own_draw_and_keeps_it(tiny: Any) -> None:
 
 
 def test_self_teach_samples_with_its_draw(
-    tiny: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tiny: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, draw_path: None
 ) -> None:
     recipe, mesh, network, tokenizer = tiny
     traced = spy_on_inverse_cdf(monkeypatch)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stages.modeling import generation, projection, tunix_compat
+from stages.modeling import fast_paths, generation, projection, tunix_compat
 from tests.unit.test_prefill_last_position import base_and_tokenizer, lora_clone
 
 PROMPTS = ["What is 3 + 4?", "What is 12 * 7?"]
@@ -37,7 +37,24 @@ def greedy_logits(network: object, tokenizer: object, recipe: object) -> np.ndar
     return np.stack([np.asarray(x) for x in out.logits])
 
 
-def test_the_sampler_projects_through_the_bfloat16_table(built: tuple[Any, Any, Any]) -> None:
+@pytest.fixture
+def vocab_path() -> Any:
+    """FAR's embedder decode installed in Tunix's Gemma 3 for the test, as GRPO has it."""
+    with fast_paths.installed("vocab_table"):
+        yield
+
+
+def test_the_bfloat16_table_is_refused_outside_the_fast_path(built: tuple[Any, Any, Any]) -> None:
+    recipe, base, _ = built
+    network = lora_clone(recipe, base)
+    with pytest.raises(RuntimeError, match=r"fast_paths.installed\('vocab_table'\)"):
+        tunix_compat.attach_vocab_table(network, "bfloat16")
+    assert getattr(network.embedder, "vocab_table", None) is None
+
+
+def test_the_sampler_projects_through_the_bfloat16_table(
+    built: tuple[Any, Any, Any], vocab_path: None
+) -> None:
     recipe, base, tokenizer = built
     network = lora_clone(recipe, base)
     embedding = network.embedder.input_embedding.value
