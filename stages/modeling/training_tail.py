@@ -127,8 +127,8 @@ class TrainingTail:
         Returns:
             A tail that resumes at the trainer's restored step and counts its train_steps.
         """
-        steps = lambda: int(trainer.train_steps)  # noqa: E731
-        return cls(what, trainer, dirs, max_steps, save_margin_s, steps(), steps)
+        steps_done = lambda: int(trainer.train_steps)  # noqa: E731
+        return cls(what, trainer, dirs, max_steps, save_margin_s, steps_done(), steps_done)
 
     def train(
         self,
