@@ -19,7 +19,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import grain
 import jax
 import numpy as np
 import optax
@@ -31,8 +30,7 @@ from tunix.sft import utils as sft_utils
 
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import DistillConfig, MeshSpec, ModelSpec
-from stages.core import metrics_logging, storage
-from stages.core.checkpoints import committed_checkpoint, publish_session, train_curve
+from stages.core import metrics_logging
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -44,16 +42,18 @@ from stages.core.runner import (
     stage_identity,
     take,
 )
-from stages.core.sessions import StepClock, guarded
 from stages.modeling import fast_paths, models
 from stages.modeling.tokenizers import build_tokenizer
-from stages.modeling.tunix_compat import raise_save_errors, release_scalar_listeners
+from stages.modeling.training_tail import (
+    CHECKPOINT_DIR,
+    TrainingTail,
+    replayed_batches,
+    session_dirs,
+)
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
-CHECKPOINT_DIR = "checkpoints"
-LOG_DIR = "tensorboard"
 
 
 def logits(model: Any, input_tokens: jax.Array, input_mask: jax.Array) -> jax.Array:
@@ -84,13 +84,8 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> Any:
             f"distill.batch_size {batch_size} exceeds the {len(records)} SFT rows; expected "
             f"batch_size <= {len(records)} (or a larger data.sft.size)"
         )
-    return (
-        grain.MapDataset.source(records)
-        .seed(seed)
-        .shuffle()
-        .repeat()
-        .batch(batch_size, drop_remainder=True)
-        .map(lambda b: distillation_trainer.TrainingInput(**b))
+    return replayed_batches(records, batch_size, seed).map(
+        lambda b: distillation_trainer.TrainingInput(**b)
     )
 
 
@@ -143,39 +138,20 @@ def _distill(
     base = models.base_model(student_spec, mesh, ctx.model_cache, ctx.shared, private=private)
     student = models.apply_lora(base, config.lora, mesh, config.seed) if config.lora else base
     vocab = models.tunix_config(student_spec).num_embed
-    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
-    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
-    trainer = build_trainer(student, teacher_net, config, vocab, local_ckpt, local_logs, sinks)
-    start_step = trainer.train_steps
-    stream = guarded(
-        in_memory_stream(batches(load_sft_arrays(dataset), config.batch_size, config.seed)),
-        ctx.deadline,
-        ctx.stop,
-        config.save_margin_seconds,
-        StepClock(),
-        health=lambda: raise_save_errors(trainer),  # a failed async checkpoint save ends it
+    dirs = session_dirs(directory)
+    trainer = build_trainer(
+        student, teacher_net, config, vocab, dirs.local_ckpt, dirs.local_logs, sinks
     )
-    with mesh:
-        trainer.train(stream)  # ends with close(): saves the last checkpoint
-    release_scalar_listeners(trainer.metrics_logger)
-    publish_session(
-        "distill",
-        trainer.train_steps,
-        config.max_steps,
-        local_ckpt,
-        ckpt_uri,
-        local_logs,
-        log_uri,
-        start_step=start_step,
+    tail = TrainingTail.for_trainer(
+        "distill", trainer, dirs, config.max_steps, config.save_margin_seconds
     )
-    artifact = committed_checkpoint(
-        ckpt_uri, config.max_steps, student_spec, teacher.tokenizer, config.lora
-    )
-    losses = train_curve(trainer.metrics_logger, "loss")
+    stream = in_memory_stream(batches(load_sft_arrays(dataset), config.batch_size, config.seed))
+    artifact = tail.run(stream, ctx, mesh, student_spec, teacher.tokenizer, config.lora)
+    losses = tail.curves("loss")["loss"]
     metrics = {
         "first_loss": losses[0] if losses else float("nan"),  # none: no step this session
         "final_loss": losses[-1] if losses else float("nan"),
-        "resumed_from_step": float(start_step),
+        "resumed_from_step": float(tail.start_step),
         "student_params_bytes": float(models.param_bytes(base)),
     }
     return artifact, metrics, {"loss": losses}

@@ -19,7 +19,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import grain
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -29,7 +28,6 @@ from tunix.sft.dpo import dpo_trainer
 from schemas.artifacts import Artifact, CheckpointArtifact, PreferenceDataset
 from schemas.recipe import DPOConfig, MeshSpec, ModelSpec
 from stages.core import metrics_logging, storage
-from stages.core.checkpoints import committed_checkpoint, publish_session
 from stages.core.datasets import in_memory_stream
 from stages.core.errors import InputError, MissingInput
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -42,16 +40,18 @@ from stages.core.runner import (
     stage_identity,
     take,
 )
-from stages.core.sessions import StepClock, guarded
 from stages.modeling import fast_paths, models, preference_loss
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
-from stages.modeling.tunix_compat import raise_save_errors, release_scalar_listeners
+from stages.modeling.training_tail import (
+    CHECKPOINT_DIR,
+    TrainingTail,
+    replayed_batches,
+    session_dirs,
+)
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1
-CHECKPOINT_DIR = "checkpoints"
-LOG_DIR = "tensorboard"
 
 
 def _pad(ids: list[int], length: int, pad: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -88,13 +88,7 @@ def batches(records: list[dict[str, np.ndarray]], batch_size: int, seed: int) ->
             f"dpo.batch_size {batch_size} exceeds the {len(records)} preference pairs; "
             f"expected batch_size <= {len(records)} (or more pairs)"
         )
-    return (
-        grain.MapDataset.source(records)
-        .seed(seed)
-        .shuffle()
-        .repeat()
-        .batch(batch_size, drop_remainder=True)
-    )
+    return replayed_batches(records, batch_size, seed)
 
 
 def build_trainer(
@@ -149,49 +143,25 @@ def _optimize(
     reference = None
     if config.algorithm == "dpo":  # a frozen copy of the starting policy
         reference = models.policy_network(policy, mesh, ctx.model_cache, ctx.shared, base)
-    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
-    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
-    trainer = build_trainer(network, reference, config, local_ckpt, local_logs, sinks)
-    start_step = trainer.train_steps
-    stream = guarded(
-        in_memory_stream(batches(records, config.batch_size, config.seed)),
-        ctx.deadline,
-        ctx.stop,
-        config.save_margin_seconds,
-        StepClock(),
-        health=lambda: raise_save_errors(trainer),  # a failed async checkpoint save ends it
+    dirs = session_dirs(directory)
+    trainer = build_trainer(network, reference, config, dirs.local_ckpt, dirs.local_logs, sinks)
+    tail = TrainingTail.for_trainer(
+        config.algorithm, trainer, dirs, config.max_steps, config.save_margin_seconds
     )
-    with mesh:
-        trainer.train(stream)  # ends with close(): saves the last checkpoint
-    release_scalar_listeners(trainer.metrics_logger)
-    publish_session(
-        config.algorithm,
-        trainer.train_steps,
-        config.max_steps,
-        local_ckpt,
-        ckpt_uri,
-        local_logs,
-        log_uri,
-        start_step=start_step,
-    )
-    artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, policy.lora)
-    return artifact, _metrics(trainer, len(pairs), start_step), _history(trainer)
+    stream = in_memory_stream(batches(records, config.batch_size, config.seed))
+    artifact = tail.run(stream, ctx, mesh, spec, tokenizer.name, policy.lora)
+    return artifact, _metrics(tail, len(pairs)), _history(tail)
 
 
-def _history(trainer: dpo_trainer.DPOTrainer) -> dict[str, list[float]]:
-    logged = trainer.metrics_logger
-    out = {}
-    for name in ("loss", "rewards/margin", "rewards/accuracy"):
-        if logged.metric_exists("", name, "train"):
-            out[name] = [float(x) for x in np.asarray(logged.get_metric_history("", name, "train"))]
-    return out
+def _history(tail: TrainingTail) -> dict[str, list[float]]:
+    curves = tail.curves("loss", "rewards/margin", "rewards/accuracy")
+    return {name: values for name, values in curves.items() if values}  # those logged
 
 
-def _metrics(trainer: dpo_trainer.DPOTrainer, pairs: int, start_step: int) -> dict[str, float]:
-    metrics = {"pairs": float(pairs), "resumed_from_step": float(start_step)}
-    for name, values in _history(trainer).items():
-        if values:
-            metrics[f"first_{name}"], metrics[f"final_{name}"] = values[0], values[-1]
+def _metrics(tail: TrainingTail, pairs: int) -> dict[str, float]:
+    metrics = {"pairs": float(pairs), "resumed_from_step": float(tail.start_step)}
+    for name, values in _history(tail).items():
+        metrics[f"first_{name}"], metrics[f"final_{name}"] = values[0], values[-1]
     return metrics
 
 

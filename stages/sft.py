@@ -17,7 +17,6 @@ it skips are exactly the ones already trained on).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +30,6 @@ from tunix.sft import metrics_logger, peft_trainer
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
 from stages.core import metrics_logging, storage
-from stages.core.checkpoints import committed_checkpoint, publish_session, train_curve
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -45,11 +43,15 @@ from stages.core.runner import (
     take,
     take_optional,
 )
-from stages.core.sessions import StepClock, guarded
 from stages.modeling import fast_paths, models, optim, tunix_compat
-from stages.modeling.compilations import TRAIN_STEP, counting_compilations
+from stages.modeling.compilations import TRAIN_STEP
 from stages.modeling.tokenizers import build_tokenizer
-from stages.modeling.tunix_compat import release_scalar_listeners
+from stages.modeling.training_tail import (
+    CHECKPOINT_DIR,
+    TrainingTail,
+    replayed_batches,
+    session_dirs,
+)
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,6 @@ log = logging.getLogger(__name__)
 # 3: those positions' log-probs through the fused projection (stages/modeling/projection):
 #    the same loss and gradients up to the order of float sums, faster on CPU
 STAGE_VERSION = 3
-CHECKPOINT_DIR = "checkpoints"
-LOG_DIR = "tensorboard"
 
 
 def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.MapDataset:
@@ -67,13 +67,7 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.
     records = [{k: v[i] for k, v in arrays.items()} for i in range(len(arrays["input_tokens"]))]
     if len(records) < batch_size:
         raise InputError(f"sft.batch_size {batch_size} exceeds the {len(records)} SFT rows")
-    return (
-        grain.MapDataset.source(records)
-        .seed(seed)
-        .shuffle()
-        .repeat()
-        .batch(batch_size, drop_remainder=True)
-    )
+    return replayed_batches(records, batch_size, seed)
 
 
 def segment_attention_mask(segment_ids: jax.Array) -> jax.Array:
@@ -163,58 +157,45 @@ def _train(
     # full-weight training changes the base network: it gets its own, never the run's shared one
     base = models.base_model(spec, mesh, ctx.model_cache, ctx.shared, private=config.lora is None)
     model = starting_model(base, config, mesh, policy)
-    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
-    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    dirs = session_dirs(directory)
     arrays = load_sft_arrays(dataset)
     keep = tunix_compat.loss_positions(arrays["input_mask"])
-    trainer = build_trainer(model, config, local_ckpt, local_logs, keep, sinks)
+    trainer = build_trainer(model, config, dirs.local_ckpt, dirs.local_logs, keep, sinks)
     if ctx.progress is not None:  # FAR draws the stage's bar: not Tunix's too
         tunix_compat.hide_progress_bar(trainer)
-    start_step, clock = trainer.train_steps, StepClock()
-    stream = reporting(
-        guarded(
-            in_memory_stream(batches(arrays, config.batch_size, config.seed)),
-            ctx.deadline,
-            ctx.stop,
-            config.save_margin_seconds,
-            clock,
-            items_per_step=config.gradient_accumulation_steps,  # stop between windows only
-            health=lambda: tunix_compat.raise_save_errors(trainer),
+    tail = TrainingTail.for_trainer(
+        "SFT", trainer, dirs, config.max_steps, config.save_margin_seconds
+    )
+    stream = in_memory_stream(batches(arrays, config.batch_size, config.seed))
+    accumulate = config.gradient_accumulation_steps  # a stop falls between windows only
+    artifact = tail.run(
+        stream,
+        ctx,
+        mesh,
+        spec,
+        tokenizer.name,
+        config.lora,
+        items_per_step=accumulate,
+        report=lambda guarded_stream: reporting(
+            guarded_stream,
+            ctx.progress,
+            "sft",
+            tail.start_step,
+            config.max_steps,
+            items_per_step=accumulate,
+            metrics=lambda: latest_loss(trainer),
+            # a resumed trainer re-reads (and skips) the micro-batches of its first steps
+            skip=tail.start_step * accumulate,
         ),
-        ctx.progress,
-        "sft",
-        start_step,
-        config.max_steps,
-        items_per_step=config.gradient_accumulation_steps,
-        metrics=lambda: latest_loss(trainer),
-        # a resumed trainer re-reads (and skips) the micro-batches of its first start_step steps
-        skip=start_step * config.gradient_accumulation_steps,
     )
-    with mesh, counting_compilations(TRAIN_STEP) as compiles:
-        trainer.train(stream)  # ends with close(): writes metrics, saves the last checkpoint
-    release_scalar_listeners(trainer.metrics_logger)
-    finished = time.time()
-    publish_session(
-        "SFT",
-        trainer.train_steps,
-        config.max_steps,
-        local_ckpt,
-        ckpt_uri,
-        local_logs,
-        log_uri,
-        start_step=start_step,
-    )
-    artifact = committed_checkpoint(ckpt_uri, config.max_steps, spec, tokenizer.name, config.lora)
-    metrics = training_metrics(trainer, config, arrays, clock, start_step, finished)
-    metrics["train_step_compilations"] = float(compiles.count)
+    metrics = training_metrics(tail, config, arrays)
     stage_level = ("tokens_per_second", "useful_token_fraction", "train_step_compilations")
-    sinks.log_once(local_logs, trainer.train_steps, {f"far/{n}": metrics[n] for n in stage_level})
-    storage.publish_local_directory(local_logs, log_uri)
+    far_metrics = {f"far/{n}": metrics[n] for n in stage_level}
+    sinks.log_once(dirs.local_logs, trainer.train_steps, far_metrics)
+    storage.publish_local_directory(dirs.local_logs, dirs.log_uri)
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
-    logged = trainer.metrics_logger
-    history = {name: train_curve(logged, name) for name in ("loss", "learning_rate")}
-    return artifact, metrics, history
+    return artifact, metrics, tail.curves("loss", "learning_rate")
 
 
 def starting_model(
@@ -248,31 +229,28 @@ def latest_loss(trainer: peft_trainer.PeftTrainer) -> dict[str, float]:
 
 
 def training_metrics(
-    trainer: peft_trainer.PeftTrainer,
-    config: SFTConfig,
-    arrays: dict[str, np.ndarray],
-    clock: StepClock,
-    start_step: int,
-    finished: float,
+    tail: TrainingTail, config: SFTConfig, arrays: dict[str, np.ndarray]
 ) -> dict[str, float]:
     """Loss, learning rate, throughput and compilations of this session's training."""
-    losses = train_curve(trainer.metrics_logger, "loss") or [float("nan")]  # none: no step
-    rates = train_curve(trainer.metrics_logger, "learning_rate") or [float("nan")]
+    curves = tail.curves("loss", "learning_rate")
+    losses = curves["loss"] or [float("nan")]  # none: no step
+    rates = curves["learning_rate"] or [float("nan")]
     rows_per_step = config.batch_size * config.gradient_accumulation_steps
     useful = float((arrays["segment_ids"] > 0).mean())
-    trained = clock.times[start_step * config.gradient_accumulation_steps :]
+    trained = tail.clock.times[tail.start_step * config.gradient_accumulation_steps :]
     # throughput after the first batch, whose time is mostly compilation
-    seconds = finished - trained[1] if len(trained) > 1 else float("nan")
+    seconds = tail.finished - trained[1] if len(trained) > 1 else float("nan")
     tokens = (len(trained) - 1) * config.batch_size * useful * arrays["input_tokens"].shape[1]
     return {
         "first_loss": float(losses[0]),
         "final_loss": float(losses[-1]),
         "final_learning_rate": float(rates[-1]),
-        "resumed_from_step": float(start_step),
-        "steps_this_session": float(config.max_steps - start_step),
+        "resumed_from_step": float(tail.start_step),
+        "steps_this_session": float(config.max_steps - tail.start_step),
         "tokens_per_second": tokens / seconds,
         "useful_token_fraction": useful,
         "rows_per_step": float(rows_per_step),
+        "train_step_compilations": float(tail.compiles.count_of(TRAIN_STEP)),
     }
 
 

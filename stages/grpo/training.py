@@ -38,7 +38,7 @@ from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import AnswerFormat, GRPOConfig, MeshSpec, ModelSpec
 from stages import rewards
 from stages.core import metrics_logging, storage
-from stages.core.checkpoints import committed_checkpoint, publish_session
+from stages.core.checkpoints import train_curve
 from stages.core.datasets import check_dataset, load_prompts
 from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -51,15 +51,14 @@ from stages.core.runner import (
     stage_identity,
     take,
 )
-from stages.core.sessions import StepClock, guarded, nonempty
+from stages.core.sessions import nonempty
 from stages.grpo import advantages, metrics, reward_sums, rollouts, timing
 from stages.grpo import baseline as greedy_baseline
-from stages.modeling import fast_paths, models, optim, tunix_api, tunix_compat
+from stages.modeling import fast_paths, models, optim, training_tail, tunix_api, tunix_compat
 from stages.modeling.compilations import (
     SAMPLER_FUNCTIONS,
     TRAIN_STEP,
     CompileCounter,
-    counting_compilations,
 )
 from stages.modeling.tokenizers import build_tokenizer
 from stages.registry import hashed_config
@@ -73,8 +72,7 @@ log = logging.getLogger(__name__)
 # 6: format_strict (reward and format-rate metric) wants each tag once and nothing after the
 #    answer but the end-of-turn marker (version 5 paid for trailing junk after </answer>)
 STAGE_VERSION = 6
-CHECKPOINT_DIR = "checkpoints"
-LOG_DIR = "tensorboard"
+CHECKPOINT_DIR = training_tail.CHECKPOINT_DIR
 SAMPLES_FILE = "samples.jsonl"
 ACTOR_SUBDIR = "actor"  # where Tunix's RLCluster puts the trained policy's checkpoints
 
@@ -275,8 +273,7 @@ def build_session(
     tokenizer = build_tokenizer(spec, ctx.model_cache, ctx.shared)
     mesh = models.build_mesh(mesh_spec)
     reference, actor = _reference_and_actor(sft, spec, mesh, ctx)
-    ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
-    local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
+    dirs = training_tail.session_dirs(directory)
     eos = [tokenizer.eos_id(), tokenizer.end_of_turn_id()]
     cluster = tunix_api.RLEngine(
         actor=actor,
@@ -285,8 +282,8 @@ def build_session(
         cluster_config=_cluster_config(
             config,
             dataset.prompt_len,
-            local_ckpt,
-            local_logs,
+            dirs.local_ckpt,
+            dirs.local_logs,
             (mesh, rollout_mesh or mesh),
             eos,
             sinks,
@@ -311,18 +308,7 @@ def build_session(
     transform = example_transform(config, session_metrics(cluster))
     if transform is not None:  # the actor update without rows or columns that add nothing
         tunix_compat.transform_train_examples(learner, transform)
-    return Session(
-        cluster,
-        learner,
-        observer,
-        sandbox,
-        mesh,
-        tokenizer.name,
-        ckpt_uri,
-        local_ckpt,
-        log_uri,
-        local_logs,
-    )
+    return Session(cluster, learner, observer, sandbox, mesh, tokenizer.name, dirs)
 
 
 def session_metrics(cluster: tunix_api.RLEngine) -> Callable[[dict[str, float]], None]:
@@ -402,10 +388,7 @@ class Session:
     sandbox: rewards.SandboxStats
     mesh: Any
     tokenizer_name: str
-    ckpt_uri: str
-    local_ckpt: str
-    log_uri: str
-    local_logs: str
+    dirs: training_tail.SessionDirs
 
     def steps_done(self, config: GRPOConfig) -> int:
         """GRPO steps (prompt batches) trained, from the actor's optimizer-update count."""
@@ -433,36 +416,35 @@ def _reinforce(
     if ctx.progress is not None:  # FAR draws the stage's bar: not Tunix's actor bar too
         tunix_compat.hide_progress_bar(session.cluster.actor_trainer)
     timing.instrument(session.cluster, session.learner)  # far/seconds/<phase> per step
-    compilations = compilation_metrics(None)  # a session that trains no step compiles nothing
+    tail = training_tail.TrainingTail(
+        "GRPO",
+        session.cluster.actor_trainer,  # its failed async checkpoint save ends the session
+        session.dirs,
+        config.max_steps,
+        config.save_margin_seconds,
+        start_step,
+        lambda: session.steps_done(config),
+    )
     if start_step < config.max_steps:  # Tunix would train one more step on a finished run
         rows = load_prompts(dataset, "grpo_train")
         batches = itertools.islice(
             prompt_batches(rows, rolled_out(config), config.seed), start_step, None
         )
-        stream = reporting(
-            guarded(
-                batches,
-                ctx.deadline,
-                ctx.stop,
-                config.save_margin_seconds,
-                StepClock(),
-                # a failed async checkpoint save of the actor ends the session (checked in
-                # Tunix's data thread; the learner re-raises its error in the main thread)
-                health=lambda: tunix_compat.raise_save_errors(session.cluster.actor_trainer),
-            ),
-            ctx.progress,
-            "grpo",
-            start_step,
-            config.max_steps,
-            metrics=history.latest_reward,
-        )
         started = time.perf_counter()
-        first_batch_and_rest = nonempty(stream)
-        if first_batch_and_rest is not None:  # else no time for a step: stop where restored
-            # (Tunix's close() at the end of train() clears every JAX listener: count inside)
-            with session.mesh, counting_compilations() as compiles:
-                session.learner.train(first_batch_and_rest)  # close() saves the last checkpoint
-            compilations = compilation_metrics(compiles)
+        tail.train(
+            functools.partial(_learn, session.learner),
+            batches,
+            ctx,
+            session.mesh,
+            report=lambda stream: reporting(
+                stream,
+                ctx.progress,
+                "grpo",
+                start_step,
+                config.max_steps,
+                metrics=history.latest_reward,
+            ),
+        )
         report_end(
             ctx.progress,
             "grpo",
@@ -472,22 +454,19 @@ def _reinforce(
             time.perf_counter() - started,
             history.latest_reward(),
         )
-    for logger in tunix_compat.cluster_metrics_loggers(session.cluster):
-        # else they keep writing into this stage's directory
-        tunix_compat.release_scalar_listeners(logger)
     save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
-    publish_session(
-        "GRPO",
-        session.steps_done(config),
-        config.max_steps,
-        session.local_ckpt,
-        session.ckpt_uri,
-        session.local_logs,
-        session.log_uri,
-        start_step=start_step,
-    )
-    artifact, scalars, curves = _results(session, config, spec, sft, history, start_step)
-    return artifact, {**scalars, **compilations}, curves
+    tail.publish(tunix_compat.cluster_metrics_loggers(session.cluster))
+    artifact, scalars, curves = _results(session, config, spec, sft, history, tail)
+    return artifact, {**scalars, **compilation_metrics(tail.compiles)}, curves
+
+
+def _learn(learner: grpo_learner.GRPOLearner, stream: Iterator[Any]) -> None:
+    """Train on `stream`, unless it is empty: a session with no time left for one step stops
+    where it was restored (Tunix's learner reads a first batch before its loop and fails on
+    none). The learner's close() saves the last checkpoint."""
+    first_batch_and_rest = nonempty(stream)
+    if first_batch_and_rest is not None:
+        learner.train(first_batch_and_rest)
 
 
 def compilation_metrics(compiles: CompileCounter | None) -> dict[str, float]:
@@ -504,19 +483,19 @@ def _results(
     spec: ModelSpec,
     sft: CheckpointArtifact,
     history: metrics.MetricsHistory,
-    start_step: int,
+    tail: training_tail.TrainingTail,
 ) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
-    artifact = committed_checkpoint(
-        storage.join(session.ckpt_uri, ACTOR_SUBDIR),
-        # Tunix numbers checkpoints by optimizer update: num_iterations per GRPO step
-        config.max_steps * config.num_iterations,
+    artifact = tail.commit(
         spec,
         session.tokenizer_name,
         sft.lora,
+        subdir=ACTOR_SUBDIR,
+        # Tunix numbers checkpoints by optimizer update: num_iterations per GRPO step
+        step=config.max_steps * config.num_iterations,
     )
     scalars = {
         **history.summary(),
-        "resumed_from_step": float(start_step),
+        "resumed_from_step": float(tail.start_step),
         "sandbox_runs": float(session.sandbox.runs),
         "sandbox_failures": float(session.sandbox.failures),
         **rewards.isolation_metrics(session.sandbox),
@@ -526,10 +505,7 @@ def _results(
 
 def actor_kl(cluster: tunix_api.RLEngine) -> list[float]:
     """KL to the reference per optimizer update of this session (Tunix logs it as actor/kl)."""
-    logger = cluster.actor_trainer.metrics_logger
-    if not logger.metric_exists("actor", "kl", "train"):
-        return []
-    return [float(x) for x in np.asarray(logger.get_metric_history("actor", "kl", "train"))]
+    return train_curve(cluster.actor_trainer.metrics_logger, "kl", prefix="actor")
 
 
 def save_samples(uri: str, samples: list[dict[str, Any]], start_step: int) -> None:

@@ -125,22 +125,26 @@ def _called(node: ast.AST) -> set[str]:
 
 
 def test_every_training_loop_checks_for_a_failed_async_save() -> None:
-    """Every stage that feeds a Tunix trainer through `guarded` (SFT, GRPO, DPO, distill) passes
-    the health hook that raises its trainer's failed Orbax background save (the test above):
-    a full disk ends any training stage within a step, not only SFT. Read from the source: a
-    real run of each on a filling disk costs minutes; SFT's is the one measured end to end."""
-    wired = {}
+    """Every stage that trains a Tunix trainer (SFT, GRPO, DPO, distill) feeds it through the
+    one training tail, whose `guarded` stream passes the health hook that raises its trainer's
+    failed Orbax background save (the test above): a full disk ends any training stage within
+    a step, not only SFT. Read from the source: a real run of each on a filling disk costs
+    minutes; SFT's is the one measured end to end."""
+    wired, tails = {}, set()
     for path in sorted((REPO / "stages").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and _name(node) == "guarded":
                 health = [k.value for k in node.keywords if k.arg == "health"]
-                checks = bool(health) and "raise_save_errors" in _called(health[0])
-                wired[path.relative_to(REPO).as_posix()] = checks
-    assert wired == {
-        "stages/distill.py": True,
-        "stages/dpo.py": True,
-        "stages/grpo/training.py": True,
-        "stages/sft.py": True,
+                wired[relative] = bool(health) and "raise_save_errors" in _called(health[0])
+            if isinstance(node, ast.Call) and _name(node) in {"TrainingTail", "for_trainer"}:
+                tails.add(relative)
+    assert wired == {"stages/modeling/training_tail.py": True}
+    assert tails == {
+        "stages/distill.py",
+        "stages/dpo.py",
+        "stages/grpo/training.py",
+        "stages/sft.py",
     }
 
 
