@@ -11,15 +11,17 @@ import io
 import json
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grain
 import numpy as np
 
 from schemas.artifacts import DataCard, DatasetArtifact
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.runner import RECORD_NAME, find_record
+
+if TYPE_CHECKING:
+    import grain
 
 # The arrays of sft_train.npz, each [rows, seq_len] int32 (segment_ids 0 = padding).
 SFT_FIELDS = ("input_tokens", "input_mask", "segment_ids", "positions")
@@ -155,17 +157,17 @@ def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
 
-# Grain reads in-memory data best without threads (its ReadOptions docstring says so).
-IN_MEMORY_READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-
-
 def in_memory_stream(dataset: grain.MapDataset) -> Iterator[Any]:
     """Iterate `dataset` (built over arrays already in memory) on the caller's thread.
 
     `iter(MapDataset)` would read ahead up to 500 elements on 16 threads. Over an endlessly
     repeating batch stream those threads start with the first step and compete with its
-    compilation: on 2 cores, the smoke SFT's first step took 4.5 s with them and 3.2 s
-    without, the steady step time being equal (bench/vs_tunix.py; README, Performance).
-    The elements and their order are the same either way.
+    compilation, slowing the first step (docs/performance.md; `python -m bench.vs_tunix`);
+    the elements and their order are the same either way. Grain reads in-memory data best
+    without threads (its ReadOptions docstring says so). grain is imported here, not with the
+    module: it imports JAX, which readers of the file layout (far validate) must not pay for.
     """
-    return iter(dataset.to_iter_dataset(IN_MEMORY_READ))
+    import grain
+
+    read = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    return iter(dataset.to_iter_dataset(read))

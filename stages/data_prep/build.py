@@ -24,7 +24,6 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-import grain
 import numpy as np
 from tqdm import tqdm
 
@@ -238,7 +237,11 @@ def sft_sequence(
 def tokenize_on_grain(
     examples: list[Example], tokenizer: Tokenizer, prompt: PromptFormat = DEFAULT_PROMPT
 ) -> list[tuple[list[int], list[int]]]:
-    """(tokens, loss mask) per example, as a grain map over the examples (order kept)."""
+    """(tokens, loss mask) per example, as a grain map over the examples (order kept). grain
+    is imported here: it imports JAX, which `far validate`'s reading of the SFT targets (and
+    a complete run's re-run) must not pay for."""
+    import grain
+
     dataset = grain.MapDataset.source(examples).map(lambda e: sft_sequence(e, tokenizer, prompt))
     return [dataset[i] for i in range(len(dataset))]
 

@@ -284,7 +284,7 @@ def test_ui_draws_the_dag_recipes_run_graph(
     recipe, summary = dag_run
     dag = build_dag(recipe)
     first = StageRecord.model_validate(storage.read_json(summary.stages[0].record_uri))
-    runs = Runs(prefect_api, str(first.flow_run_id), "")
+    runs = Runs(prefect_api, str(first.flow_run_id), "", run_label(recipe.name, summary.run_uri))
     tasks = _task_runs(runs, runs.first)
     assert sorted(tasks) == sorted(dag.ids)
     names = {t["id"]: name for name, t in tasks.items()}
