@@ -53,8 +53,9 @@ class ColumnMap(Frozen):
 
     Plain rows name `prompt` and `answer` (and optionally `reasoning`, `tests`);
     conversational rows name `messages`, a list of {role, content} turns (roles system, user,
-    assistant or model): the prompt is the system and user turns before the last assistant
-    turn, joined by blank lines; the answer is that assistant turn's content. An answer that
+    assistant or model): the prompt is the user turns before the last assistant turn, joined
+    by blank lines, with the row's system turns first (before FAR's instruction); the answer
+    is that assistant turn's content. An answer that
     starts with `<think>...</think>`, or is FAR's own `<reasoning>...</reasoning><answer>...
     </answer>`, has its reasoning split off (a `reasoning` column, when named and not empty,
     wins). With `messages` and `answer` both named, the answer comes from its column and the

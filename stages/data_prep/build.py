@@ -71,22 +71,30 @@ def split_specs(config: DataPrepConfig) -> list[tuple[str, SplitSpec, int]]:
     return [(split, spec, number) for split, spec, number in specs if spec is not None]
 
 
-def _messages(question: str, prompt: PromptFormat) -> list[dict[str, str]]:
-    """The conversation up to the question: the system prompt (if any), then the user turn."""
+def _messages(question: str, prompt: PromptFormat, system: str = "") -> list[dict[str, str]]:
+    """The conversation up to the question: the system text (the recipe's system prompt, then
+    the row's own system turns; none: no system message), then the user turn holding FAR's
+    instruction and the question."""
     instruction = prompt.instruction or INSTRUCTIONS[prompt.answer_format]
-    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
-    return [*system, {"role": "user", "content": f"{instruction}\n{question}"}]
+    text = "\n\n".join(part for part in (prompt.system, system) if part)
+    head = [{"role": "system", "content": text}] if text else []
+    return [*head, {"role": "user", "content": f"{instruction}\n{question}"}]
 
 
 def chat_prompt(
-    question: str, prompt: PromptFormat = DEFAULT_PROMPT, tokenizer: Tokenizer | None = None
+    question: str,
+    prompt: PromptFormat = DEFAULT_PROMPT,
+    tokenizer: Tokenizer | None = None,
+    system: str = "",
 ) -> str:
     """The user turn holding the instruction and question, opening the model's turn: Gemma's
-    markup (a system prompt opens the user turn, as Gemma's own template puts it), or the
-    tokenizer's chat template (`tokenizer` is then required)."""
+    markup (a system text opens the user turn, as Gemma's own template puts it), or the
+    tokenizer's chat template (`tokenizer` is then required). `system`: a chat row's own
+    system turns, after the recipe's system prompt and before the instruction."""
     if prompt.template == "tokenizer":
-        return apply_chat_template(_templating(tokenizer), _messages(question, prompt), True)
-    user = "\n\n".join(m["content"] for m in _messages(question, prompt))
+        messages = _messages(question, prompt, system)
+        return apply_chat_template(_templating(tokenizer), messages, True)
+    user = "\n\n".join(m["content"] for m in _messages(question, prompt, system))
     return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
 
 
@@ -96,6 +104,7 @@ def format_target(
     prompt: PromptFormat = DEFAULT_PROMPT,
     tokenizer: Tokenizer | None = None,
     question: str = "",
+    system: str = "",
 ) -> str:
     """The SFT target in the prompt's answer format, closing the model's turn; a row without
     reasoning gets the prompt's `filler` when it sets one (see `resolved_prompt`). With the
@@ -104,7 +113,7 @@ def format_target(
     if prompt.template == "gemma":
         return body + END_OF_TURN
     tokenizer = _templating(tokenizer)
-    messages = _messages(question, prompt)
+    messages = _messages(question, prompt, system)
     opened = apply_chat_template(tokenizer, messages, True)
     whole = apply_chat_template(
         tokenizer, [*messages, {"role": "assistant", "content": body}], False
@@ -159,13 +168,19 @@ class Deduper:
         self.normalized: dict[str, str] = {}
 
     def duplicate_of(self, example: Example) -> str | None:
-        key = normalized_key(example.prompt)
-        if example.prompt in self.exact:
-            return f"duplicate (exact) of {self.exact[example.prompt]}"
+        text = whole_prompt(example)
+        key = normalized_key(text)
+        if text in self.exact:
+            return f"duplicate (exact) of {self.exact[text]}"
         if key in self.normalized:
             return f"duplicate (normalized) of {self.normalized[key]}"
-        self.exact[example.prompt] = self.normalized[key] = example.id
+        self.exact[text] = self.normalized[key] = example.id
         return None
+
+
+def whole_prompt(example: Example) -> str:
+    """The example's prompt with a chat row's own system turns before it."""
+    return f"{example.system}\n\n{example.prompt}" if example.system else example.prompt
 
 
 def load_source(
@@ -229,8 +244,11 @@ def sft_sequence(
     example: Example, tokenizer: Tokenizer, prompt: PromptFormat = DEFAULT_PROMPT
 ) -> tuple[list[int], list[int]]:
     """(tokens, loss mask): BOS and prompt 0, target and EOS 1."""
-    head = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt, prompt, tokenizer))]
-    target = format_target(example.reasoning, example.answer, prompt, tokenizer, example.prompt)
+    text = chat_prompt(example.prompt, prompt, tokenizer, example.system)
+    head = [tokenizer.bos_id(), *tokenizer.encode(text)]
+    target = format_target(
+        example.reasoning, example.answer, prompt, tokenizer, example.prompt, example.system
+    )
     response = [*tokenizer.encode(target), tokenizer.eos_id()]
     return head + response, [0] * len(head) + [1] * len(response)
 
@@ -249,7 +267,7 @@ def fits(example: Example, split: str, tokenizer: Tokenizer, config: DataPrepCon
         length = len(sft_sequence(example, tokenizer, config.prompt)[0])
         limit, what = config.max_seq_len, "max_seq_len"
     else:
-        text = chat_prompt(example.prompt, config.prompt, tokenizer)
+        text = chat_prompt(example.prompt, config.prompt, tokenizer, example.system)
         length = len(tokenizer.encode(text)) + 1  # + BOS
         limit, what = config.max_prompt_len, "max_prompt_len"
     return f"oversize: {length} tokens > {what} {limit}" if length > limit else None
@@ -372,7 +390,7 @@ def prompt_row(
         "id": example.id,
         "source": example.source,
         "domain": example.domain,
-        "prompt": chat_prompt(example.prompt, prompt, tokenizer),
+        "prompt": chat_prompt(example.prompt, prompt, tokenizer, example.system),
         "answer": example.answer,
         "tests": list(example.tests),
         **({"tag": example.tag} if example.tag else {}),  # untagged rows as before
@@ -519,6 +537,16 @@ def _answer_only_source(spec: SourceSpec) -> bool:
     return spec.row_adapter in _ANSWER_ONLY_ADAPTERS
 
 
+# Where a chat row's own system turns go: revision 2 renders them first, before FAR's
+# instruction (revision 1 put them after it, with the question). Hashed only for recipes with
+# a conversational source (a column map naming `messages`), so only their identity moves.
+CHAT_SYSTEM_FIRST = "chat system turns first r2"
+
+
+def _chat_source(spec: SourceSpec) -> bool:
+    return spec.columns is not None and spec.columns.messages is not None
+
+
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     """The data depends on its config, the sources' content and the tokenizer (named by where
     it comes from) only."""
@@ -531,6 +559,9 @@ def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     hashed: dict[str, Any] = {"data": hashed_config("data_prep", config), "model": tokenizer}
     if any(_answer_only_source(spec) for spec in config.sft.sources):
         hashed["targets"] = ANSWER_ONLY_TARGETS
+    specs = [spec for _, split_spec, _ in split_specs(config) for spec in split_spec.sources]
+    if any(_chat_source(spec) for spec in specs):
+        hashed["chat_system"] = CHAT_SYSTEM_FIRST
     sources = {}
     for _, split_spec, _ in split_specs(config):
         for spec in split_spec.sources:
