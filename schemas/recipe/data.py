@@ -307,6 +307,13 @@ class DataPrepConfig(Frozen):
     """Tokens a prompt may take; longer examples are quarantined. Must be < max_seq_len."""
     packing: bool = False
     """Several SFT examples share a row (segment ids, per-segment positions)."""
+    drop_near_duplicates: bool = Field(default=False, exclude_if=lambda v: v is False)
+    """Drop from the sft and grpo splits every example whose prompt is a near-duplicate of an
+    eval or validation prompt: the same text once case, spacing and punctuation are set
+    aside (digits, letters and math operators kept), e.g. "What is 3+4?" and "what is 3 + 4".
+    Dropped rows are quarantined with that reason and the splits drawn on from the other
+    rows. false: they are kept, and data_prep reports how many there are (the record's
+    `near_duplicates` metric and one console line). Left out of the stage hash when false."""
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     """The prompt format: system prompt, instruction, answer format, chat template (see
     PromptFormat); the default, FAR's own, is left out of the stage hash."""

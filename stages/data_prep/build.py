@@ -63,6 +63,9 @@ SPLITS = (
     ("sft_train", "sft", 2),
 )
 PROMPT_SPLITS = ("grpo_train", "eval", "validation")  # the splits written as prompt rows
+HELD_OUT = ("eval", "validation")  # the splits a training split must not copy
+TRAINING = ("grpo_train", "sft_train")
+NEAR_DUPLICATE = "near-duplicate of a held-out prompt"  # the quarantine reason of a dropped one
 
 
 def split_specs(config: DataPrepConfig) -> list[tuple[str, SplitSpec, int]]:
@@ -176,6 +179,37 @@ class Deduper:
             return f"duplicate (normalized) of {self.normalized[key]}"
         self.exact[text] = self.normalized[key] = example.id
         return None
+
+
+# a near-duplicate key's tokens: runs of letters or digits, and each math operator
+_NEAR_TOKEN = re.compile(r"[^\W_]+|[-+*/=^<>%×÷]")
+
+
+def near_key(text: str) -> str:
+    """`text` with case, spacing and punctuation set aside: its words, numbers and math
+    operators, casefolded, one space apart ("What is 3+4?" and "what is 3 + 4" are equal;
+    "3 + 4" and "3 - 4", or "12" and "1 2", are not)."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_NEAR_TOKEN.findall(folded))
+
+
+def held_out_keys(splits: Mapping[str, list[Example]]) -> dict[str, str]:
+    """{near key: the id of the held-out example with it} of the eval and validation splits."""
+    keys: dict[str, str] = {}
+    for split in HELD_OUT:
+        for example in splits.get(split, []):
+            keys.setdefault(near_key(example.prompt), example.id)
+    return keys
+
+
+def near_duplicates(splits: Mapping[str, list[Example]]) -> dict[str, int]:
+    """{training split: its examples that are near-duplicates of a held-out prompt}."""
+    keys = held_out_keys(splits)
+    return {
+        split: sum(near_key(e.prompt) in keys for e in splits[split])
+        for split in TRAINING
+        if split in splits
+    }
 
 
 def whole_prompt(example: Example) -> str:
@@ -364,11 +398,15 @@ def draw_splits(
     splits: dict[str, list[Example]] = {}
     for split, spec, number in drawn:
         candidates = []
+        held_out = held_out_keys(splits) if config.drop_near_duplicates else {}
         for source in spec.sources:
             for example in pools[_source_key(source)]:
                 if example.id in taken:
                     continue
                 reason = fits(example, split, tokenizer, config)
+                copied = held_out.get(near_key(example.prompt)) if split in TRAINING else None
+                if reason is None and copied is not None:
+                    reason = f"{NEAR_DUPLICATE}: {copied}"
                 if reason:
                     quarantine.add(example.source, reason, split=split, id=example.id)
                 else:
@@ -474,6 +512,32 @@ def say_shortfalls(
         )
 
 
+def dropped_near_duplicates(quarantine: Quarantine) -> set[str]:
+    """The ids of the examples kept out of a training split as near-duplicates."""
+    return {r["id"] for r in quarantine.rows if r["reason"].startswith(NEAR_DUPLICATE)}
+
+
+def say_near_duplicates(near: Mapping[str, int], quarantine: Quarantine) -> None:
+    """One console line: the training examples that near-duplicate an eval or validation
+    prompt (kept), or those dropped for it (data.drop_near_duplicates)."""
+    dropped = len(dropped_near_duplicates(quarantine))
+    if sum(near.values()):
+        shown = ", ".join(f"{split}: {count}" for split, count in near.items() if count)
+        log.warning(
+            "data_prep: %d training examples are near-duplicates of held-out prompts (%s; the "
+            "same text up to case, spacing and punctuation); set data.drop_near_duplicates: "
+            "true to drop them",
+            sum(near.values()),
+            shown,
+        )
+    elif dropped:
+        log.warning(
+            "data_prep: %d training examples dropped as near-duplicates of held-out prompts "
+            "(data.drop_near_duplicates; each in quarantine.jsonl)",
+            dropped,
+        )
+
+
 def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, ctx: RunContext
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
@@ -498,6 +562,8 @@ def _write_dataset(
         "quarantine.jsonl": _jsonl(quarantine.rows),
     }
     say_shortfalls(config, splits, quarantine, storage.join(directory, "quarantine.jsonl"))
+    near = near_duplicates(splits)
+    say_near_duplicates(near, quarantine)
     digest = hashlib.sha256()
     for name in sorted(files):
         storage.write_bytes(storage.join(directory, name), files[name])
@@ -518,6 +584,8 @@ def _write_dataset(
         "useful_token_fraction": card.useful_token_fraction,
         "quarantined": float(len(quarantine.rows)),
         "sft_rows": float(card.sft_rows),
+        "near_duplicates": float(sum(near.values())),
+        "near_duplicates_dropped": float(len(dropped_near_duplicates(quarantine))),
     }
     return artifact, metrics, {}
 
