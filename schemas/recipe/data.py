@@ -53,8 +53,9 @@ class ColumnMap(Frozen):
 
     Plain rows name `prompt` and `answer` (and optionally `reasoning`, `tests`);
     conversational rows name `messages`, a list of {role, content} turns (roles system, user,
-    assistant or model): the prompt is the system and user turns before the last assistant
-    turn, joined by blank lines; the answer is that assistant turn's content. An answer that
+    assistant or model): the prompt is the user turns before the last assistant turn, joined
+    by blank lines, with the row's system turns first (before FAR's instruction); the answer
+    is that assistant turn's content. An answer that
     starts with `<think>...</think>`, or is FAR's own `<reasoning>...</reasoning><answer>...
     </answer>`, has its reasoning split off (a `reasoning` column, when named and not empty,
     wins). With `messages` and `answer` both named, the answer comes from its column and the
@@ -306,6 +307,13 @@ class DataPrepConfig(Frozen):
     """Tokens a prompt may take; longer examples are quarantined. Must be < max_seq_len."""
     packing: bool = False
     """Several SFT examples share a row (segment ids, per-segment positions)."""
+    drop_near_duplicates: bool = Field(default=False, exclude_if=lambda v: v is False)
+    """Drop from the sft and grpo splits every example whose prompt is a near-duplicate of an
+    eval or validation prompt: the same text once case, spacing and punctuation are set
+    aside (digits, letters and math operators kept), e.g. "What is 3+4?" and "what is 3 + 4".
+    Dropped rows are quarantined with that reason and the splits drawn on from the other
+    rows. false: they are kept, and data_prep reports how many there are (the record's
+    `near_duplicates` metric and one console line). Left out of the stage hash when false."""
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     """The prompt format: system prompt, instruction, answer format, chat template (see
     PromptFormat); the default, FAR's own, is left out of the stage hash."""

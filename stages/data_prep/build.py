@@ -62,6 +62,9 @@ SPLITS = (
     ("sft_train", "sft", 2),
 )
 PROMPT_SPLITS = ("grpo_train", "eval", "validation")  # the splits written as prompt rows
+HELD_OUT = ("eval", "validation")  # the splits a training split must not copy
+TRAINING = ("grpo_train", "sft_train")
+NEAR_DUPLICATE = "near-duplicate of a held-out prompt"  # the quarantine reason of a dropped one
 
 
 def split_specs(config: DataPrepConfig) -> list[tuple[str, SplitSpec, int]]:
@@ -70,22 +73,30 @@ def split_specs(config: DataPrepConfig) -> list[tuple[str, SplitSpec, int]]:
     return [(split, spec, number) for split, spec, number in specs if spec is not None]
 
 
-def _messages(question: str, prompt: PromptFormat) -> list[dict[str, str]]:
-    """The conversation up to the question: the system prompt (if any), then the user turn."""
+def _messages(question: str, prompt: PromptFormat, system: str = "") -> list[dict[str, str]]:
+    """The conversation up to the question: the system text (the recipe's system prompt, then
+    the row's own system turns; none: no system message), then the user turn holding FAR's
+    instruction and the question."""
     instruction = prompt.instruction or INSTRUCTIONS[prompt.answer_format]
-    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
-    return [*system, {"role": "user", "content": f"{instruction}\n{question}"}]
+    text = "\n\n".join(part for part in (prompt.system, system) if part)
+    head = [{"role": "system", "content": text}] if text else []
+    return [*head, {"role": "user", "content": f"{instruction}\n{question}"}]
 
 
 def chat_prompt(
-    question: str, prompt: PromptFormat = DEFAULT_PROMPT, tokenizer: Tokenizer | None = None
+    question: str,
+    prompt: PromptFormat = DEFAULT_PROMPT,
+    tokenizer: Tokenizer | None = None,
+    system: str = "",
 ) -> str:
     """The user turn holding the instruction and question, opening the model's turn: Gemma's
-    markup (a system prompt opens the user turn, as Gemma's own template puts it), or the
-    tokenizer's chat template (`tokenizer` is then required)."""
+    markup (a system text opens the user turn, as Gemma's own template puts it), or the
+    tokenizer's chat template (`tokenizer` is then required). `system`: a chat row's own
+    system turns, after the recipe's system prompt and before the instruction."""
     if prompt.template == "tokenizer":
-        return apply_chat_template(_templating(tokenizer), _messages(question, prompt), True)
-    user = "\n\n".join(m["content"] for m in _messages(question, prompt))
+        messages = _messages(question, prompt, system)
+        return apply_chat_template(_templating(tokenizer), messages, True)
+    user = "\n\n".join(m["content"] for m in _messages(question, prompt, system))
     return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
 
 
@@ -95,6 +106,7 @@ def format_target(
     prompt: PromptFormat = DEFAULT_PROMPT,
     tokenizer: Tokenizer | None = None,
     question: str = "",
+    system: str = "",
 ) -> str:
     """The SFT target in the prompt's answer format, closing the model's turn; a row without
     reasoning gets the prompt's `filler` when it sets one (see `resolved_prompt`). With the
@@ -103,7 +115,7 @@ def format_target(
     if prompt.template == "gemma":
         return body + END_OF_TURN
     tokenizer = _templating(tokenizer)
-    messages = _messages(question, prompt)
+    messages = _messages(question, prompt, system)
     opened = apply_chat_template(tokenizer, messages, True)
     whole = apply_chat_template(
         tokenizer, [*messages, {"role": "assistant", "content": body}], False
@@ -158,13 +170,50 @@ class Deduper:
         self.normalized: dict[str, str] = {}
 
     def duplicate_of(self, example: Example) -> str | None:
-        key = normalized_key(example.prompt)
-        if example.prompt in self.exact:
-            return f"duplicate (exact) of {self.exact[example.prompt]}"
+        text = whole_prompt(example)
+        key = normalized_key(text)
+        if text in self.exact:
+            return f"duplicate (exact) of {self.exact[text]}"
         if key in self.normalized:
             return f"duplicate (normalized) of {self.normalized[key]}"
-        self.exact[example.prompt] = self.normalized[key] = example.id
+        self.exact[text] = self.normalized[key] = example.id
         return None
+
+
+# a near-duplicate key's tokens: runs of letters or digits, and each math operator
+_NEAR_TOKEN = re.compile(r"[^\W_]+|[-+*/=^<>%×÷]")
+
+
+def near_key(text: str) -> str:
+    """`text` with case, spacing and punctuation set aside: its words, numbers and math
+    operators, casefolded, one space apart ("What is 3+4?" and "what is 3 + 4" are equal;
+    "3 + 4" and "3 - 4", or "12" and "1 2", are not)."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_NEAR_TOKEN.findall(folded))
+
+
+def held_out_keys(splits: Mapping[str, list[Example]]) -> dict[str, str]:
+    """{near key: the id of the held-out example with it} of the eval and validation splits."""
+    keys: dict[str, str] = {}
+    for split in HELD_OUT:
+        for example in splits.get(split, []):
+            keys.setdefault(near_key(example.prompt), example.id)
+    return keys
+
+
+def near_duplicates(splits: Mapping[str, list[Example]]) -> dict[str, int]:
+    """{training split: its examples that are near-duplicates of a held-out prompt}."""
+    keys = held_out_keys(splits)
+    return {
+        split: sum(near_key(e.prompt) in keys for e in splits[split])
+        for split in TRAINING
+        if split in splits
+    }
+
+
+def whole_prompt(example: Example) -> str:
+    """The example's prompt with a chat row's own system turns before it."""
+    return f"{example.system}\n\n{example.prompt}" if example.system else example.prompt
 
 
 def load_source(
@@ -228,8 +277,11 @@ def sft_sequence(
     example: Example, tokenizer: Tokenizer, prompt: PromptFormat = DEFAULT_PROMPT
 ) -> tuple[list[int], list[int]]:
     """(tokens, loss mask): BOS and prompt 0, target and EOS 1."""
-    head = [tokenizer.bos_id(), *tokenizer.encode(chat_prompt(example.prompt, prompt, tokenizer))]
-    target = format_target(example.reasoning, example.answer, prompt, tokenizer, example.prompt)
+    text = chat_prompt(example.prompt, prompt, tokenizer, example.system)
+    head = [tokenizer.bos_id(), *tokenizer.encode(text)]
+    target = format_target(
+        example.reasoning, example.answer, prompt, tokenizer, example.prompt, example.system
+    )
     response = [*tokenizer.encode(target), tokenizer.eos_id()]
     return head + response, [0] * len(head) + [1] * len(response)
 
@@ -252,7 +304,7 @@ def fits(example: Example, split: str, tokenizer: Tokenizer, config: DataPrepCon
         length = len(sft_sequence(example, tokenizer, config.prompt)[0])
         limit, what = config.max_seq_len, "max_seq_len"
     else:
-        text = chat_prompt(example.prompt, config.prompt, tokenizer)
+        text = chat_prompt(example.prompt, config.prompt, tokenizer, example.system)
         length = len(tokenizer.encode(text)) + 1  # + BOS
         limit, what = config.max_prompt_len, "max_prompt_len"
     return f"oversize: {length} tokens > {what} {limit}" if length > limit else None
@@ -349,11 +401,15 @@ def draw_splits(
     splits: dict[str, list[Example]] = {}
     for split, spec, number in drawn:
         candidates = []
+        held_out = held_out_keys(splits) if config.drop_near_duplicates else {}
         for source in spec.sources:
             for example in pools[_source_key(source)]:
                 if example.id in taken:
                     continue
                 reason = fits(example, split, tokenizer, config)
+                copied = held_out.get(near_key(example.prompt)) if split in TRAINING else None
+                if reason is None and copied is not None:
+                    reason = f"{NEAR_DUPLICATE}: {copied}"
                 if reason:
                     quarantine.add(example.source, reason, split=split, id=example.id)
                 else:
@@ -375,7 +431,7 @@ def prompt_row(
         "id": example.id,
         "source": example.source,
         "domain": example.domain,
-        "prompt": chat_prompt(example.prompt, prompt, tokenizer),
+        "prompt": chat_prompt(example.prompt, prompt, tokenizer, example.system),
         "answer": example.answer,
         "tests": list(example.tests),
         **({"tag": example.tag} if example.tag else {}),  # untagged rows as before
@@ -459,6 +515,32 @@ def say_shortfalls(
         )
 
 
+def dropped_near_duplicates(quarantine: Quarantine) -> set[str]:
+    """The ids of the examples kept out of a training split as near-duplicates."""
+    return {r["id"] for r in quarantine.rows if r["reason"].startswith(NEAR_DUPLICATE)}
+
+
+def say_near_duplicates(near: Mapping[str, int], quarantine: Quarantine) -> None:
+    """One console line: the training examples that near-duplicate an eval or validation
+    prompt (kept), or those dropped for it (data.drop_near_duplicates)."""
+    dropped = len(dropped_near_duplicates(quarantine))
+    if sum(near.values()):
+        shown = ", ".join(f"{split}: {count}" for split, count in near.items() if count)
+        log.warning(
+            "data_prep: %d training examples are near-duplicates of held-out prompts (%s; the "
+            "same text up to case, spacing and punctuation); set data.drop_near_duplicates: "
+            "true to drop them",
+            sum(near.values()),
+            shown,
+        )
+    elif dropped:
+        log.warning(
+            "data_prep: %d training examples dropped as near-duplicates of held-out prompts "
+            "(data.drop_near_duplicates; each in quarantine.jsonl)",
+            dropped,
+        )
+
+
 def _write_dataset(
     directory: str, config: DataPrepConfig, model: ModelSpec, ctx: RunContext
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
@@ -483,6 +565,8 @@ def _write_dataset(
         "quarantine.jsonl": _jsonl(quarantine.rows),
     }
     say_shortfalls(config, splits, quarantine, storage.join(directory, "quarantine.jsonl"))
+    near = near_duplicates(splits)
+    say_near_duplicates(near, quarantine)
     digest = hashlib.sha256()
     for name in sorted(files):
         storage.write_bytes(storage.join(directory, name), files[name])
@@ -503,6 +587,8 @@ def _write_dataset(
         "useful_token_fraction": card.useful_token_fraction,
         "quarantined": float(len(quarantine.rows)),
         "sft_rows": float(card.sft_rows),
+        "near_duplicates": float(sum(near.values())),
+        "near_duplicates_dropped": float(len(dropped_near_duplicates(quarantine))),
     }
     return artifact, metrics, {}
 
@@ -522,6 +608,16 @@ def _answer_only_source(spec: SourceSpec) -> bool:
     return spec.row_adapter in _ANSWER_ONLY_ADAPTERS
 
 
+# Where a chat row's own system turns go: revision 2 renders them first, before FAR's
+# instruction (revision 1 put them after it, with the question). Hashed only for recipes with
+# a conversational source (a column map naming `messages`), so only their identity moves.
+CHAT_SYSTEM_FIRST = "chat system turns first r2"
+
+
+def _chat_source(spec: SourceSpec) -> bool:
+    return spec.columns is not None and spec.columns.messages is not None
+
+
 def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     """The data depends on its config, the sources' content and the tokenizer (named by where
     it comes from) only."""
@@ -534,6 +630,9 @@ def identity(config: DataPrepConfig, model: ModelSpec) -> StageIdentity:
     hashed: dict[str, Any] = {"data": hashed_config("data_prep", config), "model": tokenizer}
     if any(_answer_only_source(spec) for spec in config.sft.sources):
         hashed["targets"] = ANSWER_ONLY_TARGETS
+    specs = [spec for _, split_spec, _ in split_specs(config) for spec in split_spec.sources]
+    if any(_chat_source(spec) for spec in specs):
+        hashed["chat_system"] = CHAT_SYSTEM_FIRST
     sources = {}
     for _, split_spec, _ in split_specs(config):
         for spec in split_spec.sources:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import csv
 import dataclasses
+import difflib
 import gzip
 import hashlib
 import io
@@ -25,7 +26,7 @@ import re
 import stat
 import unicodedata
 import zlib
-from collections.abc import Callable, Collection, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator
 from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any
@@ -76,6 +77,8 @@ class Example:
     answer: str
     tests: tuple[str, ...] = ()
     tag: str = ""  # its source's `tag` (SourceSpec), written into prompt rows when set
+    # a chat row's own system turns: rendered first, before FAR's instruction and the question
+    system: str = ""
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,7 @@ def adapt_columns(row: dict[str, Any], source: str) -> Example:
     were mapped (a row may lack a mapped column: that row is quarantined, not the source).
     """
     mapped = row.get(RENAMED) or {}
+    system = ""
     reasoning = _optional_text(row, "reasoning") if "reasoning" in mapped else ""
     tests = _tests(row, "tests") if "tests" in mapped else ()
     where = "answer" if "answer" in mapped else "messages"
@@ -286,7 +290,7 @@ def adapt_columns(row: dict[str, Any], source: str) -> Example:
         prompt = field(row, "prompt")
         working, answer = _answer(row, "answer")
     else:
-        prompt, turn = conversation(row, "messages")
+        system, prompt, turn = conversation(row, "messages")
         if turn is None and "answer" not in mapped:
             raise BadRow(f"no assistant turn in field {_named(row, 'messages')} to answer from")
         working, answer = split_target(turn or "")
@@ -297,7 +301,11 @@ def adapt_columns(row: dict[str, Any], source: str) -> Example:
             )
     if not answer:
         raise BadRow(f"empty answer in field {_named(row, where)}")
-    return _make(source, "general", prompt, reasoning or working, answer, tests)
+    example = _make(source, "general", prompt, reasoning or working, answer, tests)
+    if "messages" in mapped and system:  # its id is the whole conversation's, as before
+        whole = f"{system}\n\n{prompt}"
+        return replace(example, id=example_id(source, whole), system=system)
+    return example
 
 
 def split_target(text: str) -> tuple[str, str]:
@@ -309,12 +317,14 @@ def split_target(text: str) -> tuple[str, str]:
     return "", clean_text(text)
 
 
-def conversation(row: dict[str, Any], key: str) -> tuple[str, str | None]:
-    """(prompt, the last assistant turn's content or None) of a {role, content} turn list.
+def conversation(row: dict[str, Any], key: str) -> tuple[str, str, str | None]:
+    """(system, prompt, the last assistant turn's content or None) of a {role, content} turn
+    list.
 
-    The prompt is the system and user turns before the last assistant turn, joined by blank
-    lines; an assistant turn before that one is a multi-turn row (BadRow: an example is one
-    exchange). A JSON text (a CSV cell) is decoded first.
+    The system text is the system turns, the prompt the user turns, before the last assistant
+    turn, each joined by blank lines: the system text is rendered first, before FAR's
+    instruction (build.chat_prompt). An assistant turn before the last one is a multi-turn
+    row (BadRow: an example is one exchange). A JSON text (a CSV cell) is decoded first.
     """
     turns = _decoded(row.get(key))
     name = _named(row, key)
@@ -329,10 +339,15 @@ def conversation(row: dict[str, Any], key: str) -> tuple[str, str | None]:
         )
     if not any(role == "user" for role, _ in parsed):
         raise BadRow(f"no user turn in field {name}")
-    prompt = "\n\n".join(text for _, content in parsed if (text := clean_text(content)))
+    system = _joined(content for role, content in parsed if role == "system")
+    prompt = _joined(content for role, content in parsed if role == "user")
     if not prompt:
         raise BadRow(f"empty prompt: the user turns of field {name} are empty")
-    return prompt, last
+    return system, prompt, last
+
+
+def _joined(texts: Iterable[str]) -> str:
+    return "\n\n".join(text for content in texts if (text := clean_text(content)))
 
 
 def _turn(turn: Any, index: int, name: str) -> tuple[str, str]:
@@ -487,9 +502,11 @@ def check_columns(spec: SourceSpec, have: Collection[str], where: str) -> None:
     the columns there are (`where`: whose columns they are)."""
     for column, what in required_columns(spec).items():
         if column not in have:
+            close = difflib.get_close_matches(column, sorted(have), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
             raise InputError(
                 f"data source {spec.name} has no column {column!r} ({what}); {where} has "
-                f"columns {sorted(have)}"
+                f"columns {sorted(have)}{hint}"
             )
 
 

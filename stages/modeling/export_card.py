@@ -5,7 +5,9 @@ library_name, tags, license) for search and lineage. The rest comes from the run
 so the card says what storage says: the recipe (its name and a digest of it as run.json holds
 it), the data sources, each stage that led to the checkpoint with its record digest, the
 evaluations written about this checkpoint, and the run's ledger root, which `far audit
---expect-root` checks the whole chain against.
+--expect-root` checks the whole chain against. The prompt format the run trained with (system
+prompt, instruction, answer format, chat template) comes from its data_prep record, and the
+usage example prompts with the run's first eval prompt, exactly as FAR rendered it.
 """
 
 from __future__ import annotations
@@ -14,20 +16,26 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.recipe import EvalConfig, ModelSpec
+from schemas.artifacts import DatasetArtifact
+from schemas.recipe import EvalConfig, ModelSpec, PromptFormat
 from schemas.record import StageRecord
 from stages.core import ledger, storage
 from stages.core.runner import (
     find_checkpoint_record,
+    located_output,
     read_evaluations,
     record_directory,
     record_run,
     resolve,
 )
+from stages.rewards.answers import INSTRUCTIONS
 
 # the Hugging Face repository each preset's packaged weights were converted from
 HUB_BASES = {"gemma3_270m": "google/gemma-3-270m"}
 _EVAL_COLUMNS = ("accuracy", "format_rate", "pass@1", "num_prompts")
+# the eval split's prompt rows in a dataset (stages.core.datasets.SPLIT_FILES, which imports
+# JAX through grain: the card is written without it)
+EVAL_PROMPTS = "eval_prompts.jsonl"
 
 
 @dataclass
@@ -44,6 +52,8 @@ class CardFacts:
     evaluations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     ledger_root: str | None = None
     ledger_sha256: dict[str, str] = field(default_factory=dict)  # run-relative path -> sha256
+    prompt: PromptFormat | None = None  # the format the run's data was written in
+    example_prompt: str | None = None  # the first eval prompt, as FAR rendered it
 
 
 def gather(checkpoint_uri: str) -> CardFacts:
@@ -67,7 +77,23 @@ def gather(checkpoint_uri: str) -> CardFacts:
         for _, e in read_evaluations(record_directory(record_uri))
     ]
     facts.ledger_sha256 = {e.path: e.sha256 for e in ledger.read(run_uri)}
+    facts.prompt, facts.example_prompt = prompt_facts(facts.stages)
     return facts
+
+
+def prompt_facts(stages: list[tuple[str, StageRecord]]) -> tuple[PromptFormat | None, str | None]:
+    """The prompt format of the dataset the checkpoint was trained on, and that dataset's
+    first eval prompt (None: no data_prep record upstream, or no eval row)."""
+    for uri, rec in stages:
+        if rec.stage == "data_prep" and isinstance(rec.output, DatasetArtifact):
+            dataset = located_output(uri, rec)
+            rows = storage.join(dataset.uri, EVAL_PROMPTS)
+            first = None
+            if storage.exists(rows):
+                line = next((x for x in storage.read_text(rows).splitlines() if x.strip()), "")
+                first = json.loads(line).get("prompt") if line else None
+            return rec.output.prompt, first
+    return None, None
 
 
 def upstream(record_uri: str, record: StageRecord) -> list[tuple[str, StageRecord]]:
@@ -182,13 +208,14 @@ def model_card(facts: CardFacts, adapter: bool) -> str:
         f"## Recipe\n\n- name: `{name}`\n- digest (run.json's recipe, canonical JSON): "
         f"`{digest}`\n- checkpoint: `{facts.checkpoint_uri}` (step {facts.step})",
         "## Data\n\n" + "\n".join(_data_lines(recipe)),
+        "## Prompt format\n\n" + _prompt_lines(facts.prompt),
         "## Stages\n\nThe records behind this checkpoint, upstream first:\n\n"
         + "\n".join(_stage_table(facts)),
         "## Evaluation\n\n" + "\n".join(_eval_table(facts)),
         "## Lineage\n\n"
         f"Ledger root at export: `{facts.ledger_root}`. `far audit RUN --expect-root ROOT` "
         "checks every record above against it.",
-        "## Use\n\n" + _usage(adapter),
+        "## Use\n\n" + _usage(adapter, facts.example_prompt),
     ]
     return "\n\n".join(sections) + "\n"
 
@@ -199,7 +226,33 @@ def _source(spec: ModelSpec) -> str:
     return f"{base} ({spec.source}, {what})" if base else f"{spec.source}: {spec.uri or what}"
 
 
-def _usage(adapter: bool) -> str:
+def _prompt_lines(prompt: PromptFormat | None) -> str:
+    """The prompt format the model was trained with, each part as the data was written."""
+    if prompt is None:
+        return "No data_prep record is upstream of this checkpoint: its prompt format is not known."
+    instruction = prompt.instruction or INSTRUCTIONS[prompt.answer_format]
+    template = (
+        "Gemma turns (`<start_of_turn>user ... <end_of_turn>`; the system prompt opens the "
+        "user turn)"
+        if prompt.template == "gemma"
+        else "the tokenizer's own chat template"
+    )
+    lines = [
+        f"- system prompt: {_quoted(prompt.system) if prompt.system else 'none'}",
+        f"- instruction (before each question, on its own line): {_quoted(instruction)}",
+        f"- answer format: `{prompt.answer_format}`",
+        f"- chat template: `{prompt.template}`, {template}",
+    ]
+    if prompt.filler:
+        lines.append(f"- reasoning written for rows without any: {_quoted(prompt.filler)}")
+    return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    return "`" + text.replace("`", "'") + "`" if "\n" not in text else json.dumps(text)
+
+
+def _usage(adapter: bool, example_prompt: str | None) -> str:
     load = (
         "from peft import PeftModel\n"
         "base = AutoModelForCausalLM.from_pretrained('EXPORT/base')  # or the base_model repo\n"
@@ -207,16 +260,22 @@ def _usage(adapter: bool) -> str:
         if adapter
         else "model = AutoModelForCausalLM.from_pretrained('EXPORT')\n"
     )
+    if example_prompt is None:
+        return (
+            "This run's data has no eval prompt to show; prompt the model as the prompt "
+            "format above says."
+        )
     return (
+        "The prompt is the run's first eval prompt, exactly as FAR rendered it (chat markup, "
+        "system prompt and instruction included); a prompt of your own takes the same form.\n\n"
         "```python\n"
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
         "tokenizer = AutoTokenizer.from_pretrained('EXPORT')\n"
         f"{load}"
-        "messages = [{'role': 'user', 'content': 'Calculate 12 + 7.'}]\n"
-        "ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, "
-        "return_tensors='pt', return_dict=True)\n"
-        "out = model.generate(**ids)  # greedy, stops at <end_of_turn> (generation_config.json)\n"
+        f"prompt = {json.dumps(example_prompt, ensure_ascii=False)}\n"
+        "ids = tokenizer(prompt, return_tensors='pt')  # <bos> first, as FAR encodes a prompt\n"
+        "out = model.generate(**ids)  # greedy, stops at the end of the turn "
+        "(generation_config.json)\n"
         "print(tokenizer.decode(out[0][ids['input_ids'].shape[1]:], skip_special_tokens=True))\n"
-        "```\n\n"
-        "A system message is the instruction line FAR's prompts put before the question."
+        "```"
     )

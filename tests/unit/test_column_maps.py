@@ -18,17 +18,20 @@ import yaml
 from pydantic import ValidationError
 
 from flows import cli
-from schemas.recipe import PRESET_COLUMNS, SourceSpec
+from schemas.recipe import PRESET_COLUMNS, PromptFormat, SourceSpec
 from stages.core.errors import InputError
 from stages.data_prep import build as data_prep
+from stages.data_prep.build import INSTRUCTION, chat_prompt, prompt_row, sft_sequence
 from stages.data_prep.sources import (
     ADAPTERS,
     BadRow,
     Example,
     check_file_columns,
+    example_id,
     read_rows,
 )
-from tests.conftest import smoke_data
+from stages.modeling.tokenizers import ByteTokenizer
+from tests.conftest import recipe_with, smoke_data
 
 # Each preset on one row of its dataset's layout, and the example the adapter gave before it
 # was a preset (computed with stages/data_prep/sources.py as of 852a05c).
@@ -165,7 +168,7 @@ def test_a_preset_gives_the_old_adapters_example(tmp_path: Path, preset: str) ->
     spec = SourceSpec(kind="file", name=path, adapter=preset)
     [row] = read_rows(spec, 0)
     assert isinstance(row, dict)
-    assert dataclasses.astuple(ADAPTERS[preset](row, SRC)) == BEFORE[preset]
+    assert _fields(ADAPTERS[preset](row, SRC)) == BEFORE[preset]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESET_ROWS))
@@ -183,7 +186,14 @@ def test_a_preset_reads_its_columns_under_other_names(tmp_path: Path, preset: st
     check_file_columns(spec)
     [mapped] = read_rows(spec, 0)
     assert isinstance(mapped, dict)
-    assert dataclasses.astuple(ADAPTERS[preset](mapped, SRC)) == BEFORE[preset]
+    assert _fields(ADAPTERS[preset](mapped, SRC)) == BEFORE[preset]
+
+
+def _fields(example: Example) -> tuple[Any, ...]:
+    """The fields the old adapters had; the later ones (tag, system) at their defaults."""
+    fields = dataclasses.astuple(example)
+    assert fields[7:] == ("", "")
+    return fields[:7]
 
 
 def test_jsonl_with_its_own_column_names(tmp_path: Path) -> None:
@@ -276,12 +286,14 @@ def test_conversational_rows(tmp_path: Path) -> None:
     check_file_columns(spec)
     system, far_tags, *bad = _read(spec)
     assert isinstance(system, Example)
-    assert (system.prompt, system.reasoning, system.answer) == (
-        "Be brief.\n\nAdd 2 and 3.",
+    assert (system.system, system.prompt, system.reasoning, system.answer) == (
+        "Be brief.",
+        "Add 2 and 3.",
         "2 + 3 = 5",
         "5",
     )
-    assert isinstance(far_tags, Example)
+    assert system.id == example_id(system.source, "Be brief.\n\nAdd 2 and 3.")  # as before
+    assert isinstance(far_tags, Example) and far_tags.system == ""
     assert (far_tags.reasoning, far_tags.answer) == ("It is Paris.", "Paris")
     assert bad == [
         "multi-turn: field 'messages' (column 'chat') has an assistant turn before its last "
@@ -292,6 +304,28 @@ def test_conversational_rows(tmp_path: Path) -> None:
         "no user turn in field 'messages' (column 'chat')",
         "field 'messages' (column 'chat') must be a non-empty list of {role, content} turns",
     ]
+
+
+@pytest.mark.parametrize("recipe_system", [None, "You are exact."])
+def test_a_chat_rows_system_turn_comes_before_fars_instruction(
+    tmp_path: Path, recipe_system: str | None
+) -> None:
+    """The row's own system turn opens the prompt (after the recipe's system prompt), then
+    FAR's instruction, then the question: the model reads its rules before FAR's."""
+    path = _jsonl(tmp_path / "chat.jsonl", [{"chat": CHATS[0]}])
+    [example] = _read(SourceSpec(kind="file", name=path, columns={"messages": "chat"}))
+    assert isinstance(example, Example)
+    prompt = PromptFormat(system=recipe_system)
+    system = "" if recipe_system is None else f"{recipe_system}\n\n"
+    assert chat_prompt(example.prompt, prompt, system=example.system) == (
+        f"<start_of_turn>user\n{system}Be brief.\n\n{INSTRUCTION}\nAdd 2 and 3.<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    row = prompt_row(example, prompt)
+    assert row["prompt"].index("Be brief.") < row["prompt"].index(INSTRUCTION)
+    tokens, mask = sft_sequence(example, ByteTokenizer(), prompt)
+    head = ByteTokenizer().decode([t for t, m in zip(tokens, mask, strict=True) if not m][1:])
+    assert head == row["prompt"]
 
 
 def test_conversation_with_an_answer_column_and_a_chosen_message_list(tmp_path: Path) -> None:
@@ -396,6 +430,12 @@ def test_a_spec_without_columns_dumps_as_before() -> None:
             {"columns": {"prompt": "question", "answer": "final", "reasoning": "why"}},
             r"no column 'why' \(the reasoning in its columns map\).*\['final', 'question'\]",
         ),
+        (  # a typo of the file's column: the close one is suggested
+            "typo.jsonl",
+            [{"question": "What is 1 + 1?", "final": "2"}],
+            {"columns": {"prompt": "qestion", "answer": "final"}},
+            r"no column 'qestion' \(the prompt in its columns map\).*; did you mean 'question'\?$",
+        ),
     ],
 )
 def test_far_validate_refuses_a_bad_map_naming_the_column(
@@ -450,3 +490,23 @@ def test_an_hf_source_is_checked_against_its_columns_before_any_row(tmp_path: Pa
         InputError, match=r"no column 'a' .*split 'train' has columns \['final', 'q'\]"
     ):
         next(iter(read_rows(bad, 0)))
+
+
+def test_only_recipes_with_a_chat_source_move_their_data_prep_identity(tmp_path: Path) -> None:
+    """The system-turn-first rendering is hashed for conversational sources alone: every
+    recipe without one (all the shipped ones) keeps its data_prep hash."""
+    path = _jsonl(tmp_path / "chat.jsonl", [{"chat": CHATS[0]}])
+    chat = {"kind": "file", "name": path, "columns": {"messages": "chat"}}
+    plain = {"kind": "file", "name": path, "columns": {"prompt": "q", "answer": "a"}}
+    marker = data_prep.CHAT_SYSTEM_FIRST
+
+    def hashed(source: dict[str, Any]) -> dict[str, Any]:
+        data = smoke_data()["data"]
+        data["eval"] = {"size": 1, "sources": [source]}
+        recipe = recipe_with(str(tmp_path), data=data)
+        return data_prep.identity(recipe.data, recipe.model).config
+
+    assert hashed(chat)["chat_system"] == marker
+    assert "chat_system" not in hashed(plain)
+    smoke = recipe_with(str(tmp_path))
+    assert "chat_system" not in data_prep.identity(smoke.data, smoke.model).config
