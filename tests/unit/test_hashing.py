@@ -103,14 +103,14 @@ def test_hash_is_stable_across_processes() -> None:
 
 
 def test_options_added_later_leave_default_hashes_alone() -> None:
-    """eval.split (default: eval), eval.greedy, eval.rewards, eval.steps and eval.draw, sft's
-    keep_checkpoints, hard_subset.above and
-    hard_subset.by are not hashed at their defaults, and an sft without a policy
-    has the inputs it always had, so stages made before either existed keep their
-    directories; a policy to continue from moves the sft hash."""
+    """eval.split (default: eval), eval.greedy, eval.rewards, eval.steps, eval.draw and
+    eval.tag, sft's keep_checkpoints, hard_subset.above and hard_subset.by are not hashed at
+    their defaults, and an sft without a policy has the inputs it always had, so stages made
+    before either existed keep their directories; a policy to continue from moves the sft
+    hash."""
     identity = evaluate.identity(BASE.eval, BASE.model, FP_DATA, {})
     assert "split" not in identity.config["eval"]
-    later = {"split", "greedy", "rewards", "steps", "max_prompts", "draw"}
+    later = {"split", "greedy", "rewards", "steps", "max_prompts", "draw", "tag"}
     assert set(identity.config["eval"]) == set(BASE.eval.model_dump()) - later
     headroom = BASE.eval.model_copy(update={"samples": 4, "temperature": 1.0, "greedy": True})
     moved = evaluate.identity(headroom, BASE.model, FP_DATA, {})
@@ -121,6 +121,8 @@ def test_options_added_later_leave_default_hashes_alone() -> None:
     assert evaluate.identity(fewer, BASE.model, FP_DATA, {}).digest != identity.digest
     every_step = BASE.eval.model_copy(update={"steps": "saved"})
     assert evaluate.identity(every_step, BASE.model, FP_DATA, {}).digest != identity.digest
+    tagged = BASE.eval.model_copy(update={"tag": "k2"})
+    assert evaluate.identity(tagged, BASE.model, FP_DATA, {}).digest != identity.digest
     scored = BASE.eval.model_copy(update={"rewards": ["format_strict"]})
     assert evaluate.identity(scored, BASE.model, FP_DATA, {}).digest != identity.digest
     plain = HardSubsetConfig(model="grpo")
