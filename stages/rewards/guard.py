@@ -11,19 +11,24 @@ Anything else is refused when the module registers it (`far validate` exits 2), 
 forms. Every call runs in a thread of its own that the caller waits on in short slices, so a
 reward that blocks stops the stage (RewardFailed, exit 2) after `CallLimit.seconds`, and the
 session's deadline or a stop request (SIGTERM) ends the wait (SessionExpired) instead of
-hanging behind it. `sys.exit` inside a reward is a reward error like any exception.
+hanging behind it. `sys.exit` inside a reward is a reward error like any exception, and so
+is `os._exit`: while a reward runs, `os._exit` called from the reward's own thread (in this
+process) raises in that thread instead of ending the process, so a run never ends with exit 0
+because a reward said so (`exit_guard`).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from stages.core.errors import InputError
 from stages.core.runner import SessionExpired
@@ -87,6 +92,59 @@ def _binds(signature: inspect.Signature, *args: str) -> bool:
     return True
 
 
+class ExitInReward(BaseException):
+    """`os._exit(code)` called by a reward: raised in the reward's thread instead."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class _ExitGuard:
+    """`os._exit` while rewards run: the threads running a reward, and the original."""
+
+    original: Any  # os._exit as it was
+    pid: int
+    threads: set[int]
+    users: int = 0
+
+
+_EXIT_GUARD_LOCK = threading.Lock()
+_exit_guard: _ExitGuard | None = None  # installed while at least one reward call runs
+
+
+def _guarded_exit(status: int) -> NoReturn:
+    guard = _exit_guard
+    if guard is not None and os.getpid() == guard.pid and threading.get_ident() in guard.threads:
+        raise ExitInReward(status)
+    (guard.original if guard is not None else os._exit)(status)
+    raise AssertionError("os._exit returned")  # pragma: no cover
+
+
+@contextmanager
+def exit_guard(thread: threading.Thread) -> Iterator[None]:
+    """`os._exit` from `thread` (in this process) raises ExitInReward while the block runs;
+    from any other thread, or a child process forked by the reward, it exits as it would.
+    Overlapping calls share one install; the last to leave puts `os._exit` back."""
+    global _exit_guard
+    with _EXIT_GUARD_LOCK:
+        if _exit_guard is None:
+            _exit_guard = _ExitGuard(os._exit, os.getpid(), set())
+            os._exit = _guarded_exit
+        _exit_guard.users += 1
+    try:
+        yield
+    finally:
+        with _EXIT_GUARD_LOCK:
+            if thread.ident is not None:
+                _exit_guard.threads.discard(thread.ident)
+            _exit_guard.users -= 1
+            if _exit_guard.users == 0:
+                os._exit = _exit_guard.original
+                _exit_guard = None
+
+
 def call_within(name: str, module: str, call: Callable[[], Any], limit: CallLimit) -> Any:
     """`call()` in a thread of its own, waited on within `limit`; whatever it raises (SystemExit
     too) is a RewardFailed naming the reward."""
@@ -94,11 +152,27 @@ def call_within(name: str, module: str, call: Callable[[], Any], limit: CallLimi
 
     def target() -> None:
         try:
+            _in_reward(threading.get_ident())  # before the reward's first line
             box["value"] = call()
         except BaseException as error:  # sys.exit in a reward is the reward's error too
             box["error"] = error
 
     worker = threading.Thread(target=target, name=f"reward {name}", daemon=True)
+    with exit_guard(worker):
+        return _wait(name, module, worker, box, limit)
+
+
+def _in_reward(ident: int) -> None:
+    """Mark the calling thread as a reward's, for the exit guard."""
+    with _EXIT_GUARD_LOCK:
+        if _exit_guard is not None:
+            _exit_guard.threads.add(ident)
+
+
+def _wait(
+    name: str, module: str, worker: threading.Thread, box: dict[str, Any], limit: CallLimit
+) -> Any:
+    """Start `worker` (it registers with the exit guard) and wait for it within `limit`."""
     started = time.monotonic()
     worker.start()
     stopped_at: float | None = None
@@ -129,11 +203,11 @@ def call_within(name: str, module: str, call: Callable[[], Any], limit: CallLimi
                 )
     if "error" in box:
         error = box["error"]
-        what = (
-            f"called sys.exit({error.code!r})"
-            if isinstance(error, SystemExit)
-            else f"raised {type(error).__name__}: {error}"
-        )
+        what = f"raised {type(error).__name__}: {error}"
+        if isinstance(error, SystemExit):
+            what = f"called sys.exit({error.code!r})"
+        elif isinstance(error, ExitInReward):
+            what = f"called os._exit({error.code!r})"
         raise RewardFailed(
             f"reward {name!r} ({module}) {what}; fix the reward (it must return a number for "
             f"any completion, even an empty or garbled one)"

@@ -33,6 +33,8 @@ from stages.grpo import training as grpo
 from tests.conftest import REPO, smoke_data
 from tests.unit.test_records import checkpoint_stage
 
+ORIGINAL_EXIT = os._exit  # as the test process started
+
 MY_REWARD = "tests.plugins.my_reward"
 A, B = "a" * 64, "b" * 64
 RIGHT = "<reasoning>2 and 2</reasoning><answer>4</answer>"
@@ -253,6 +255,7 @@ def test_grpo_and_evaluation_call_the_plugin_reward() -> None:
         ("raise KeyError('answer')", "raised KeyError: 'answer'"),
         ("import sys; sys.exit(0)", "called sys.exit(0)"),
         ("raise SystemExit", "called sys.exit(None)"),
+        ("import os; os._exit(0)", "called os._exit(0)"),  # the test process lives on
     ],
 )
 def test_a_plugin_reward_that_misbehaves_stops_with_its_name(
@@ -264,6 +267,25 @@ def test_a_plugin_reward_that_misbehaves_stops_with_its_name(
     with pytest.raises(rewards.RewardFailed, match=r"reward 'far_user_odd' \(far_user_odd\)") as e:
         fn(prompts=["p"], completions=["x"], answer=np.asarray(["1"]))
     assert says in str(e.value)
+    assert os._exit is ORIGINAL_EXIT  # the guard is gone once the reward returned
+
+
+def test_os_exit_outside_a_reward_and_in_a_rewards_child_process_still_exits(
+    tmp_path: Path,
+) -> None:
+    """Only the reward's own thread is guarded: a child process the reward forks exits with
+    its code (multiprocessing's children end with os._exit), and os._exit is the original
+    again after the call."""
+    from stages.rewards.guard import CallLimit, call_within
+
+    def forks() -> int:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)  # in the child: must exit, not raise into a copy of the reward
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    assert call_within("forks", "tests", forks, CallLimit(seconds=30)) == 7
+    assert os._exit is ORIGINAL_EXIT
 
 
 def _identities(config_rewards: list[str]) -> dict[str, str]:
