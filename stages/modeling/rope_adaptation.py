@@ -115,6 +115,11 @@ def scaled_config(config: Any, scaling: dict[str, float]) -> Any:
 
 
 def rope_scaling(config: Any) -> dict[str, float] | None:
-    """The Llama 3 scaling a config carries, or None."""
+    """The Llama 3 scaling a config carries (as transformers writes it: the original context
+    an integer), or None."""
     found = getattr(config, "rope_scaling", None)
-    return dict(found) if found else None
+    if not found:
+        return None
+    out = dict(found)
+    out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
+    return out

@@ -12,22 +12,31 @@ import numpy as np
 import pytest
 
 from schemas.recipe import MeshSpec
+from schemas.recipe.data import PromptFormat
 from stages import sft
 from stages.core.runner import RunContext
 from stages.core.shared import SharedBuilds
 from stages.data_prep import build as data_prep
+from stages.data_prep.build import chat_prompt
 from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo
 from stages.modeling import models
 from stages.modeling.hf_export import ExportOptions, export_checkpoint
 from stages.modeling.tokenizers import build_tokenizer
+from stages.rewards.answers import INSTRUCTIONS
 from tests.conftest import recipe_with
-from tests.hf_checkpoints import write_checkpoint
+from tests.hf_checkpoints import LLAMA32_TEMPLATE, write_checkpoint
 from tests.integration.test_hf_checkpoints import _far_logits
+from tests.load_checks import load_warnings
 
 pytestmark = pytest.mark.slow  # every stage's compilations, two exports, three reloads
 
 EOT = "<|eot_id|>"
+TOKENIZER = PromptFormat(template="tokenizer")
+
+
+def _instructed(question: str) -> str:
+    return f"{INSTRUCTIONS[TOKENIZER.answer_format]}\n{question}"
 
 
 def test_llama32_checkpoint_trains_every_stage_and_exports(
@@ -71,10 +80,14 @@ def test_llama32_checkpoint_trains_every_stage_and_exports(
 
     tokenizer = build_tokenizer(checkpoint.model, model_cache)
     assert checkpoint.tokenizer == tokenizer.name and tokenizer.name.startswith("hf-")
-    merged = Path(export_checkpoint(checkpoint.uri, str(tmp_path / "merged"), model_cache))
+    options = ExportOptions(template="tokenizer")
+    merged = Path(export_checkpoint(checkpoint.uri, str(tmp_path / "merged"), model_cache, options))
     adapter = Path(
         export_checkpoint(
-            checkpoint.uri, str(tmp_path / "adapter"), model_cache, ExportOptions(adapter=True)
+            checkpoint.uri,
+            str(tmp_path / "adapter"),
+            model_cache,
+            ExportOptions(adapter=True, template="tokenizer"),
         )
     )
     config = json.loads((merged / "config.json").read_text())
@@ -88,8 +101,10 @@ def test_llama32_checkpoint_trains_every_stage_and_exports(
     with mesh:
         ours, unmerged = _far_logits(policy, ids), _far_logits(base, ids)
     load = transformers.AutoModelForCausalLM.from_pretrained
-    with torch.no_grad():
+    with load_warnings() as caught, torch.no_grad():
         hf_merged = load(merged, dtype=torch.float32)(torch.tensor([ids])).logits[0].numpy()
+    assert caught == []  # e.g. no complaint about the exported rope_parameters
+    with torch.no_grad():
         with_adapter = peft.PeftModel.from_pretrained(
             load(adapter / "base", dtype=torch.float32), str(adapter)
         )
@@ -102,3 +117,16 @@ def test_llama32_checkpoint_trains_every_stage_and_exports(
     assert theirs.encode("What is 3 + 4?", add_special_tokens=False) == tokenizer.encode(
         "What is 3 + 4?"
     )
+    # ...and its chat template is the checkpoint's, rendering the prompt FAR trained on
+    assert (merged / "chat_template.jinja").read_text() == LLAMA32_TEMPLATE
+
+    far_ids = [
+        tokenizer.bos_id(),
+        *tokenizer.encode(chat_prompt("What is 3 + 4?", TOKENIZER, tokenizer)),
+    ]
+    their_ids = theirs.apply_chat_template(
+        [{"role": "user", "content": _instructed("What is 3 + 4?")}],
+        add_generation_prompt=True,
+        date_string="26 Jul 2024",
+    )
+    assert list(their_ids["input_ids"] if hasattr(their_ids, "keys") else their_ids) == far_ids
