@@ -85,9 +85,10 @@ def family_of_config(config: Any) -> str | None:
 
 
 def applied_rope_theta(family: str) -> float:
-    """The RoPE base the family's attention applies: its `apply_rope` default, which Tunix
-    0.1.7's attention blocks use without passing the config's rope_theta."""
-    apply_rope = _module(family, "model").apply_rope
+    """Tunix's own RoPE base for the family (its `apply_rope` default, which Tunix 0.1.7's
+    attention applies whatever the config says): the tiny random networks keep it, so they
+    compute what they computed before rope_adaptation."""
+    apply_rope = inspect.unwrap(_module(family, "model").apply_rope)
     return float(inspect.signature(apply_rope).parameters["rope_theta"].default)
 
 

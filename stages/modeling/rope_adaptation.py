@@ -65,6 +65,7 @@ def install(module: Any) -> None:
         return rotate(inputs, positions, frequencies)
 
     block.__wrapped__ = tunix_block  # type: ignore[attr-defined]
+    apply_rope.__wrapped__ = tunix_rope  # type: ignore[attr-defined]
     module.Attention.block = block
     module.apply_rope = apply_rope
     module._far_rope_adapted = True

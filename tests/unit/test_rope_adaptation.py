@@ -51,3 +51,20 @@ def test_adaptation_is_installed_once(family: str) -> None:
     block = module.Attention.block
     rope_adaptation.install(module)
     assert module.Attention.block is block and module._far_rope_adapted
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_tiny_networks_keep_tunix_base(family: str) -> None:
+    """The random test networks' configs carry Tunix's own base, read through the adaptation."""
+    from schemas.recipe import Architecture
+
+    arch = Architecture(
+        num_layers=1,
+        num_embed=300,
+        embed_dim=8,
+        hidden_dim=8,
+        num_heads=1,
+        head_dim=8,
+        num_kv_heads=1,
+    )
+    assert families.tiny_config(family, arch, np.float32).rope_theta == 1_000_000
