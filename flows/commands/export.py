@@ -16,6 +16,7 @@ from flows.commands.options import (
     expected_root,
 )
 from pipeline import lineage
+from schemas.artifacts import DatasetArtifact
 from stages.core.errors import InputError
 from stages.core.runner import RunContext, find_checkpoint_record, record_run
 
@@ -98,7 +99,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         then = lambda local: hub_push.push(api, args.push_to, local, message)  # noqa: E731
     from stages.modeling.hf_export import ExportOptions, export_checkpoint  # imports JAX, Tunix
 
+    datasets = [r.output for _, r in facts.stages if isinstance(r.output, DatasetArtifact)]
     options = ExportOptions(
+        template=datasets[0].prompt.template if datasets else "gemma",
         adapter=args.adapter,
         card=export_card.model_card(facts, args.adapter),
         max_new_tokens=export_card.eval_max_new_tokens(facts),

@@ -127,11 +127,13 @@ class ModelSpec(Frozen):
     uri: str | None = None
     """The weights' location for gguf (a file), safetensors (a directory) or hub (a repo id)."""
     preset: Preset | None = None
-    """A named architecture of real weights, e.g. gemma3_270m; exclusive with architecture."""
+    """A named architecture of real weights, e.g. gemma3_270m; exclusive with architecture.
+    Qwen 3 and Llama 3 checkpoints may omit both: their config.json is read."""
     architecture: Architecture | None = None
     """Explicit shapes, for random-init models; exclusive with preset."""
     tokenizer: Literal["bytes", "sentencepiece"] = "bytes"
-    """bytes (random models) or sentencepiece (the weights' own tokenizer)."""
+    """bytes (random models) or sentencepiece (the weights' own tokenizer: tokenizer.model,
+    or tokenizer.json where the checkpoint ships no tokenizer.model)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """The parameters' dtype."""
     init_seed: Seed = 0
@@ -139,7 +141,13 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
-        if (self.preset is None) == (self.architecture is None):
+        from_checkpoint = self.source in ("safetensors", "hub") and self.family in (
+            "qwen3",
+            "llama3",
+        )
+        if self.preset is None and self.architecture is None and from_checkpoint:
+            pass  # the checkpoint's config.json describes the network
+        elif (self.preset is None) == (self.architecture is None):
             raise ValueError(
                 f"give exactly one of preset and architecture, got preset={self.preset!r} "
                 f"and architecture={'set' if self.architecture else None}"

@@ -9,9 +9,10 @@ and differ from Gemma in every place FAR touches a network:
   norm weights (`random_network`): Tunix's dummy creator draws every parameter from
   N(0, 0.02), which would scale every activation by ~0.02 and leave the tiny model untrainable;
 - RoPE: Tunix 0.1.7 applies its `apply_rope` default base (1e6) in both families whatever
-  the config's rope_theta says (and no scaling), so FAR's configs carry that base, export
-  writes it, and a checkpoint whose config.json says otherwise is refused (`check_rope`):
-  real Llama 3.x weights (base 500000, llama3 scaling) would load and compute other logits;
+  the config's rope_theta says (and no scaling); rope_adaptation.py (installed when the
+  family's module is first imported) makes the network rotate with the config's base and
+  Llama 3 scaling, so a checkpoint's config.json (`checkpoint_config`) is what runs and what
+  export writes; other RoPE types are refused (`check_rope`);
 - Hugging Face names: Qwen3ForCausalLM and LlamaForCausalLM, written here (`hf_tensors`,
   `hf_config`); LoRA adapters are merged by Tunix's generic safetensors merge.
 Tunix's Qwen3 and Llama3 rotate the two halves of each head (as transformers' rotate_half),
@@ -36,6 +37,7 @@ from tunix.models import safetensors_saver
 from schemas.recipe import GEMMA_LORA_TARGETS, Architecture
 from stages.core.errors import InputError
 from stages.modeling import hf_config as hf
+from stages.modeling import rope_adaptation
 
 FAMILIES = ("qwen3", "llama3")
 NORM_EPS = 1e-6
@@ -48,7 +50,9 @@ PRESETS = {"qwen3_0p6b": "qwen3", "qwen3_1p7b": "qwen3"}
 
 
 def _module(family: str, part: str) -> Any:
-    return importlib.import_module(f"{_NETWORKS[family][0]}.{part}")
+    module = importlib.import_module(f"{_NETWORKS[family][0]}.{part}")
+    rope_adaptation.install(importlib.import_module(f"{_NETWORKS[family][0]}.model"))
+    return module
 
 
 def modules(family: str) -> tuple[type[nnx.Module], Callable[..., nnx.Module]]:
@@ -81,9 +85,10 @@ def family_of_config(config: Any) -> str | None:
 
 
 def applied_rope_theta(family: str) -> float:
-    """The RoPE base the family's attention applies: its `apply_rope` default, which Tunix
-    0.1.7's attention blocks use without passing the config's rope_theta."""
-    apply_rope = _module(family, "model").apply_rope
+    """Tunix's own RoPE base for the family (its `apply_rope` default, which Tunix 0.1.7's
+    attention applies whatever the config says): the tiny random networks keep it, so they
+    compute what they computed before rope_adaptation."""
+    apply_rope = inspect.unwrap(_module(family, "model").apply_rope)
     return float(inspect.signature(apply_rope).parameters["rope_theta"].default)
 
 
@@ -136,22 +141,56 @@ def lora_module_path(network: Any, module_path: str) -> str:
     return module_path
 
 
-def check_rope(family: str, directory: str) -> None:
-    """Refuse a checkpoint whose config.json asks for RoPE that Tunix's network does not apply
-    (another base, or a scaling such as Llama 3.1's): it would load and compute wrong logits."""
-    path = os.path.join(directory, "config.json")
-    with open(path) as f:
-        config = json.load(f)
+def _hf_rope(config: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
+    """(base, rope type, the rope entry) of a transformers config.json (either layout)."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     theta = float(rope.get("rope_theta", config.get("rope_theta", 10_000.0)))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    expected = applied_rope_theta(family)
-    if theta != expected or kind != "default":
+    return theta, str(rope.get("rope_type", rope.get("type", "default"))), rope
+
+
+def read_hf_config(directory: str) -> dict[str, Any]:
+    with open(os.path.join(directory, "config.json")) as f:
+        found: dict[str, Any] = json.load(f)
+    return found
+
+
+def check_rope(family: str, directory: str) -> None:
+    """Refuse a checkpoint whose config.json asks for a RoPE type FAR does not apply (only
+    default and Llama 3's 'llama3' scaling run): it would load and compute wrong logits."""
+    _, kind, _ = _hf_rope(read_hf_config(directory))
+    if kind not in ("default", "llama3") or (kind == "llama3" and family != "llama3"):
         raise InputError(
-            f"{path}: rope_theta {theta:g} with rope_type {kind!r}, but Tunix's {family} "
-            f"network applies RoPE with base {expected:g} and no scaling; use a checkpoint "
-            f"with rope_theta {expected:g} and default RoPE"
+            f"{os.path.join(directory, 'config.json')}: rope_type {kind!r}, but FAR's {family} "
+            f"network applies default RoPE{' or llama3 scaling' if family == 'llama3' else ''}"
+            f" (any rope_theta); use a checkpoint with one of those"
         )
+
+
+def checkpoint_config(family: str, directory: str, dtype: Any) -> Any:
+    """Tunix's ModelConfig for the checkpoint in `directory`, from its config.json: shapes,
+    RoPE base and (Llama 3) scaling, norm epsilon, tied embeddings."""
+    check_rope(family, directory)
+    config = read_hf_config(directory)
+    theta, kind, rope = _hf_rope(config)
+    heads = int(config["num_attention_heads"])
+    shapes = {
+        "num_layers": int(config["num_hidden_layers"]),
+        "vocab_size": int(config["vocab_size"]),
+        "embed_dim": int(config["hidden_size"]),
+        "hidden_dim": int(config["intermediate_size"]),
+        "num_heads": heads,
+        "head_dim": int(config.get("head_dim") or config["hidden_size"] // heads),
+        "num_kv_heads": int(config.get("num_key_value_heads") or heads),
+        "rope_theta": int(theta) if theta.is_integer() else theta,
+        "norm_eps": float(config.get("rms_norm_eps", NORM_EPS)),
+    }
+    config_class = _module(family, "model").ModelConfig
+    tie = bool(config.get("tie_word_embeddings", False))
+    if family == "qwen3":
+        built = config_class(**shapes, use_tied_embedding=tie, dtype=dtype, param_dtype=dtype)
+    else:
+        built = config_class(**shapes, weight_tying=tie)
+    return rope_adaptation.scaled_config(built, rope) if kind == "llama3" else built
 
 
 def _arr(param: Any) -> np.ndarray:
@@ -208,12 +247,6 @@ def hf_config(config: Any) -> dict[str, Any]:
     family = family_of_config(config)
     if family is None:
         raise ValueError(f"{type(config).__name__} is neither a Qwen3 nor a Llama3 config")
-    applied = applied_rope_theta(family)
-    if float(config.rope_theta) != applied:
-        raise InputError(
-            f"this {family} config says rope_theta {config.rope_theta:g}, but Tunix's network "
-            f"applies {applied:g}: its export would not compute the same"
-        )
     shape = hf.DecoderShape(
         hidden_size=config.embed_dim,
         intermediate_size=config.hidden_dim,
@@ -222,7 +255,8 @@ def hf_config(config: Any) -> dict[str, Any]:
         num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim,
         vocab_size=config.vocab_size,
-        rope_theta=applied,
+        rope_theta=float(config.rope_theta),
+        rope_scaling=rope_adaptation.rope_scaling(config),
         rms_norm_eps=config.norm_eps,
         tie_word_embeddings=tied(config),
     )

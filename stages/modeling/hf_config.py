@@ -144,6 +144,7 @@ class DecoderShape:
     rope_theta: float
     rms_norm_eps: float
     tie_word_embeddings: bool
+    rope_scaling: dict[str, float] | None = None  # Llama 3's 'llama3' frequency scaling
     max_position_embeddings: int = 32768
     # FAR's byte tokenizer's ids (stages/modeling/tokenizers.py): <pad> 0, <eos> 1, <bos> 2
     bos_token_id: int = 2
@@ -162,7 +163,11 @@ def _decoder_config(shape: DecoderShape) -> dict[str, Any]:
         "hidden_act": "silu",
         "max_position_embeddings": shape.max_position_embeddings,
         "rms_norm_eps": shape.rms_norm_eps,
-        "rope_parameters": rope(shape.rope_theta),
+        "rope_parameters": (
+            {"rope_type": "llama3", "rope_theta": float(shape.rope_theta), **shape.rope_scaling}
+            if shape.rope_scaling
+            else rope(shape.rope_theta)
+        ),
         "attention_bias": False,
         "attention_dropout": 0.0,
         "vocab_size": shape.vocab_size,

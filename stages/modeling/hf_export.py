@@ -59,6 +59,9 @@ class ExportOptions:
     card: str | None = None  # README.md text (export_card.model_card)
     max_new_tokens: int = EvalConfig().max_generation_tokens  # generation_config.json's
     then: Callable[[str], object] | None = None  # run on the finished local directory (a push)
+    # the chat markup the run's data was written in (DatasetArtifact.prompt.template): gemma
+    # writes FAR's Gemma-markup template, tokenizer the checkpoint's own
+    template: str = "gemma"
 
 
 def find_checkpoint(uri: str) -> CheckpointArtifact:
@@ -269,11 +272,13 @@ def export_model(
         if hub_base is None:
             base_dir = os.path.join(out_dir, "base")
             export_network(spec, base, base, None, cache_dir, base_dir)
-            hf_package.write_package_files(base_dir, tokenizer, options.max_new_tokens)
+            hf_package.write_package_files(
+                base_dir, tokenizer, options.max_new_tokens, options.template
+            )
         _copy_tokenizer(spec, cache_dir, out_dir)
     else:
         export_network(spec, base, policy, lora, cache_dir, out_dir)
-    hf_package.write_package_files(out_dir, tokenizer, options.max_new_tokens)
+    hf_package.write_package_files(out_dir, tokenizer, options.max_new_tokens, options.template)
     if options.card is not None:
         with open(os.path.join(out_dir, "README.md"), "w") as f:
             f.write(options.card)

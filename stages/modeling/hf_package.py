@@ -55,9 +55,12 @@ def generation_config(tokenizer: Tokenizer, max_new_tokens: int) -> dict[str, An
     }
 
 
-def write_package_files(out_dir: str, tokenizer: Tokenizer, max_new_tokens: int) -> None:
+def write_package_files(
+    out_dir: str, tokenizer: Tokenizer, max_new_tokens: int, template: str = "gemma"
+) -> None:
     """generation_config.json, the chat template and (byte tokenizer) the tokenizer files; and
-    the transformers version in config.json."""
+    the transformers version in config.json. `template` is the chat markup the run's data was
+    written in: gemma (FAR's template below) or tokenizer (the checkpoint's own, as shipped)."""
     config_file = os.path.join(out_dir, "config.json")
     if os.path.exists(config_file):  # an adapter's directory has none
         with open(config_file) as f:
@@ -68,8 +71,9 @@ def write_package_files(out_dir: str, tokenizer: Tokenizer, max_new_tokens: int)
     if isinstance(tokenizer, ByteTokenizer):
         _write_json(out_dir, "tokenizer.json", byte_tokenizer_json())
         _write_json(out_dir, "tokenizer_config.json", BYTE_TOKENIZER_CONFIG)
+    own = getattr(tokenizer, "chat_template", None)
     with open(os.path.join(out_dir, "chat_template.jinja"), "w") as f:
-        f.write(CHAT_TEMPLATE)
+        f.write(own if template == "tokenizer" and own else CHAT_TEMPLATE)
 
 
 def _write_json(out_dir: str, name: str, data: dict[str, Any]) -> None:

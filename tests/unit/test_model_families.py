@@ -1,7 +1,6 @@
-"""Qwen 3 and Llama 3 model specs and their checkpoints' RoPE (FAR beyond Gemma): a checkpoint
-whose config.json asks for RoPE that Tunix 0.1.7's network does not apply (it uses its
-apply_rope default base whatever the config says, and no scaling) is refused before it loads
-and silently computes other logits."""
+"""Qwen 3 and Llama 3 model specs and their checkpoints' RoPE (FAR beyond Gemma): any base and
+Llama 3's scaling run (rope_adaptation.py); a checkpoint whose config.json asks for another
+RoPE type is refused before it loads and silently computes other logits."""
 
 from __future__ import annotations
 
@@ -24,26 +23,39 @@ def _config_dir(tmp_path: Path, config: dict[str, object]) -> str:
 @pytest.mark.parametrize(
     "config",
     [
-        # Llama 3.2 1B's published RoPE: base 500000, llama3 scaling
-        {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}, "rope_theta": 500000.0},
-        # transformers 5's layout, another base (Qwen3-4B-2507)
-        {"rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0}},
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_theta": 500000.0},
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ],
+)
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_checkpoint_with_rope_far_does_not_apply_is_refused(
+    tmp_path: Path, family: str, config: dict[str, object]
+) -> None:
+    with pytest.raises(InputError, match=r"config.json: rope_type .* applies default RoPE"):
+        families.check_rope(family, _config_dir(tmp_path, config))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0}},  # Qwen3-4B-2507
+        {"rope_theta": 1_000_000},
         {},  # no rope_theta at all: transformers' default base 10000
     ],
 )
 @pytest.mark.parametrize("family", families.FAMILIES)
-def test_checkpoint_with_rope_tunix_does_not_apply_is_refused(
+def test_checkpoint_with_any_base_passes(
     tmp_path: Path, family: str, config: dict[str, object]
 ) -> None:
-    with pytest.raises(InputError, match=r"config.json: rope_theta .* applies RoPE with base"):
-        families.check_rope(family, _config_dir(tmp_path, config))
+    families.check_rope(family, _config_dir(tmp_path, config))
 
 
-@pytest.mark.parametrize("family", families.FAMILIES)
-def test_checkpoint_with_the_applied_rope_passes(tmp_path: Path, family: str) -> None:
-    rope = {"rope_type": "default", "rope_theta": families.applied_rope_theta(family)}
-    families.check_rope(family, _config_dir(tmp_path, {"rope_parameters": rope}))
-    families.check_rope(family, _config_dir(tmp_path, {"rope_theta": 1_000_000}))
+def test_llama3_scaling_passes_for_llama_only(tmp_path: Path) -> None:
+    """Llama 3.2 1B's published RoPE: base 500000, llama3 scaling."""
+    config = {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}, "rope_theta": 500000.0}
+    families.check_rope("llama3", _config_dir(tmp_path, config))
+    with pytest.raises(InputError, match="rope_type 'llama3'"):
+        families.check_rope("qwen3", _config_dir(tmp_path, config))
 
 
 def test_qwen3_presets_are_the_published_sizes() -> None:

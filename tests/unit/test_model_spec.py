@@ -45,6 +45,9 @@ BAD_SPECS: list[tuple[dict[str, Any], str]] = [
         "is not a 'gemma3' model",
     ),
     ({"source": "random", "architecture": {**TINY, "num_embed": 100}}, "num_embed must be >= 272"),
+    # only Qwen 3 / Llama 3 checkpoints are described by their config.json
+    ({"source": "safetensors", "uri": "/m", "tokenizer": "sentencepiece"}, "exactly one"),
+    ({"family": "qwen3", "source": "random"}, "exactly one of preset and architecture"),
 ]
 
 
@@ -52,6 +55,16 @@ BAD_SPECS: list[tuple[dict[str, Any], str]] = [
 def test_inconsistent_specs_are_rejected(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ModelSpec.model_validate(fields)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+@pytest.mark.parametrize("source", ["safetensors", "hub"])
+def test_qwen3_and_llama3_checkpoints_need_no_preset(family: str, source: str) -> None:
+    spec = ModelSpec.model_validate(
+        {"family": family, "source": source, "uri": "org/name", "tokenizer": "sentencepiece"}
+    )
+    assert spec.preset is None and spec.architecture is None
+    assert "preset" not in spec.model_dump(exclude_defaults=True)
 
 
 def test_good_specs() -> None:
