@@ -400,17 +400,19 @@ LEDGER: tuple[Patch, ...] = (
     Patch(
         id="rope-theta-ignored",
         kind="defect",
-        installed="call",
+        installed="import",
         targets=("tunix.models.llama3.model", "tunix.models.qwen3.model"),
-        code="stages.modeling.families:applied_rope_theta",
+        code="stages.modeling.rope_adaptation:install",
         why=(
             "Llama 3 and Qwen 3 attention apply apply_rope's default base whatever the "
-            "config's rope_theta (and no scaling): FAR refuses a checkpoint whose RoPE Tunix "
-            "would not apply, rather than train on wrong logits."
+            "config's rope_theta, and no scaling: FAR wraps each family's attention block so "
+            "the checkpoint's rope_theta and Llama 3's `llama3` scaling (transformers' "
+            "frequencies) reach it; other RoPE types are refused before loading. Installed "
+            "process-wide the first time FAR loads the family's network module."
         ),
         versions=TUNIX,
         remove_when="the attention blocks pass the config's rope_theta and scaling to apply_rope",
-        test="tests/unit/test_model_families.py::test_checkpoint_with_rope_tunix_does_not_apply_is_refused",
+        test="tests/unit/test_rope_adaptation.py::test_tunix_still_ignores_the_config_base",
         report=(
             "Llama 3 / Qwen 3: attention ignores ModelConfig.rope_theta. The attention "
             "blocks call apply_rope without the config's rope_theta, so the default base is "
