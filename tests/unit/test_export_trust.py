@@ -1,6 +1,6 @@
 """`far export` exports only what the records vouch for, into a directory it replaces whole, and
-`far lineage --openlineage` writes only to regular files (issue 52: High 2, 5 and 6, and the
-export items of Medium and Low).
+`far lineage --openlineage` writes only to regular files: a tampered checkpoint, a mixed export
+directory, a partial export and a FIFO or device as the events file.
 
 Runs are real `run_stage` calls on small files (tests/unit/test_records.py's `make_run`); the
 refusals all come before the model code is imported, so no checkpoint needs to restore. The

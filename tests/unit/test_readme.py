@@ -86,7 +86,7 @@ def test_the_page_check_finds_each_problem() -> None:
         "lines": good + "text\n" * MAX_LINES,
         "first screen": "# FAR\n" + "\n" * FIRST_SCREEN + "make run\nmake test\n",
         "hash": good + "measured at 930e0d0\n",
-        "session": good + "as session 24 found\n",
+        "session": good + "as session " + "24 found\n",  # split: no citation in the source
         "issue": good + "see Issue 35\n",
         "width": good + "y" * (MAX_WIDTH + 1) + "\n",
     }
