@@ -1,7 +1,8 @@
-"""`far export --adapter` for Qwen 3 and Llama 3 (their LoRA on attn.q/k/v/o_proj): the adapter of a tiny
-Qwen 3 and a tiny Llama 3 (the smoke recipes' models, LoRA on every projection, adapters given
-random weights) loads with peft on top of the base's own export and gives the logits of FAR's
-merged export of the same policy, as the Gemma adapter does (test_export_package)."""
+"""`far export --adapter` for Qwen 3 and Llama 3 (their LoRA on attn.q/k/v/o_proj): the
+adapter of a tiny Qwen 3 and a tiny Llama 3 (the smoke recipes' models, LoRA on every
+projection, adapters given random weights) loads with peft on top of the base's own export
+and gives the logits of FAR's merged export of the same policy, as the Gemma adapter does
+(test_export_package)."""
 
 from __future__ import annotations
 
