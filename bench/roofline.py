@@ -335,23 +335,27 @@ STEADY_FROM = 2  # handouts 0-1 hold compilation and the first step's wait (Tuni
 
 @contextlib.contextmanager
 def sft_step_clock() -> Iterator[list[float]]:
-    """When SFT handed out each batch, from the stage's own StepClock (any tree's sft module
-    has one): the times the stage itself estimates step lengths from."""
-    from stages import sft
+    """When SFT handed out each batch, from the stage's own StepClock: the times the stage
+    itself estimates step lengths from. The clock lives in the training tail's module, or in
+    an older tree's sft module (a baseline measured with --baseline)."""
+    try:
+        from stages.modeling import training_tail as owner
+    except ImportError:  # a tree from before the shared training tail
+        from stages import sft as owner  # type: ignore[no-redef]
 
     handouts: list[float] = []
-    original = sft.StepClock
+    original = owner.StepClock
 
     class Recording(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.times = handouts
 
-    sft.StepClock = Recording
+    owner.StepClock = Recording
     try:
         yield handouts
     finally:
-        sft.StepClock = original
+        owner.StepClock = original
 
 
 def steady_step_seconds(handouts: list[float]) -> float:

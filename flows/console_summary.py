@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from schemas.artifacts import VS_PREVIOUS, EvalReport, ModelScores
+from schemas.artifacts import REWARD_PREFIX, VS_PREVIOUS, EvalReport, ModelScores
 from schemas.record import RunSummary, StageSummary
 from stages.core import storage
 
@@ -85,8 +85,23 @@ def evaluation_lines(report: EvalReport, run_uri: str) -> list[str]:
         name = s.name if len(s.name) <= 28 else s.name[:25] + "..."
         row = f"  {name:<28} {_rate(s, 'format_rate'):<20} {_rate(s, 'accuracy'):<20} {_change(s)}"
         lines.append(row.rstrip())
+    lines += _reward_lines(report)
     report_md = relative(report.uri.rsplit("/", 1)[0] + "/report.md", run_uri)
     lines.append(f"  95% intervals (Wilson); every table, per domain too: {report_md}")
+    return lines
+
+
+def _reward_lines(report: EvalReport) -> list[str]:
+    """One line per reward the evaluation also scored (a user's `eval.rewards`): its mean for
+    each model, wrapped to the block's width."""
+    names = sorted({k for s in report.scores for k in s.metrics if k.startswith(REWARD_PREFIX)})
+    lines = []
+    for key in names:
+        means = ", ".join(
+            f"{s.name} {s.metrics[key]:.3f}" for s in report.scores if key in s.metrics
+        )
+        text = f"{key.removeprefix(REWARD_PREFIX)} (mean): {means}"
+        lines += textwrap.wrap(text, WIDTH - 2, initial_indent="  ", subsequent_indent="    ")
     return lines
 
 

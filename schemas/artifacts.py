@@ -88,6 +88,10 @@ VS_PREVIOUS = "vs_previous"
 """The metric prefix of a model's paired comparison with the model before it in the report
 (`vs_previous/difference`, `vs_previous/p_value`, ...; `vs_previous/format_...` for format)."""
 
+REWARD_PREFIX = "reward/"
+"""The metric prefix of the mean of one of an evaluation's extra rewards (`eval.rewards`):
+`reward/<name>`."""
+
 GREEDY_SUFFIX = "@greedy"
 """An evaluated model's greedy row beside its sampled one (EvalConfig.greedy) is labelled
 `<model>@greedy`, in the report and in samples.jsonl."""

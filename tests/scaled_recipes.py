@@ -133,4 +133,6 @@ def scaled_generalize(root: str) -> Recipe:
             config.update(tokens)
         if node["kind"] == "dpo":
             config["max_response_len"] = GENERATION_TOKENS
+        if node["kind"] == "self_teach":  # the tiny model is rarely right: keep what it formats
+            config["verify"] = ["format_strict"]
     return parse_recipe(data, "reinforce-generalize (scaled to the tiny model)")

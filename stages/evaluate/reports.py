@@ -15,6 +15,7 @@ from matplotlib.figure import Figure  # no pyplot: no global backend state
 
 from schemas.artifacts import (
     GREEDY_SUFFIX,
+    REWARD_PREFIX,
     VS_PREVIOUS,
     CheckpointArtifact,
     EvalReport,
@@ -214,9 +215,6 @@ def headroom_section(scores: Sequence[ModelScores]) -> str:
     if not rows:
         return ""
     return "\n## Headroom\n\n" + headroom.headroom_table(rows)
-
-
-REWARD_PREFIX = "reward/"  # a metric holding the mean of one of EvalConfig.rewards
 
 
 def markdown_table(scores: Sequence[ModelScores]) -> str:

@@ -104,8 +104,9 @@ class TrainingTail:
     """The step the session resumed at (0 on a first session)."""
     steps_done: Callable[[], int]
     """The steps trained so far, read after training."""
-    clock: StepClock = field(default_factory=StepClock)
-    """When each batch was handed out."""
+    clock: StepClock = field(default_factory=lambda: StepClock())
+    """When each batch was handed out (StepClock looked up when the tail is made, so a
+    benchmark can record it: bench/roofline.py)."""
     compiles: CompileCounter = field(default_factory=lambda: CompileCounter(""))
     """The backend compilations seen while training (none before `train`)."""
     finished: float = float("nan")

@@ -21,6 +21,8 @@ from stages.modeling import models, weight_sources
 from stages.modeling.tokenizers import SentencePieceTokenizer, build_tokenizer
 
 pytestmark = pytest.mark.slow
+# the converted Gemma 3 270M directory: its weights, config and sentencepiece tokenizer
+GEMMA_FILES = ("model.safetensors", "config.json", "tokenizer.model")
 GGUF_SPEC = ModelSpec(source="gguf", preset="gemma3_270m", tokenizer="sentencepiece")
 
 
@@ -52,7 +54,7 @@ def logits(network: object, mesh: object, ids: list[int]) -> np.ndarray:
 
 def test_conversion_is_cached_by_file_hash(hf_dir: str, model_cache: str) -> None:
     assert Path(hf_dir).name.startswith("gguf-")
-    assert set(weight_sources.HF_FILES) <= set(os.listdir(hf_dir))
+    assert set(GEMMA_FILES) <= set(os.listdir(hf_dir))
     stamp = os.path.getmtime(Path(hf_dir, "model.safetensors"))
     started = time.perf_counter()
     assert weight_sources.resolve(GGUF_SPEC, model_cache) == hf_dir
@@ -130,7 +132,7 @@ def test_safetensors_source_local_and_gcs(
     local_net = models.build_base_model(local, mesh, model_cache)
     np.testing.assert_array_equal(logits(local_net, mesh, ids), reference)
     remote_uri = f"gs://{fake_gcs}/models/gemma3-270m"
-    for name in weight_sources.HF_FILES:
+    for name in GEMMA_FILES:
         storage.write_bytes(storage.join(remote_uri, name), Path(hf_dir, name).read_bytes())
     remote = local.model_copy(update={"uri": remote_uri})
     remote_net = models.build_base_model(remote, mesh, str(tmp_path / "cache"))
@@ -150,7 +152,7 @@ def test_hub_source_uses_the_hub_cache_and_fails_fast_offline(hf_dir: str, tmp_p
     repo = tmp_path / "cache" / "hub" / "models--far-test--gemma-3-270m"
     snapshot = repo / "snapshots" / revision
     snapshot.mkdir(parents=True)
-    for name in weight_sources.HF_FILES:
+    for name in GEMMA_FILES:
         os.symlink(Path(hf_dir, name), snapshot / name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
@@ -187,7 +189,7 @@ def test_kaggle_handle_uses_kagglehub_cache_and_fails_fast_offline(
     cache, parsed = Cache(), parse_model_handle(handle)
     target = Path(cache.get_path(parsed))
     target.mkdir(parents=True)
-    for name in weight_sources.HF_FILES:
+    for name in GEMMA_FILES:
         os.symlink(Path(hf_dir, name), target / name)
     cache.mark_as_complete(parsed)
     assert Path(weight_sources.resolve(spec, str(tmp_path / "unused"))) == target

@@ -76,7 +76,8 @@ def test_the_summary_is_one_titled_block_that_fits_and_says_what_next(tmp_path: 
     assert lines[0] == f"\nFAR run 'smoke' at {run_uri}: complete"
     assert "  sft        ran in 3.0 s" in text and " sft-1/checkpoints" in text  # relative
     commands = [line for line in lines if line.startswith(("  far export", "  far audit"))]
-    assert all(len(line) <= WIDTH for line in lines if line not in commands), text
+    paths = [lines[0], *commands]  # the title and commands name the run's URI, however long
+    assert all(len(line) <= WIDTH for line in lines if line not in paths), text
     assert text.count("| ") == 0  # no raw markdown table
     assert "+0.250 (McNemar p 0.12)" in text and "evaluate-abc/report.md" in text
     assert (
@@ -85,6 +86,19 @@ def test_the_summary_is_one_titled_block_that_fits_and_says_what_next(tmp_path: 
     )
     assert f"  far audit {run_uri} --expect-root {ROOT}" in lines
     assert "prefect server start" in lines[-1]  # no kept server: how to get one
+
+
+def test_a_users_reward_the_evaluation_scored_is_shown_with_each_models_mean() -> None:
+    from flows.console_summary import evaluation_lines
+
+    scores = [
+        _scores("base", 0.0, {}).model_copy(update={"metrics": {"reward/plain_number": 0.0}}),
+        _scores("sft", 0.25, {}).model_copy(update={"metrics": {"reward/plain_number": 0.875}}),
+    ]
+    report = EvalReport(uri="r/e/report.json", samples_uri="s", scores=scores, fingerprint="0" * 64)
+    lines = evaluation_lines(report, "r")
+    assert "  plain_number (mean): base 0.000, sft 0.875" in lines
+    assert all(len(line) <= WIDTH for line in lines)
 
 
 def test_an_incomplete_run_says_to_continue_and_a_kept_server_is_linked(tmp_path: Path) -> None:
