@@ -35,12 +35,18 @@ from typing import Any
 SECONDS_PREFIX = "far/seconds/"  # stages/grpo/timing.PREFIX (kept here: older trees import it)
 
 
+def proc_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
 def peak_rss_mb(measure: Callable[[], Any]) -> tuple[Any, float]:
     """measure()'s result and the process's peak resident memory while it ran, in MB: the
     peak (VmHWM) is reset first by writing 5 to /proc/self/clear_refs (Linux), so each GRPO
     run of one process gets its own; NaN where /proc cannot do that."""
-    from node_memory import proc_kib  # bench/ is on the path, run here or from roofline.py
-
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

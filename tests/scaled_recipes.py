@@ -133,6 +133,6 @@ def scaled_generalize(root: str) -> Recipe:
             config.update(tokens)
         if node["kind"] == "dpo":
             config["max_response_len"] = GENERATION_TOKENS
-        if node["kind"] == "self_teach":  # the tiny model is rarely right: keep what it formats
-            config["verify"] = ["format_strict"]
+        if node["kind"] == "self_teach":  # the tiny model is rarely right: keep any sample
+            config.update(verify=["format_strict"], min_score=0.0)
     return parse_recipe(data, "reinforce-generalize (scaled to the tiny model)")

@@ -593,12 +593,14 @@ def check_data_file(uri: str) -> None:
                 f"expected a regular file of rows"
             )
         size = found.st_size
-    else:  # no FIFO or device on a remote store: only the size cap, where it is known
+    elif storage.protocol(uri) in ("http", "https"):
+        return  # fsspec reports an HTTP fault (a 503) as absence: the read says which it is
+    else:  # no FIFO or device on an object store: only the size cap
         fs, remote = fsspec.core.url_to_fs(uri)
         try:
             size = int(fs.info(remote).get("size") or 0)
-        except OSError:  # absent, or a transient fault (an HTTP 503): the read says which
-            return
+        except FileNotFoundError as e:
+            raise MissingInput(f"data source file not found: {uri}") from e
     if size > MAX_DATA_FILE_BYTES:
         raise InputError(
             f"data source {uri} is {size} bytes, over the {MAX_DATA_FILE_BYTES} byte limit of a "
