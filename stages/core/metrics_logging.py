@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from schemas.recipe import LoggingConfig
-from stages.core import sessions, storage
+from stages.core import storage
 from stages.core.errors import InputError
 
 MLFLOW_DIR = "mlflow"  # {run}/mlflow/mlflow.db: the default store (a folder, not a stage)
@@ -89,7 +89,6 @@ class TensorBoard:
     def __init__(self, log_dir: str, flush_secs: int = 30) -> None:
         from tensorboardX import SummaryWriter
 
-        _fence_event_records()
         self._writer = SummaryWriter(log_dir, flush_secs=flush_secs)
 
     def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None:
@@ -98,29 +97,6 @@ class TensorBoard:
 
     def close(self) -> None:
         self._writer.close()
-
-
-def _fence_event_records() -> None:
-    """Make tensorboardX's event records ask the stage's write fence (sessions.check_writes)
-    before each reaches the file, and reach it at once (no bytes left in a Python buffer, which
-    the interpreter would flush at exit). The event files sit in the stage directory and are
-    written by tensorboardX's own thread: a holder stopped past its lease and continued would
-    otherwise flush its last events into a directory its successor committed. Installed once,
-    on the class; a no-op outside a stage's work. Test: tests/integration/test_lease.py."""
-    from tensorboardX import record_writer
-
-    writer = record_writer.RecordWriter
-    if getattr(writer.write, "_far_fenced", False):
-        return
-    original = writer.write
-
-    def write(self: Any, data: bytes) -> None:
-        sessions.check_writes(within=1.0)
-        original(self, data)
-        self._writer.flush()  # to the OS now: nothing left for a flush after the fence
-
-    write._far_fenced = True  # type: ignore[attr-defined]
-    writer.write = write
 
 
 class MLflow:
