@@ -252,5 +252,3 @@ def wait_until_stopped(proc: subprocess.Popen[str]) -> None:
     while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
         assert time.monotonic() < give_up, "the holder never stopped"
         time.sleep(0.05)
-
-
