@@ -232,7 +232,7 @@ def fence_checkpoint_writes() -> None:
     (SIGSTOP, a frozen VM) and continued would otherwise write, commit or delete a step in a
     directory its successor committed before its heartbeat stops it. Each of the four is
     fenced on the class, so no trainer construction changes; outside a stage's work the fence
-    is a no-op. Test: tests/integration/test_lease.py (a holder stopped before a save)."""
+    is a no-op. Test: tests/unit/test_checkpoint_fence.py."""
     if getattr(tunix_ckpt.CheckpointManager.save, "_far_fenced", False):
         return
     tunix_ckpt.CheckpointManager.save = _fenced(tunix_ckpt.CheckpointManager.save)

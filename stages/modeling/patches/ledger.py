@@ -258,8 +258,8 @@ LEDGER: tuple[Patch, ...] = (
         versions=TUNIX_ORBAX,
         remove_when="Orbax (or Tunix's CheckpointManager) takes a pre-write/pre-commit callback",
         test=(
-            "tests/integration/test_lease.py::"
-            "test_a_holder_stopped_before_a_save_writes_nothing_into_the_stage_its_successor_committed"
+            "tests/unit/test_checkpoint_fence.py::"
+            "test_a_save_under_way_when_the_lease_is_lost_is_never_committed"
         ),
         report=(
             "(google/orbax) A hook before each checkpoint write, commit and delete. A "
