@@ -23,7 +23,7 @@ from prefect.states import Completed, State
 from pydantic import SecretStr
 
 from flows.far_flow import run_recipe
-from pipeline.plan import check_changed_code, plan_run, settled, settled_summary
+from pipeline.plan import check_changed_code, completed_nodes, completed_run_summary, plan_run
 from pipeline.validate import validate_run
 from schemas.record import RunSummary
 from stages.core.drift import Change
@@ -76,10 +76,10 @@ def far_scheduled(
     model_cache = RunContext(root="", run="", cache_dir=cache).model_cache
     key = audit_key_from(os.environ)  # this entry point's read of FAR_AUDIT_KEY
     changed: list[tuple[str, Change]] = []
-    done = settled(plan.recipe, plan.root, allow_changes or (), key, changed)
+    done = completed_nodes(plan.recipe, plan.root, allow_changes or (), key, changed)
     if done is not None:  # as `far run`: nothing to run, no session, nothing written
         validate_run(plan.recipe, plan.root, model_cache, computes=False)
-        return final_state(settled_summary(plan.recipe, plan.root, done, _since(started)))
+        return final_state(completed_run_summary(plan.recipe, plan.root, done, _since(started)))
     for line in check_changed_code(changed, allow_changes or ()):
         print(line)
     validate_run(plan.recipe, plan.root, model_cache)

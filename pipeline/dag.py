@@ -31,7 +31,7 @@ from schemas.recipe import (
 )
 from stages import registry
 from stages.core.errors import InputError
-from stages.registry import SAYS, Port
+from stages.registry import ARTIFACT_KIND_PHRASES, Port
 
 
 class DagError(InputError):
@@ -232,7 +232,7 @@ def _check_pick(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) ->
 def _check_edge(edge: str, port: Port, source: StageNode, recipe: Recipe) -> None:
     produced = _spec(source).produces
     if produced not in port.accepts:
-        raise DagError(f"{edge}: expected {_wants(port)}, got {SAYS[produced]}")
+        raise DagError(f"{edge}: expected {_wants(port)}, got {ARTIFACT_KIND_PHRASES[produced]}")
     if port.producers and source.kind not in port.producers:
         raise DagError(
             f"{edge}: expected the output of a {' or '.join(port.producers)} node, "
@@ -254,7 +254,7 @@ def _check_edge(edge: str, port: Port, source: StageNode, recipe: Recipe) -> Non
 
 
 def _wants(port: Port) -> str:
-    what = " or ".join(SAYS[k] for k in port.accepts)
+    what = " or ".join(ARTIFACT_KIND_PHRASES[k] for k in port.accepts)
     return f"{what} with split {', '.join(sorted(port.splits))}" if port.splits else what
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from schemas.artifacts import Artifact
 from schemas.recipe import Recipe, StageNode
 from stages import registry
-from stages.core.runner import Planned, RunContext, StageOutcome
+from stages.core.runner import RunContext, StageOutcome, StageWouldRun
 
 __all__ = ["Artifact", "node_context", "run_node"]
 
@@ -53,7 +53,7 @@ def run_node(
         outcome: StageOutcome[Any] = spec.entry_point()(
             inputs, config, node_context(recipe, node, ctx)
         )
-    except Planned:  # plan mode: the node decided, built nothing
+    except StageWouldRun:  # plan mode: the node decided, built nothing
         raise
     except BaseException:
         gc.collect()  # what the node built before it failed or stopped (module docstring)

@@ -32,8 +32,8 @@ from stages.core.runner import (
     RECORD_NAME,
     REWARD_SOURCE,
     SOURCE_PREFIX,
-    Planned,
     RunContext,
+    StageWouldRun,
     find_record,
     located_output,
     read_record,
@@ -168,7 +168,7 @@ def _decided(
     inputs = {name: outputs[source] for name, source in node.inputs.items()}
     try:
         outcome = run_node(recipe, node, node_config(recipe, node), inputs, ctx)
-    except Planned as planned:
+    except StageWouldRun as planned:
         decision = planned.decision
         detail = decision.detail
         if decision.action == "continue" and decision.previous is None:
@@ -278,7 +278,7 @@ def _says(refused: list[drift.Change]) -> str:
 
 
 @dataclass(frozen=True)
-class SettledNode:
+class CompletedNode:
     """One node of a complete run, as its committed record shows it."""
 
     node: str
@@ -291,13 +291,13 @@ class SettledNode:
         return _hash(self.record_uri.rsplit("/", 1)[0])
 
 
-def settled(
+def completed_nodes(
     recipe: Recipe,
     root: str,
     allow_changes: Sequence[str] = (),
     key: SecretStr | None = None,
     changed_code: list[tuple[str, drift.Change]] | None = None,
-) -> list[SettledNode] | None:
+) -> list[CompletedNode] | None:
     """Every node of the recipe's DAG, when the run is complete and a run would skip them all,
     shown from storage alone (no stage module, so no JAX): `far run` on a finished run and
     `far validate` answer from it in a second. None whenever any part is not shown, and the
@@ -335,7 +335,7 @@ def settled(
     complete = all(states[n].state == "complete" for n in directories)
     if not complete or len(directories) < len(dag.nodes) or None in directories.values():
         return None  # before any file is hashed: a run that continues reads them itself
-    found: dict[str, SettledNode] = {}
+    found: dict[str, CompletedNode] = {}
     holders: dict[str, str] = {}  # node -> the record its output lies under, as stages read it
     for node in dag.nodes:
         record_uri = storage.join(str(directories[node.id]), RECORD_NAME)
@@ -346,7 +346,7 @@ def settled(
         if record is None or not _reusable(recipe, node, run_uri, record_uri, record, upstream):
             return None
         output = located_output(record_uri, record).uri
-        found[node.id] = SettledNode(node.id, node.kind, record_uri, output)
+        found[node.id] = CompletedNode(node.id, node.kind, record_uri, output)
         holder = find_record(output, levels=3)  # a pick's output is its chosen stage's
         if holder is None:
             return None
@@ -354,10 +354,10 @@ def settled(
     return list(found.values()) if _ledger_holds(run_uri, found.values(), key) else None
 
 
-def settled_summary(
-    recipe: Recipe, root: str, done: list[SettledNode], seconds: float
+def completed_run_summary(
+    recipe: Recipe, root: str, done: list[CompletedNode], seconds: float
 ) -> RunSummary:
-    """The summary of a complete run from its records (`settled`): every stage skipped, and
+    """The summary of a complete run from its records (`completed_nodes`): every stage skipped, and
     the ledger root as it stands, since nothing was written."""
     run_uri = storage.join(root, recipe.name)
     stages = [
@@ -379,7 +379,7 @@ def settled_summary(
 def check_changed_code(
     changed: list[tuple[str, drift.Change]], allow_changes: Sequence[str]
 ) -> list[str]:
-    """A user's reward whose source file changed since a complete stage used it (`settled`'s
+    """A user's reward whose source file changed since a complete stage used it (`completed_nodes`'s
     `changed_code`): drift.DriftError before any session starts, as the stage's own drift
     guard refuses it; when allowed, a line saying so for each stage."""
     lines = []
@@ -399,7 +399,7 @@ def _reusable(
     record: StageRecord,
     upstream: list[str],
 ) -> bool:
-    """Whether `run_stage` would skip `node` on this record (see `settled`)."""
+    """Whether `run_stage` would skip `node` on this record (see `completed_nodes`)."""
     try:
         verify_before_reuse(record_uri, record)
     except TamperedStage:
@@ -474,7 +474,7 @@ def _sources(config: DataPrepConfig) -> list[SourceSpec]:
     return [source for split in splits if split is not None for source in split.sources]
 
 
-def _ledger_holds(run_uri: str, nodes: Iterable[SettledNode], key: SecretStr | None) -> bool:
+def _ledger_holds(run_uri: str, nodes: Iterable[CompletedNode], key: SecretStr | None) -> bool:
     """The run's ledger chain is whole (signed, with `key`) and every record and run.json
     match their latest entries, as `far audit` checks them."""
     entries, unreadable = ledger.scan(run_uri)

@@ -44,7 +44,7 @@ GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (Ev
 
 def validate_run(recipe: Recipe, root: str, cache_dir: str, computes: bool = True) -> None:
     """Every check below, cheapest first; the first failure raises InputError. A session that
-    `computes` nothing (every stage complete: pipeline.plan.settled) needs no devices and no
+    `computes` nothing (every stage complete: pipeline.plan.completed_nodes) needs no devices and no
     model, so their checks are left out."""
     check_nodes(recipe)
     for warning in ignored_eval_models(recipe):

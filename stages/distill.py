@@ -38,9 +38,9 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.modeling import fast_paths, models
 from stages.modeling.tokenizers import build_tokenizer
@@ -185,7 +185,7 @@ def distill(
             f"distill: the student's vocabulary ({vocab} embeddings) must equal the "
             f"teacher's ({teacher_vocab}): the KL compares their logits token by token"
         )
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, student, dataset.fingerprint, teacher.fingerprint),
         {"dataset": dataset, "teacher": teacher},
@@ -198,6 +198,6 @@ def run(
     inputs: Mapping[str, Artifact], config: DistillConfig, ctx: RunContext
 ) -> StageOutcome[CheckpointArtifact]:
     """The registered entry point (stages/registry.py): `dataset` and the `teacher`."""
-    dataset = take(inputs, "dataset", DatasetArtifact)
-    teacher = take(inputs, "teacher", CheckpointArtifact)
+    dataset = require_input(inputs, "dataset", DatasetArtifact)
+    teacher = require_input(inputs, "teacher", CheckpointArtifact)
     return distill(dataset, teacher, config, ctx.require_model(), ctx.mesh, ctx)

@@ -36,9 +36,9 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.modeling import fast_paths, models, preference_loss
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
@@ -188,7 +188,7 @@ def optimize(
             f"preference pairs {preferences.uri} are not committed (no stage record); "
             f"expected the output of a preferences node"
         )
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, model, policy.fingerprint, preferences.fingerprint),
         {"policy": policy, "preferences": preferences},
@@ -201,6 +201,6 @@ def run(
     inputs: Mapping[str, Artifact], config: DPOConfig, ctx: RunContext
 ) -> StageOutcome[CheckpointArtifact]:
     """The registered entry point (stages/registry.py): the `policy` and its `preferences`."""
-    policy = take(inputs, "policy", CheckpointArtifact)
-    pairs = take(inputs, "preferences", PreferenceDataset)
+    policy = require_input(inputs, "policy", CheckpointArtifact)
+    pairs = require_input(inputs, "preferences", PreferenceDataset)
     return optimize(policy, pairs, config, ctx.require_model(), ctx.mesh, ctx)

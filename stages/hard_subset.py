@@ -36,9 +36,9 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.core.samples import ModeView, mode_view, read_samples
 from stages.registry import hashed_config
@@ -277,7 +277,7 @@ def select(
 ) -> StageOutcome[DatasetArtifact]:
     """The prompts of `dataset`'s grpo_train split that `evaluation` says are still hard."""
     check_evaluated_on(evaluation, dataset)
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, evaluation.fingerprint, dataset.fingerprint),
         {"evaluation": evaluation, "dataset": dataset},
@@ -289,5 +289,5 @@ def run(
     inputs: Mapping[str, Artifact], config: HardSubsetConfig, ctx: RunContext
 ) -> StageOutcome[DatasetArtifact]:
     """The registered entry point (stages/registry.py): the `evaluation` and its `dataset`."""
-    evaluation = take(inputs, "evaluation", EvalReport)
-    return select(evaluation, take(inputs, "dataset", DatasetArtifact), config, ctx)
+    evaluation = require_input(inputs, "evaluation", EvalReport)
+    return select(evaluation, require_input(inputs, "dataset", DatasetArtifact), config, ctx)

@@ -41,9 +41,9 @@ from stages.core.runner import (
     StageIdentity,
     StageOutcome,
     find_record,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.core.samples import read_samples
 from stages.registry import hashed_config
@@ -270,7 +270,7 @@ def pick(
 ) -> StageOutcome[CheckpointArtifact]:
     """The candidate with the best greedy validation accuracy (the incumbent on a tie)."""
     fingerprints = {name: a.fingerprint for name, a in candidates.items()}
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, evaluation.fingerprint, fingerprints),
         {"evaluation": evaluation, **candidates},
@@ -283,5 +283,7 @@ def run(
 ) -> StageOutcome[CheckpointArtifact]:
     """The registered entry point (stages/registry.py): the `evaluation` of the validation
     split and each candidate checkpoint under the input name `config.candidates` lists."""
-    candidates = {name: take(inputs, name, CheckpointArtifact) for name in config.candidates}
-    return pick(take(inputs, "evaluation", EvalReport), candidates, config, ctx)
+    candidates = {
+        name: require_input(inputs, name, CheckpointArtifact) for name in config.candidates
+    }
+    return pick(require_input(inputs, "evaluation", EvalReport), candidates, config, ctx)

@@ -39,10 +39,10 @@ from stages.core.runner import (
     RunContext,
     StageOutcome,
     find_record,
+    optional_input,
     record_directory,
-    run_on,
+    run_stage_on_artifacts,
     stage_identity,
-    take_optional,
 )
 from stages.core.samples import mode_view, read_samples
 from stages.registry import hashed_config
@@ -241,7 +241,7 @@ def build(
     """Preference pairs from a file or from sampled completions (or the committed ones)."""
     pairs, source, inputs, artifacts = _sources(samples, dataset, config)
     hashed = hashed_config("preferences", config)
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         stage_identity("preferences", STAGE_VERSION, hashed, inputs),
         artifacts,
@@ -257,4 +257,4 @@ def run(
     samples = inputs.get("samples")
     if samples is not None and not isinstance(samples, EvalReport | CheckpointArtifact):
         raise TypeError(f"input 'samples': expected an eval report or a checkpoint, got {samples}")
-    return build(samples, take_optional(inputs, "dataset", DatasetArtifact), config, ctx)
+    return build(samples, optional_input(inputs, "dataset", DatasetArtifact), config, ctx)

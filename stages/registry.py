@@ -39,8 +39,8 @@ from schemas.recipe import SHIPPED_KINDS
 
 # the declaration's parts, defined with the shipped kinds' declarations (one import for a plugin)
 from schemas.recipe.kinds import ALL_SPLITS as ALL_SPLITS
+from schemas.recipe.kinds import ARTIFACT_KIND_PHRASES as ARTIFACT_KIND_PHRASES
 from schemas.recipe.kinds import DATASET_FOR as DATASET_FOR
-from schemas.recipe.kinds import SAYS as SAYS
 from schemas.recipe.kinds import ArtifactKind as ArtifactKind
 from schemas.recipe.kinds import Port as Port
 from schemas.recipe.kinds import Section as Section

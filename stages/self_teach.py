@@ -39,9 +39,9 @@ from stages.core.runner import (
     SessionExpired,
     StageIdentity,
     StageOutcome,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.modeling import fast_paths, generation, models
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
@@ -231,7 +231,7 @@ def teach(
     models.check_compatible(policy, model, tokenizer_name)
     for name in config.verify:
         rewards.get_reward(name)
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, model, dataset.fingerprint, policy.fingerprint),
         {"dataset": dataset, "policy": policy},
@@ -243,6 +243,6 @@ def run(
     inputs: Mapping[str, Artifact], config: SelfTeachConfig, ctx: RunContext
 ) -> StageOutcome[DatasetArtifact]:
     """The registered entry point (stages/registry.py): `dataset` and the `policy` sampled."""
-    dataset = take(inputs, "dataset", DatasetArtifact)
-    policy = take(inputs, "policy", CheckpointArtifact)
+    dataset = require_input(inputs, "dataset", DatasetArtifact)
+    policy = require_input(inputs, "policy", CheckpointArtifact)
     return teach(dataset, policy, config, ctx.require_model(), ctx.mesh, ctx)

@@ -38,10 +38,10 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    run_on,
+    optional_input,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
-    take_optional,
 )
 from stages.modeling import fast_paths, models, optim, tunix_compat
 from stages.modeling.compilations import TRAIN_STEP
@@ -285,7 +285,7 @@ def train(
         check_policy(policy, config)
         artifacts["policy"] = policy
     fingerprint = None if policy is None else policy.fingerprint
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, model, dataset.fingerprint, fingerprint),
         artifacts,
@@ -299,10 +299,10 @@ def run(
 ) -> StageOutcome[CheckpointArtifact]:
     """The registered entry point (stages/registry.py): `dataset`, and `policy` to continue."""
     return train(
-        take(inputs, "dataset", DatasetArtifact),
+        require_input(inputs, "dataset", DatasetArtifact),
         config,
         ctx.require_model(),
         ctx.mesh,
         ctx,
-        policy=take_optional(inputs, "policy", CheckpointArtifact),
+        policy=optional_input(inputs, "policy", CheckpointArtifact),
     )

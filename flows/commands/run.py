@@ -34,12 +34,12 @@ from pipeline import manifest
 from pipeline.dag import build_dag
 from pipeline.lease import LeaseHeld
 from pipeline.plan import (
+    CompletedNode,
     RunPlan,
-    SettledNode,
     check_changed_code,
+    completed_nodes,
+    completed_run_summary,
     plan_run,
-    settled,
-    settled_summary,
 )
 from pipeline.recipes import (
     RecipeError,
@@ -120,10 +120,10 @@ def run_and_report(plan: RunPlan, recipe_source: str, args: argparse.Namespace) 
     check_session_budget(plan.recipe)
     if not args.distributed:  # every host of a slice joins jax.distributed, even for nothing
         changed: list[tuple[str, drift.Change]] = []
-        done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key, changed)
+        done = completed_nodes(plan.recipe, plan.root, args.allow_change, args.audit_key, changed)
         if done is not None:
             validate_run(plan.recipe, plan.root, cache_dir, computes=False)
-            return report_settled(plan, done, time.perf_counter() - started)
+            return report_completed(plan, done, time.perf_counter() - started)
         for line in check_changed_code(changed, args.allow_change):
             print(f"far: {line}; the stages decide what runs again")
     validate_run(plan.recipe, plan.root, cache_dir)
@@ -190,11 +190,11 @@ def _opening_line(plan: RunPlan) -> str:
     return f"far: run '{plan.recipe.name}' at {run_uri}: {nodes}"
 
 
-def report_settled(plan: RunPlan, done: list[SettledNode], seconds: float) -> int:
+def report_completed(plan: RunPlan, done: list[CompletedNode], seconds: float) -> int:
     """The summary of a run that is already complete, from its records: no session is started
     (no Prefect, no JAX, nothing written), so run.json and the ledger root stay as they were."""
     print_summary(
-        settled_summary(plan.recipe, plan.root, done, seconds),
+        completed_run_summary(plan.recipe, plan.root, done, seconds),
         note="Nothing to run: every stage is complete and verified against its record and the "
         "ledger; no session was started, so run.json and the ledger root are unchanged.",
     )

@@ -16,10 +16,10 @@ from flows.commands.options import (
 )
 from pipeline.plan import (
     NodePlan,
+    completed_nodes,
     plan_run,
     preview,
     render_preview,
-    settled,
     with_models,
 )
 from pipeline.recipes import (
@@ -69,7 +69,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
-    done = settled(plan.recipe, plan.root, args.allow_change, args.audit_key)
+    done = completed_nodes(plan.recipe, plan.root, args.allow_change, args.audit_key)
     validate_run(plan.recipe, plan.root, cache_dir, computes=done is None)
     if done is None:
         nodes, refused = preview(plan.recipe, plan.root, args.allow_change, args.cache_dir)

@@ -92,8 +92,8 @@ from schemas.recipe.grpo import (
 )
 from schemas.recipe.kinds import (
     ALL_SPLITS,
+    ARTIFACT_KIND_PHRASES,
     DATASET_FOR,
-    SAYS,
     ArtifactKind,
     Port,
     Section,
@@ -149,6 +149,7 @@ from schemas.recipe.training import (
 
 __all__ = [
     "ALL_SPLITS",
+    "ARTIFACT_KIND_PHRASES",
     "BYTE_TOKENIZER_VOCAB",
     "DATASET_FOR",
     "DATA_PREP_KIND",
@@ -173,7 +174,6 @@ __all__ = [
     "PRESET_COLUMNS",
     "REGISTERED",
     "REWARD_PRESETS",
-    "SAYS",
     "SELF_TEACH_KIND",
     "SFT_KIND",
     "SHIPPED_KINDS",

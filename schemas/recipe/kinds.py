@@ -29,7 +29,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 ArtifactKind = Literal["dataset", "checkpoint", "eval_report", "preferences"]
-SAYS: dict[str, str] = {  # how an error (and the stage table) names an artifact kind
+# how an error (and the stage table) names an artifact kind
+ARTIFACT_KIND_PHRASES: dict[str, str] = {
     "dataset": "a dataset",
     "checkpoint": "a checkpoint",
     "eval_report": "an eval report",

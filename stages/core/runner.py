@@ -110,7 +110,7 @@ class RunContext:
     audit_key: SecretStr | None = None  # signs the run's ledger (FAR_AUDIT_KEY, read by the CLI)
     # raises when this session no longer holds the run's lease: called before every commit
     fence: Callable[[], None] | None = None
-    # `far validate`: run_stage decides as a run would and raises Planned instead of working
+    # `far validate`: run_stage decides as a run would and raises StageWouldRun instead of working
     plan_only: bool = False
     # the recipe's model and mesh, set by the node runner (pipeline/nodes.py) for a stage's run
     model: ModelSpec | None = None
@@ -198,7 +198,7 @@ def stage_identity(
     return StageIdentity(stage, version, hashed, {**inputs, **(code or {})})
 
 
-def run_on(
+def run_stage_on_artifacts(
     ctx: RunContext,
     identity: StageIdentity,
     artifacts: Mapping[str, Artifact],
@@ -224,7 +224,7 @@ def run_on(
 A = TypeVar("A")
 
 
-def take(inputs: Mapping[str, object], name: str, expected: type[A]) -> A:
+def require_input(inputs: Mapping[str, object], name: str, expected: type[A]) -> A:
     """The input `name` of a stage's `inputs`, refusing another contract (build_dag checked
     the edges; this guards callers that build `inputs` themselves)."""
     value = inputs.get(name)
@@ -235,9 +235,9 @@ def take(inputs: Mapping[str, object], name: str, expected: type[A]) -> A:
     return value
 
 
-def take_optional(inputs: Mapping[str, object], name: str, expected: type[A]) -> A | None:
+def optional_input(inputs: Mapping[str, object], name: str, expected: type[A]) -> A | None:
     """The optional input `name`, or None when the node has no such input."""
-    return take(inputs, name, expected) if name in inputs else None
+    return require_input(inputs, name, expected) if name in inputs else None
 
 
 def stage_directory(ctx: RunContext, stage: str, digest: str) -> str:
@@ -499,7 +499,7 @@ class Decision:
     changes: tuple[drift.Change, ...] = ()  # allowed changes from `previous`
 
 
-class Planned(Exception):  # not an error: how plan mode hands back a decision
+class StageWouldRun(Exception):  # not an error: how plan mode hands back a decision
     """Raised by `run_stage` in plan mode (RunContext.plan_only) instead of doing the work."""
 
     def __init__(self, decision: Decision) -> None:
@@ -548,7 +548,7 @@ def run_stage(
     `work` returns the output, scalar metrics and per-step histories (training curves).
     `carry_over` names subdirectories (checkpoints) a continuable allowed change brings over
     from the run's previous directory of this stage (see stages/core/drift.py). In plan mode
-    (ctx.plan_only) a stage that would not be skipped raises Planned with the decision.
+    (ctx.plan_only) a stage that would not be skipped raises StageWouldRun with the decision.
     """
     stage = identity.stage
     decision = decide(ctx, identity, carry_over)
@@ -559,7 +559,7 @@ def run_stage(
         located = located_output(record_uri, decision.record)
         return StageOutcome(located, record_uri, skipped=True, seconds=0.0)  # type: ignore[arg-type]
     if ctx.plan_only:
-        raise Planned(decision)
+        raise StageWouldRun(decision)
     left = ctx.seconds_left()
     if left is not None and left <= 0:
         raise NoProgress(f"session deadline passed before stage {stage} could start")

@@ -46,9 +46,9 @@ from stages.core.runner import (
     StageOutcome,
     find_checkpoint_record,
     located_output,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.core.shared import SharedBuilds
 from stages.evaluate import fewshot, headroom, reports
@@ -546,7 +546,7 @@ def evaluate(
     fingerprints = {name: a.fingerprint for name, a in resolved.items()}
     sandbox = rewards.stats_for(ctx)
     scored_config, scored = with_saved_steps(config, resolved)
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, model, dataset.fingerprint, fingerprints),
         {"dataset": dataset, **resolved},
@@ -562,9 +562,9 @@ def run(
     """The registered entry point (stages/registry.py): `dataset`, and each checkpoint that
     `config.models` names under its input name."""
     checkpoints = {
-        name: take(inputs, name, CheckpointArtifact)
+        name: require_input(inputs, name, CheckpointArtifact)
         for name in inputs
         if name != "dataset" and name in config.models
     }
-    dataset = take(inputs, "dataset", DatasetArtifact)
+    dataset = require_input(inputs, "dataset", DatasetArtifact)
     return evaluate(dataset, checkpoints, config, ctx.require_model(), ctx.mesh, ctx)

@@ -47,9 +47,9 @@ from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    run_on,
+    require_input,
+    run_stage_on_artifacts,
     stage_identity,
-    take,
 )
 from stages.core.sessions import nonempty
 from stages.grpo import advantages, metrics, reward_sums, rollouts, timing
@@ -546,7 +546,7 @@ def reinforce(
     check_pool(dataset, config)
     models.check_compatible(sft, model, tokenizer_name)
     rewards.validate_names(config.rewards)
-    return run_on(
+    return run_stage_on_artifacts(
         ctx,
         identity(config, model, dataset.fingerprint, sft.fingerprint),
         {"dataset": dataset, "sft": sft},
@@ -572,6 +572,6 @@ def run(
     inputs: Mapping[str, Artifact], config: GRPOConfig, ctx: RunContext
 ) -> StageOutcome[CheckpointArtifact]:
     """The registered entry point (stages/registry.py): `dataset` and the `policy` to start from."""
-    dataset = take(inputs, "dataset", DatasetArtifact)
-    policy = take(inputs, "policy", CheckpointArtifact)
+    dataset = require_input(inputs, "dataset", DatasetArtifact)
+    policy = require_input(inputs, "policy", CheckpointArtifact)
     return reinforce(dataset, policy, config, ctx.require_model(), ctx.mesh, ctx)

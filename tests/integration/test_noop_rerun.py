@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from pipeline.plan import plan_run, settled
+from pipeline.plan import completed_nodes, plan_run
 from schemas.recipe import Recipe
 from schemas.record import RunSummary
 from stages.core import ledger, storage
@@ -133,10 +133,10 @@ def test_anything_short_of_a_verified_complete_run_goes_the_runs_own_way(
     stages' own decisions (drift guard, tamper check) answer as before."""
     root = storage.normalize(str(complete_root))
     recipe = plan_run(str(SMOKE), root).recipe
-    assert settled(recipe, root) is not None  # the control
+    assert completed_nodes(recipe, root) is not None  # the control
     changed = plan_run(str(SMOKE), root, assignments=["sft.max_steps=151"]).recipe
-    assert settled(changed, root) is None
-    assert settled(recipe, root, key=SecretStr("a key the run was not signed with")) is None
+    assert completed_nodes(changed, root) is None
+    assert completed_nodes(recipe, root, key=SecretStr("a key the run was not signed with")) is None
 
     run = complete_root / "smoke"
     ledger_file = run / "ledger.jsonl"
@@ -145,7 +145,7 @@ def test_anything_short_of_a_verified_complete_run_goes_the_runs_own_way(
     entry = json.loads(lines[1])
     entry["sha256"] = "sha256:" + "0" * 64  # a record's entry rewritten: the chain breaks
     ledger_file.write_text("\n".join([lines[0], json.dumps(entry), *lines[2:]]) + "\n")
-    assert settled(recipe, root) is None
+    assert completed_nodes(recipe, root) is None
     ledger_file.write_bytes(kept)
 
     manifest_file = run / "run.json"
@@ -153,14 +153,14 @@ def test_anything_short_of_a_verified_complete_run_goes_the_runs_own_way(
     manifest = json.loads(kept)
     manifest["invocations"][-1]["outcome"] = None  # a session that crashed
     manifest_file.write_text(json.dumps(manifest))
-    assert settled(recipe, root) is None
+    assert completed_nodes(recipe, root) is None
     manifest_file.write_bytes(kept)
 
     checkpoint = next(p for p in sorted(run.glob("sft-*/checkpoints/**/*")) if p.is_file())
     data = bytearray(checkpoint.read_bytes())
     data[-1] ^= 1
     checkpoint.write_bytes(bytes(data))
-    assert settled(recipe, root) is None
+    assert completed_nodes(recipe, root) is None
 
 
 def test_a_complete_dag_run_with_a_pick_node_reruns_as_a_noop(

@@ -15,7 +15,14 @@ from schemas.artifacts import Artifact, DatasetArtifact
 from schemas.base import Frozen
 from schemas.recipe import PositiveInt
 from stages.core.datasets import load_prompts, write_derived_dataset
-from stages.core.runner import RunContext, StageIdentity, StageOutcome, run_stage, take, with_uris
+from stages.core.runner import (
+    RunContext,
+    StageIdentity,
+    StageOutcome,
+    require_input,
+    run_stage,
+    with_uris,
+)
 from stages.registry import Port, StageSpec, hashed_config, register
 
 KIND = "first_prompts"
@@ -43,7 +50,7 @@ def run(
     inputs: Mapping[str, Artifact], config: FirstPromptsConfig, ctx: RunContext
 ) -> StageOutcome[DatasetArtifact]:
     """The first `config.keep` prompts of `dataset` (or the committed result)."""
-    dataset = take(inputs, "dataset", DatasetArtifact)
+    dataset = require_input(inputs, "dataset", DatasetArtifact)
 
     def work(directory: str) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
         rows = load_prompts(dataset, "grpo_train")

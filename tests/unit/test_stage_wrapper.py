@@ -1,6 +1,7 @@
 """The shape every stage with upstream inputs shares, written once in stages/core/runner.py:
 `stage_identity` hashes the config (under its key), the model, the inputs' fingerprints and the
-user code; `run_on` records the inputs' URIs under the same names and runs `run_stage`.
+user code; `run_stage_on_artifacts` records the inputs' URIs under the same names and runs
+`run_stage`.
 
 Real `run_stage` calls on local storage whose work writes one small file (no training)."""
 
@@ -16,7 +17,7 @@ import pytest
 from schemas.artifacts import CheckpointArtifact
 from stages import registry
 from stages.core import storage
-from stages.core.runner import RunContext, StageIdentity, run_on, stage_identity
+from stages.core.runner import RunContext, StageIdentity, run_stage_on_artifacts, stage_identity
 from tests.conftest import recipe_with
 
 
@@ -66,14 +67,14 @@ def test_run_on_records_each_input_uri_under_its_name(tmp_path: Path) -> None:
         "toy", 1, {}, {"policy": policy.fingerprint, "teacher": teacher.fingerprint}
     )
     ctx = RunContext(root=str(tmp_path / "runs"), run="r")
-    outcome = run_on(ctx, identity, {"policy": policy, "teacher": teacher}, _work)
+    outcome = run_stage_on_artifacts(ctx, identity, {"policy": policy, "teacher": teacher}, _work)
     record = storage.read_json(outcome.record_uri)
     assert {n: ref["uri"] for n, ref in record["input_artifacts"].items()} == {
         "policy": policy.uri,
         "teacher": teacher.uri,
     }
     assert record["inputs"] == identity.inputs
-    again = run_on(ctx, identity, {"policy": policy, "teacher": teacher}, _work)
+    again = run_stage_on_artifacts(ctx, identity, {"policy": policy, "teacher": teacher}, _work)
     assert again.skipped and again.record_uri == outcome.record_uri
 
 
@@ -83,7 +84,7 @@ def test_run_on_refuses_an_input_its_identity_does_not_hash(tmp_path: Path, wron
     hashed = {"sft" if wrong == "name" else "policy": other.fingerprint}
     ctx = RunContext(root=str(tmp_path / "runs"), run="r")
     with pytest.raises(ValueError, match=r"input 'policy'.*identity hashes"):
-        run_on(ctx, stage_identity("toy", 1, {}, hashed), {"policy": policy}, _work)
+        run_stage_on_artifacts(ctx, stage_identity("toy", 1, {}, hashed), {"policy": policy}, _work)
     assert not (tmp_path / "runs").exists()  # refused before any directory or work
 
 
@@ -103,5 +104,5 @@ def test_every_shipped_stage_with_inputs_runs_through_the_one_wrapper() -> None:
         if not spec.ports and spec.any_other_input is None:
             continue
         calls = _calls(spec.module)
-        assert "run_on" in calls and "stage_identity" in calls, spec.kind
+        assert "run_stage_on_artifacts" in calls and "stage_identity" in calls, spec.kind
         assert not calls & {"run_stage", "with_uris", "StageIdentity"}, spec.kind
