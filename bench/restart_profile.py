@@ -38,7 +38,7 @@ PHASES = (
     ("lora apply", ("qwix",)),
     ("base model build", ("dummy_model_creator", "build_base_model")),
     ("data stream", ("grain", "stages/sft.py:batches", "datasets.py")),
-    ("far records", ("stages/core/runner.py", "stages/core/storage.py")),
+    ("far records", ("stages/core/runner.py", "stages/core/records.py", "stages/core/storage.py")),
 )
 
 

@@ -47,12 +47,12 @@ from schemas.recipe import Recipe, StageNode
 from schemas.record import RunSummary, StageSummary
 from stages import registry
 from stages.core import ledger, storage
+from stages.core.provenance import git_commit
 from stages.core.runner import (
     NoProgress,
     RunContext,
     SessionExpired,
     StageOutcome,
-    git_commit,
     is_primary_process,
 )
 from stages.core.sessions import LeaseLost, StopFlag, stop_on_sigterm

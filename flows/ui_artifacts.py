@@ -23,7 +23,9 @@ from prefect.artifacts import (
 from schemas.artifacts import CheckpointArtifact, DatasetArtifact, EvalReport
 from schemas.record import StageRecord
 from stages.core import storage
-from stages.core.runner import EVALUATIONS_INDEX, StageOutcome, read_record
+from stages.core.evaluations import EVALUATIONS_INDEX
+from stages.core.records import read_record
+from stages.core.runner import StageOutcome
 
 REPORT_MARKDOWN = "report.md"  # written by the evaluate stage beside report.json
 

@@ -20,10 +20,12 @@ from pipeline.lease import LEASE_NAME
 from pipeline.manifest import MANIFEST_NAME, manifest_uri, pipeline_order, read_manifest
 from schemas.cli_output import Code, EvaluationScores, LineageEntry, Machine
 from schemas.record import ExternalEvaluation, LedgerEntry, RunManifest, StageRecord
-from stages.core import ledger, runner, storage
+from stages.core import evaluations as stage_evaluations
+from stages.core import ledger, storage
+from stages.core import records as stage_records
 from stages.core.errors import MissingInput
 from stages.core.metrics_logging import MLFLOW_DIR
-from stages.core.runner import RECORD_NAME, read_record
+from stages.core.records import RECORD_NAME, read_record
 
 OPENLINEAGE_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
 PRODUCER = "https://github.com/far-project/far"
@@ -42,7 +44,7 @@ class LineageNode:
 
 def find_record(uri: str) -> tuple[str, StageRecord]:
     """The record of the stage that produced `uri` (a stage dir, its output, or a file in it)."""
-    found = runner.find_record(uri, levels=4)
+    found = stage_records.find_record(uri, levels=4)
     if found is None:
         raise FileNotFoundError(
             f"no FAR stage record for {uri}: expected {RECORD_NAME} in it or up to three "
@@ -59,7 +61,7 @@ def ancestry(uri: str, name: str = "artifact") -> LineageNode:
         if ref.record_uri is None:
             node.sources[ref.uri] = ref.fingerprint
         else:
-            upstream = runner.resolve(record_uri, record, ref.record_uri)
+            upstream = stage_records.resolve(record_uri, record, ref.record_uri)
             node.parents.append(ancestry(upstream, input_name))
     return node
 
@@ -76,7 +78,7 @@ def render(
     """
     seen = set() if seen is None else seen
     r = node.record
-    output_uri = runner.located_output(node.record_uri, r).uri
+    output_uri = stage_records.located_output(node.record_uri, r).uri
     if node.record_uri in seen:
         return f"{indent}{node.name}: {_label(r)} -> {output_uri} (described above)"
     seen.add(node.record_uri)
@@ -113,14 +115,16 @@ def render(
 def as_entry(node: LineageNode, manifest: RunManifest | None = None) -> LineageEntry:
     """The ancestry as `far lineage --json` prints it (what `render` shows, as data)."""
     r = node.record
-    evaluations = runner.read_evaluations(runner.record_directory(node.record_uri))
+    evaluations = stage_evaluations.read_evaluations(
+        stage_records.record_directory(node.record_uri)
+    )
     return LineageEntry(
         name=node.name,
         node=node_id(r),
         kind=r.stage,
         record_uri=node.record_uri,
         stage_hash=r.stage_hash,
-        output_uri=runner.located_output(node.record_uri, r).uri,
+        output_uri=stage_records.located_output(node.record_uri, r).uri,
         sessions=[s.outcome for s in r.sessions] or ["complete"],
         seconds=r.seconds,
         flow_run_ids=sorted({s.flow_run_id or "?" for s in r.sessions} or {r.flow_run_id or "?"}),
@@ -142,7 +146,9 @@ def as_entry(node: LineageNode, manifest: RunManifest | None = None) -> LineageE
 def _evaluation_lines(record_uri: str, indent: str) -> list[str]:
     """One line per evaluation of this stage's checkpoint (its write-once evaluation files)."""
     lines = []
-    for uri, evaluation in runner.read_evaluations(runner.record_directory(record_uri)):
+    for uri, evaluation in stage_evaluations.read_evaluations(
+        stage_records.record_directory(record_uri)
+    ):
         shown = ", ".join(
             f"{k}={evaluation.scores[k]:.4g}"
             for k in ("format_rate", "accuracy")
@@ -156,7 +162,9 @@ def _external_lines(record_uri: str, indent: str) -> list[str]:
     """One line per checkpoint of another run that this evaluation scored (kept in its own
     directory): the checkpoint and the digest of its record as it was read."""
     lines = []
-    for _, evaluation in runner.read_external_evaluations(runner.record_directory(record_uri)):
+    for _, evaluation in stage_evaluations.read_external_evaluations(
+        stage_records.record_directory(record_uri)
+    ):
         shown = ", ".join(
             f"{k}={evaluation.scores[k]:.4g}"
             for k in ("format_rate", "accuracy")
@@ -253,7 +261,7 @@ def audit(
     records = run_records(run_uri, problems)
     for record_uri, record in records:
         problems += _audit_seal(record_uri, record)
-        problems += runner.verify_files(record_uri, record)
+        problems += stage_records.verify_files(record_uri, record)
         problems += _audit_inputs(record_uri, record)
     problems += _audit_evaluations(run_uri, records)
     problems += _audit_external_evaluations(records)
@@ -287,7 +295,7 @@ def _audit_top_directories(
     the run's DAG (any node, when run.json is unreadable) nor one of RUN_DIRS. A directory
     holding a stage record is judged by the record checks (a planted one is not in the
     ledger), so it is not reported twice."""
-    recorded = {runner.record_directory(uri) for uri, _ in records}
+    recorded = {stage_records.record_directory(uri) for uri, _ in records}
     problems = []
     for name in sorted(storage.list_dirs(run_uri)):
         uri, stage = storage.join(run_uri, name), _STAGE_DIR.match(name)
@@ -403,7 +411,7 @@ def coverage(key: SecretStr | None, expect_root: str | None) -> str:
 def _audit_seal(record_uri: str, record: StageRecord) -> list[str]:
     if record.digest is None:
         return [f"{record_uri}: record has no seal (its digest is null)"]
-    if runner.record_digest(record) == record.digest:
+    if stage_records.record_digest(record) == record.digest:
         return []
     return [f"{record_uri}: record edited after its commit (its digest no longer matches)"]
 
@@ -413,7 +421,7 @@ def _audit_inputs(record_uri: str, record: StageRecord) -> list[str]:
     for name, ref in record.input_artifacts.items():
         if ref.record_uri is None:
             continue
-        upstream_uri = runner.resolve(record_uri, record, ref.record_uri)
+        upstream_uri = stage_records.resolve(record_uri, record, ref.record_uri)
         try:
             upstream = read_record(upstream_uri)  # in this run as it is now, or another run's
         except ValueError:
@@ -441,16 +449,20 @@ def _audit_evaluations(run_uri: str, records: list[tuple[str, StageRecord]]) -> 
     committed evaluation that wrote it."""
     listed: dict[str, str] = {}
     for record_uri, record in records:
-        if runner.EVALUATIONS_INDEX in record.files:  # whichever stage wrote evaluations
-            index = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_INDEX)
+        if stage_evaluations.EVALUATIONS_INDEX in record.files:  # whichever stage wrote evaluations
+            index = storage.join(
+                stage_records.record_directory(record_uri), stage_evaluations.EVALUATIONS_INDEX
+            )
             for uri, sha256 in _evaluation_index(index).items():
                 # {run}/{checkpoint stage dir}/evaluations/{file}: found in this run as it is now
                 where = "/".join(uri.rsplit("/", 3)[-3:])
-                listed[storage.join(runner.record_run(record_uri), where)] = sha256
+                listed[storage.join(stage_records.record_run(record_uri), where)] = sha256
     problems = []
     present = set()
     for record_uri, _ in records:
-        folder = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_DIR)
+        folder = storage.join(
+            stage_records.record_directory(record_uri), stage_records.EVALUATIONS_DIR
+        )
         for rel in sorted(storage.list_files(folder)):
             uri = storage.join(folder, rel)
             present.add(uri)
@@ -468,9 +480,9 @@ def _audit_external_evaluations(records: list[tuple[str, StageRecord]]) -> list[
     digest it had when evaluated, is sealed, and its files still match it."""
     problems = []
     for record_uri, _ in records:
-        directory = runner.record_directory(record_uri)
+        directory = stage_records.record_directory(record_uri)
         try:
-            found = runner.read_external_evaluations(directory)
+            found = stage_evaluations.read_external_evaluations(directory)
         except (OSError, ValueError) as e:
             problems.append(f"{directory}: an external evaluation file is unreadable ({e})")
             continue
@@ -487,7 +499,7 @@ def _audit_external_checkpoint(uri: str, evaluation: ExternalEvaluation) -> list
     if storage.sha256_bytes(data) != evaluation.checkpoint_record_digest:
         return [f"{uri}: the evaluated checkpoint's record {checkpoint} changed since it was read"]
     record = StageRecord.model_validate_json(data)  # the bytes that were read and parsed then
-    found = _audit_seal(checkpoint, record) + runner.verify_files(checkpoint, record)
+    found = _audit_seal(checkpoint, record) + stage_records.verify_files(checkpoint, record)
     return [f"{uri}: evaluated checkpoint: {problem}" for problem in found]
 
 
@@ -604,19 +616,21 @@ def export_problems(
     its stage's record, the rest the upstream records its model card lists. Each record, and
     each evaluation's record whose scores the card shows, must be one the audit trusts
     (`record_doubts`: sealed, in the ledger as written, covered by the key and
-    `expect_root`); the checkpoint's files must match its record (`runner.verify_files`) and
+    `expect_root`); the checkpoint's files must match its record (`stage_records.verify_files`) and
     its evaluation files their evaluations (`_audit_evaluations`), as the audit checks them.
     Empty when the export may go ahead."""
     checkpoint_record = record_uris[0]
-    run_uri = runner.record_run(checkpoint_record)
-    folder = storage.join(runner.record_directory(checkpoint_record), runner.EVALUATIONS_DIR)
+    run_uri = stage_records.record_run(checkpoint_record)
+    folder = storage.join(
+        stage_records.record_directory(checkpoint_record), stage_records.EVALUATIONS_DIR
+    )
     records = run_records(run_uri)
     vouched = [*record_uris, *_evaluators(records, folder)]
     doubts = record_doubts(run_uri, key, expect_root, accept_later)
     problems = [f"{uri}: {doubts[uri]}" for uri in vouched if uri in doubts]
     record = read_record(checkpoint_record)
     if record is not None:
-        problems += runner.verify_files(checkpoint_record, record)
+        problems += stage_records.verify_files(checkpoint_record, record)
     evaluations = _audit_evaluations(run_uri, records)
     return problems + [p for p in evaluations if p.startswith(folder + "/")]
 
@@ -625,10 +639,12 @@ def _evaluators(records: list[tuple[str, StageRecord]], folder: str) -> list[str
     """The records whose evaluation index lists a file in `folder`."""
     found = []
     for record_uri, record in records:
-        if runner.EVALUATIONS_INDEX in record.files:
-            index = storage.join(runner.record_directory(record_uri), runner.EVALUATIONS_INDEX)
+        if stage_evaluations.EVALUATIONS_INDEX in record.files:
+            index = storage.join(
+                stage_records.record_directory(record_uri), stage_evaluations.EVALUATIONS_INDEX
+            )
             names = ("/".join(uri.rsplit("/", 3)[-3:]) for uri in _evaluation_index(index))
-            run = runner.record_run(record_uri)
+            run = stage_records.record_run(record_uri)
             if any(storage.join(run, name).startswith(folder + "/") for name in names):
                 found.append(record_uri)
     return found

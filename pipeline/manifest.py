@@ -22,14 +22,14 @@ from schemas.recipe import Recipe
 from schemas.record import Invocation, RunManifest
 from stages.core import drift, ledger, storage
 from stages.core.errors import InputError, MissingInput
-from stages.core.runner import (
+from stages.core.records import (
     IDENTITY_NAME,
     RECORD_NAME,
     SESSIONS_DIR,
-    RunContext,
     located_output,
     read_record,
 )
+from stages.core.runner import RunContext
 
 MANIFEST_NAME = "run.json"
 

@@ -27,18 +27,16 @@ from schemas.record import ArtifactRef, RunSummary, StageRecord, StageSummary
 from stages import registry, rewards
 from stages.core import drift, ledger, metrics_logging, storage
 from stages.core.errors import InputError, TamperedStage
-from stages.core.runner import (
+from stages.core.identity import REWARD_SOURCE, SOURCE_PREFIX
+from stages.core.records import (
     IDENTITY_NAME,
     RECORD_NAME,
-    REWARD_SOURCE,
-    SOURCE_PREFIX,
-    RunContext,
-    StageWouldRun,
     find_record,
     located_output,
     read_record,
     verify_before_reuse,
 )
+from stages.core.runner import RunContext, StageWouldRun
 from stages.core.shared import SharedBuilds
 
 
@@ -112,7 +110,7 @@ def preview(
     """Each node of the recipe's DAG in the order it runs, with what a run would do with it,
     decided by the run's own code: the recipe's drift from run.json (manifest.recipe_drift,
     as `open_session` checks it), then each node through its stage's entry point in plan mode
-    (RunContext.plan_only), where `run_stage` makes the run's decision (stages.core.runner.
+    (RunContext.plan_only), where `run_stage` makes the run's decision (stages.core.decisions.
     decide: the record's seal and files verified, the drift guard against the node's previous
     directory) and hands it back instead of working. A node is decided once every input is
     known, i.e. its upstream nodes are skipped; one after a node that runs first shows

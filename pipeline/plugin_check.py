@@ -35,7 +35,7 @@ from schemas.recipe import Recipe
 from schemas.record import RunManifest, StageRecord
 from stages import registry
 from stages.core.errors import MissingInput
-from stages.core.runner import REWARD_SOURCE, SOURCE_PREFIX
+from stages.core.identity import REWARD_SOURCE, SOURCE_PREFIX
 from stages.registry import PluginError
 
 CHECK_HINT = "check your copy of it with --plugin {module}"

@@ -34,7 +34,7 @@ from schemas.recipe import (
 from stages import registry
 from stages.core import metrics_logging, storage
 from stages.core.errors import InputError, MissingInput
-from stages.core.runner import find_checkpoint_record
+from stages.core.records import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
 from stages.data_prep.sources import Example, check_file_columns, check_reasoning
 

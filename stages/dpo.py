@@ -31,11 +31,11 @@ from stages.core import metrics_logging, storage
 from stages.core.datasets import in_memory_stream
 from stages.core.errors import InputError, MissingInput
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
+from stages.core.records import find_record
 from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    find_record,
     require_input,
     run_stage_on_artifacts,
     stage_identity,

@@ -31,11 +31,11 @@ from stages.core.datasets import (
     write_derived_dataset,
 )
 from stages.core.errors import InputError, MissingInput
+from stages.core.records import find_record
 from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    find_record,
     require_input,
     run_stage_on_artifacts,
     stage_identity,

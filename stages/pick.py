@@ -36,11 +36,11 @@ from schemas.artifacts import GREEDY_SUFFIX, STEP_SUFFIX, Artifact, CheckpointAr
 from schemas.recipe import PickConfig
 from stages.core import stats, storage
 from stages.core.errors import InputError, MissingInput
+from stages.core.records import find_record
 from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    find_record,
     require_input,
     run_stage_on_artifacts,
     stage_identity,

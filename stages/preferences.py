@@ -34,13 +34,12 @@ from schemas.recipe import PreferencesConfig
 from stages.core import storage
 from stages.core.datasets import evaluated_split, jsonl_bytes, load_prompts
 from stages.core.errors import InputError
+from stages.core.identity import SOURCE_PREFIX
+from stages.core.records import find_record, record_directory
 from stages.core.runner import (
-    SOURCE_PREFIX,
     RunContext,
     StageOutcome,
-    find_record,
     optional_input,
-    record_directory,
     run_stage_on_artifacts,
     stage_identity,
 )

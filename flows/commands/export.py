@@ -18,7 +18,8 @@ from flows.commands.options import (
 from pipeline import lineage
 from schemas.artifacts import DatasetArtifact
 from stages.core.errors import InputError
-from stages.core.runner import RunContext, find_checkpoint_record, record_run
+from stages.core.records import find_checkpoint_record, record_run
+from stages.core.runner import RunContext
 
 
 def add_command(commands: Any) -> None:

@@ -16,7 +16,7 @@ from flows.commands.options import (
 from pipeline import lineage, manifest, plugin_check
 from schemas import cli_output
 from stages.core import storage
-from stages.core.runner import record_run
+from stages.core.records import record_run
 
 
 def add_command(commands: Any) -> None:

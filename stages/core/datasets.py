@@ -18,7 +18,7 @@ import numpy as np
 from schemas.artifacts import DataCard, DatasetArtifact
 from stages.core import storage
 from stages.core.errors import InputError, MissingInput
-from stages.core.runner import RECORD_NAME, find_record
+from stages.core.records import RECORD_NAME, find_record
 
 if TYPE_CHECKING:
     import grain

@@ -32,7 +32,8 @@ from schemas.recipe import DataPrepConfig, ModelSpec, PromptFormat, SourceSpec, 
 from stages.core import storage
 from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
 from stages.core.errors import InputError
-from stages.core.runner import SOURCE_PREFIX, RunContext, StageIdentity, StageOutcome, run_stage
+from stages.core.identity import SOURCE_PREFIX
+from stages.core.runner import RunContext, StageIdentity, StageOutcome, run_stage
 from stages.data_prep.packing import pack_rows, useful_fraction
 from stages.data_prep.sources import (
     OWN_COLUMNS,

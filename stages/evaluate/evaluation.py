@@ -40,12 +40,11 @@ from stages import rewards
 from stages.core.checkpoints import saved_steps
 from stages.core.datasets import check_dataset, load_prompts, load_sft_arrays
 from stages.core.errors import InputError
+from stages.core.records import find_checkpoint_record, located_output
 from stages.core.runner import (
     RunContext,
     StageIdentity,
     StageOutcome,
-    find_checkpoint_record,
-    located_output,
     require_input,
     run_stage_on_artifacts,
     stage_identity,

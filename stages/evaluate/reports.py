@@ -23,15 +23,8 @@ from schemas.artifacts import (
 )
 from schemas.record import Evaluation
 from stages.core import stats, storage
-from stages.core.runner import (
-    EVALUATIONS_INDEX,
-    RECORD_NAME,
-    find_checkpoint_record,
-    record_run,
-    same_run,
-    write_evaluation,
-    write_external_evaluation,
-)
+from stages.core.evaluations import EVALUATIONS_INDEX, write_evaluation, write_external_evaluation
+from stages.core.records import RECORD_NAME, find_checkpoint_record, record_run, same_run
 from stages.evaluate import headroom
 
 
@@ -396,7 +389,7 @@ def record_scores(
     committed with this stage's record and `far audit` verifies them).
 
     A checkpoint of another run gets its file in this evaluation's own directory instead
-    (runner.write_external_evaluation): a run never writes inside another run."""
+    (evaluations.write_external_evaluation): a run never writes inside another run."""
     by_uri = {s.checkpoint_uri: s for s in report.scores if s.checkpoint_uri}
     run_uri = record_run(storage.join(directory, RECORD_NAME))
     written = {}

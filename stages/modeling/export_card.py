@@ -20,10 +20,10 @@ from schemas.artifacts import DatasetArtifact
 from schemas.recipe import EvalConfig, ModelSpec, PromptFormat
 from schemas.record import StageRecord
 from stages.core import ledger, storage
-from stages.core.runner import (
+from stages.core.evaluations import read_evaluations
+from stages.core.records import (
     find_checkpoint_record,
     located_output,
-    read_evaluations,
     record_directory,
     record_run,
     resolve,

@@ -34,7 +34,7 @@ from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import EvalConfig, LoraSpec, MeshSpec, ModelSpec
 from stages.core import storage
 from stages.core.errors import InputError
-from stages.core.runner import find_checkpoint_record, located_output
+from stages.core.records import find_checkpoint_record, located_output
 from stages.modeling import (
     export_card,
     export_target,

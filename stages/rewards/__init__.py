@@ -36,7 +36,8 @@ from typing import Any, TypeVar
 
 from schemas.recipe import AnswerFormat
 from stages.core.errors import InputError
-from stages.core.runner import REWARD_SOURCE, SOURCE_PREFIX, RunContext
+from stages.core.identity import REWARD_SOURCE, SOURCE_PREFIX
+from stages.core.runner import RunContext
 from stages.rewards.answers import (
     approx_format,
     extract_answer,

@@ -32,7 +32,8 @@ from stages import distill, dpo, hard_subset, preferences, self_teach, sft
 from stages.core import storage
 from stages.core.datasets import load_prompts
 from stages.core.errors import InputError
-from stages.core.runner import RunContext, SessionExpired, record_directory
+from stages.core.records import record_directory
+from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from stages.modeling import models
 from tests.conftest import on_api

@@ -23,14 +23,10 @@ from schemas.record import RunManifest, StageRecord
 from stages import sft
 from stages.core import ledger, storage
 from stages.core.datasets import load_prompts
+from stages.core.evaluations import read_evaluations, read_external_evaluations
 from stages.core.progress import ProgressUpdate
-from stages.core.runner import (
-    RunContext,
-    SessionExpired,
-    find_checkpoint_record,
-    read_evaluations,
-    read_external_evaluations,
-)
+from stages.core.records import find_checkpoint_record
+from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from stages.data_prep import build as data_prep
 from stages.evaluate import evaluation as evaluate

@@ -17,7 +17,7 @@ import pytest
 
 from schemas.record import StageRecord
 from stages.core import storage
-from stages.core.runner import read_evaluations
+from stages.core.evaluations import read_evaluations
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

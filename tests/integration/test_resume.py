@@ -30,7 +30,8 @@ from schemas.recipe import MeshSpec, Recipe
 from schemas.record import StageRecord
 from stages import sft
 from stages.core import drift, storage
-from stages.core.runner import RunContext, stage_directory
+from stages.core.decisions import stage_directory
+from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
 from stages.grpo import training as grpo
 from stages.modeling import models

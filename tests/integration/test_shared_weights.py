@@ -24,7 +24,8 @@ import pytest
 from pipeline import nodes
 from pipeline.dag import build_dag, node_config
 from schemas.recipe import Recipe
-from stages.core.runner import RunContext, read_record
+from stages.core.records import read_record
+from stages.core.runner import RunContext
 from stages.core.shared import SharedBuilds
 from stages.modeling import models
 from tests.conftest import recipe_with

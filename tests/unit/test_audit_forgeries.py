@@ -21,14 +21,14 @@ from pipeline.manifest import manifest_uri, run_status
 from schemas.record import LedgerEntry
 from stages.core import ledger, storage
 from stages.core.errors import TamperedStage
-from stages.core.runner import (
+from stages.core.records import (
     RECORD_NAME,
-    RunContext,
     directory_digests,
     find_checkpoint_record,
     located_output,
     read_record,
 )
+from stages.core.runner import RunContext
 from tests.unit.test_records import checkpoint_stage, evaluate_stage, make_run, reseal
 
 

@@ -27,7 +27,8 @@ from pipeline.dag import build_dag
 from pipeline.manifest import manifest_uri, write_manifest
 from schemas.record import RunManifest
 from stages.core import ledger
-from stages.core.runner import RECORD_NAME, RunContext
+from stages.core.records import RECORD_NAME
+from stages.core.runner import RunContext
 from tests.conftest import REPO, recipe_with
 from tests.unit.test_records import checkpoint_stage, evaluate_stage, reseal
 
@@ -164,7 +165,7 @@ def test_a_planted_module_cannot_pass_an_edited_evaluation_audited_from_the_run(
         "for name in ('_audit_seal', '_audit_inputs', '_audit_evaluations', '_audit_top_level',"
         " '_audit_ledger'):\n"
         "    setattr(lineage, name, lambda *args, **kwargs: [])\n"
-        "lineage.runner.verify_files = lambda *args, **kwargs: []\n"
+        "lineage.stage_records.verify_files = lambda *args, **kwargs: []\n"
         "print('planted module ran')\n"
     )
     Path(run_uri, "far_audit_helper.py").write_text(planted)

@@ -209,7 +209,8 @@ def test_node_id_names_the_directory_and_the_hash_stays() -> None:
     """The default DAG's ids are the kinds: the original directories; another id only renames
     the directory, the stage hash (what was computed) is the same."""
     from stages import sft
-    from stages.core.runner import RunContext, stage_directory
+    from stages.core.decisions import stage_directory
+    from stages.core.runner import RunContext
 
     recipe = recipe_with(ROOT)
     digest = sft.identity(recipe.sft, recipe.model, "a" * 64).digest

@@ -26,7 +26,7 @@ from flows import cli
 from pipeline import lineage
 from stages.core import ledger, storage
 from stages.core.errors import InputError
-from stages.core.runner import directory_digests, find_checkpoint_record
+from stages.core.records import directory_digests, find_checkpoint_record
 from stages.modeling import export_card, export_target
 from tests.unit.test_full_disk import fill, small_disk  # noqa: F401  (a fixture)
 from tests.unit.test_records import make_run, rebuild_ledger, reseal

@@ -8,7 +8,8 @@ import pytest
 
 from schemas.recipe import HardSubsetConfig, Recipe
 from stages import hard_subset, sft
-from stages.core.runner import RunContext, StageIdentity, stage_directory
+from stages.core.decisions import stage_directory
+from stages.core.runner import RunContext, StageIdentity
 from stages.data_prep import build as data_prep
 from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo

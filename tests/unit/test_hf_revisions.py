@@ -11,7 +11,7 @@ import pytest
 
 from schemas.recipe import SourceSpec
 from stages.core import drift
-from stages.core.runner import identity_changes
+from stages.core.identity import identity_changes
 from stages.data_prep import build as data_prep
 from stages.data_prep.sources import hf_fingerprint
 from tests.conftest import recipe_with

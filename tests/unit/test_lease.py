@@ -61,7 +61,8 @@ def take_over(old: lease.Lease, run_uri: str) -> lease.Lease:
 
 def test_a_session_that_lost_its_lease_commits_nothing(run_uri: str) -> None:
     from stages.core import ledger
-    from stages.core.runner import RECORD_NAME, RunContext, StageIdentity, run_stage
+    from stages.core.records import RECORD_NAME
+    from stages.core.runner import RunContext, StageIdentity, run_stage
 
     old = lease.acquire(run_uri, "stalled", ttl=60)
     root, run = run_uri.rsplit("/", 1)

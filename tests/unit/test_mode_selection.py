@@ -24,8 +24,8 @@ from schemas.record import StageRecord
 from stages import hard_subset, pick, preferences
 from stages.core.checkpoints import saved_steps
 from stages.core.datasets import load_prompts, write_derived_dataset
-from stages.core.errors import InputError
-from stages.core.runner import TamperedStage, located_output
+from stages.core.errors import InputError, TamperedStage
+from stages.core.records import located_output
 from stages.evaluate import evaluation
 from stages.registry import hashed_config
 

@@ -1,5 +1,5 @@
 """`far validate`'s plan is the run's: both decide each node with the same code
-(stages.core.runner.decide), so on the same tampered copy of a run each row of the plan says
+(stages.core.decisions.decide), so on the same tampered copy of a run each row of the plan says
 what the run then does.
 
 The run is built once for the module: the smoke recipe's data_prep, really run on a small
@@ -35,14 +35,8 @@ from schemas.recipe import Recipe
 from schemas.record import RunManifest
 from stages.core import storage
 from stages.core.errors import InputError
-from stages.core.runner import (
-    IDENTITY_NAME,
-    RECORD_NAME,
-    RunContext,
-    SessionExpired,
-    run_stage,
-    with_uris,
-)
+from stages.core.records import IDENTITY_NAME, RECORD_NAME
+from stages.core.runner import RunContext, SessionExpired, run_stage, with_uris
 from stages.modeling.tokenizers import build_tokenizer
 from tests.conftest import smoke_data
 

@@ -21,16 +21,9 @@ from pipeline.manifest import manifest_uri, write_manifest
 from schemas.artifacts import CheckpointArtifact, EvalReport, ModelScores
 from schemas.record import RunManifest, StageRecord
 from stages.core import ledger, storage
-from stages.core.runner import (
-    EVALUATIONS_INDEX,
-    RunContext,
-    StageIdentity,
-    read_evaluations,
-    read_external_evaluations,
-    record_digest,
-    run_stage,
-    with_uris,
-)
+from stages.core.evaluations import EVALUATIONS_INDEX, read_evaluations, read_external_evaluations
+from stages.core.records import record_digest
+from stages.core.runner import RunContext, StageIdentity, run_stage, with_uris
 from stages.evaluate import reports
 from tests.conftest import recipe_with
 

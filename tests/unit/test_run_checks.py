@@ -14,7 +14,7 @@ from pipeline import validate
 from pipeline.plan import plan_run
 from pipeline.recipes import RecipeError
 from schemas.recipe import EvalConfig, MeshSpec, ModelSpec
-from stages.core import runner
+from stages.core import provenance
 from stages.core.errors import InputError, MissingInput, UnreachableInput, is_input_error
 from stages.core.progress import ProgressPrinter, ProgressUpdate, reporting
 from tests.conftest import REPO, SMOKE, recipe_with
@@ -143,8 +143,8 @@ def test_commit_is_read_from_build_info_without_git(tmp_path: Path) -> None:
     info.write_text(json.dumps({"git_commit": "0123abc"}))
     no_repo = tmp_path / "not-a-checkout"
     no_repo.mkdir()
-    assert runner._git_commit(no_repo, info) == "0123abc"
-    assert runner._git_commit(no_repo, tmp_path / "absent.json") is None
+    assert provenance._git_commit(no_repo, info) == "0123abc"
+    assert provenance._git_commit(no_repo, tmp_path / "absent.json") is None
 
 
 def test_make_build_info_bakes_in_head(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_make_build_info_bakes_in_head(tmp_path: Path) -> None:
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
-    assert runner.baked_commit(target) == head
+    assert provenance.baked_commit(target) == head
 
 
 def test_overrides_are_recorded_in_run_json_as_given(tmp_path: Path) -> None:
@@ -202,11 +202,11 @@ def test_far_draws_the_bar_of_every_stage_that_reports_progress() -> None:
 def test_the_commit_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkout whose HEAD moves during a run does not change the commit its later records
     name: the first answer stands for the process (records and run tags alike)."""
-    runner.git_commit.cache_clear()
-    first = runner.git_commit()
-    monkeypatch.setattr(runner, "_git_commit", lambda *args: "moved-on")
-    assert runner.git_commit() == first
-    assert runner.code_version(1).git_commit == first
-    runner.git_commit.cache_clear()
-    assert runner.git_commit() == "moved-on"
-    runner.git_commit.cache_clear()  # the next caller reads the real checkout again
+    provenance.git_commit.cache_clear()
+    first = provenance.git_commit()
+    monkeypatch.setattr(provenance, "_git_commit", lambda *args: "moved-on")
+    assert provenance.git_commit() == first
+    assert provenance.code_version(1).git_commit == first
+    provenance.git_commit.cache_clear()
+    assert provenance.git_commit() == "moved-on"
+    provenance.git_commit.cache_clear()  # the next caller reads the real checkout again

@@ -9,7 +9,8 @@ import pytest
 
 from flows.ui_artifacts import artifact_key, browsable_link, metrics_rows, run_label
 from schemas.record import StageRecord
-from stages.core.runner import RunContext, read_record
+from stages.core.records import read_record
+from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
 from tests.conftest import recipe_with
 

@@ -33,13 +33,9 @@ from schemas.recipe import HardSubsetConfig, Recipe
 from schemas.record import RunManifest, RunSummary, StageSummary
 from stages import sft
 from stages.core import storage
-from stages.core.runner import (
-    IDENTITY_NAME,
-    RunContext,
-    StageIdentity,
-    run_stage,
-    stage_directory,
-)
+from stages.core.decisions import stage_directory
+from stages.core.records import IDENTITY_NAME
+from stages.core.runner import RunContext, StageIdentity, run_stage
 from stages.evaluate import evaluation
 from stages.grpo import training as grpo
 from tests.conftest import REPO, smoke_data
