@@ -65,12 +65,24 @@ class RunContext:
     metrics_logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def require_model(self) -> ModelSpec:
-        """The recipe's model; a stage entry point that needs one is run with it."""
+        """The recipe's model; a stage entry point that needs one is run with it.
+
+        Returns:
+            The recipe's model spec.
+
+        Raises:
+            ValueError: the context was built without one (not through run_node).
+        """
         if self.model is None:
             raise ValueError("RunContext.model is not set: run the stage through run_node")
         return self.model
 
     def check_fence(self) -> None:
+        """Raise when this session no longer holds the run's lease (no-op without a fence).
+
+        Returns:
+            None; the fence raises sessions.LeaseLost when the lease is lost.
+        """
         if self.fence is not None:
             self.fence()
 
@@ -83,8 +95,21 @@ class RunContext:
         return storage.join(self.root, self.run)
 
     def directory_name(self, stage: str) -> str:
-        """A stage's directories are {node id}-{hash}; the default pipeline's ids are kinds."""
+        """The name a stage's directories start with: {node id}-{hash}.
+
+        Args:
+            stage: the stage kind, used when no node is set (the default pipeline's ids are
+                kinds).
+
+        Returns:
+            The node id being run, else `stage`.
+        """
         return self.node or stage
 
     def seconds_left(self) -> float | None:
+        """The seconds until the session's deadline.
+
+        Returns:
+            The seconds left (negative once passed), or None when the run has no deadline.
+        """
         return None if self.deadline is None else self.deadline - time.time()

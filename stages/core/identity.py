@@ -37,6 +37,7 @@ class StageIdentity:
 
     @property
     def digest(self) -> str:
+        """sha256 of the stage, version, config and inputs (not the URIs): names the directory."""
         payload = {
             "stage": self.stage,
             "version": self.version,
@@ -47,7 +48,15 @@ class StageIdentity:
 
 
 def with_uris(identity: StageIdentity, **uris: str) -> StageIdentity:
-    """The identity with its inputs' URIs attached (for lineage; URIs are not hashed)."""
+    """The identity with its inputs' URIs attached (for lineage; URIs are not hashed).
+
+    Args:
+        identity: the stage's identity.
+        **uris: each input's artifact URI, by the input name the identity hashes.
+
+    Returns:
+        A copy of `identity` with `input_uris` set; its digest is unchanged.
+    """
     return dataclasses.replace(identity, input_uris=uris)
 
 
@@ -62,9 +71,20 @@ def stage_identity(
     code: Mapping[str, str] | None = None,
 ) -> StageIdentity:
     """The identity of a stage that runs on upstream artifacts, built the one way every such
-    stage builds it: its hashed config (registry.hashed_config) under `key` (default: the
-    stage's name), then the recipe's `model` when the stage runs one; the fingerprints of its
-    `inputs` by name, then the digests of the user `code` it runs (rewards.reward_sources)."""
+    stage builds it.
+
+    Args:
+        stage: the stage kind.
+        version: the stage module's STAGE_VERSION.
+        config: its hashed config (registry.hashed_config).
+        inputs: the fingerprints of its upstream artifacts, by input name.
+        model: the recipe's model, hashed under "model" when the stage runs one.
+        key: the name the config is hashed under (default: `stage`).
+        code: the digests of the user code it runs (rewards.reward_sources).
+
+    Returns:
+        The identity: `config` under `key`, then `model`; `inputs`, then `code`.
+    """
     hashed = {key or stage: config}
     if model is not None:
         hashed["model"] = model.model_dump(mode="json")
@@ -72,7 +92,19 @@ def stage_identity(
 
 
 def identity_changes(old: dict[str, Any], new: StageIdentity) -> list[drift.Change]:
-    """Config and code changes, plus source-data changes; upstream fingerprints are not drift."""
+    """What changed from a directory's identity to `new`: config, code and source data.
+
+    Upstream fingerprints are not drift (an upstream stage that ran again is not a change
+    of this stage's recipe).
+
+    Args:
+        old: the earlier directory's identity.json, as read.
+        new: the identity the stage has now.
+
+    Returns:
+        The changes, config first, then code (stage version, a user's rewards' sources), then
+        source data.
+    """
     changes = drift.diff(old["config"], new.config)
     if old["version"] != new.version:
         changes.append(drift.Change(f"code.{new.stage}_version", old["version"], new.version))

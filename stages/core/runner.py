@@ -64,6 +64,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StageOutcome(Generic[T]):
+    """What `run_stage` hands back: the stage's output and where its record is."""
+
     output: T
     record_uri: str
     skipped: bool
@@ -77,10 +79,28 @@ def run_stage_on_artifacts(
     work: Callable[[str], tuple[T, dict[str, float], dict[str, list[float]]]],
     carry_over: tuple[str, ...] = (),
 ) -> StageOutcome[T]:
-    """`run_stage` for a stage whose identity hashes the upstream `artifacts` by name: their
-    URIs are recorded under the same names (for lineage), in the order given. An artifact the
-    identity does not hash under its name, by its fingerprint, is refused: its output would
-    not move when that input changes."""
+    """`run_stage` for a stage whose identity hashes the upstream `artifacts` by name.
+
+    Their URIs are recorded under the same names (for lineage), in the order given. An
+    artifact the identity does not hash under its name, by its fingerprint, is refused: its
+    output would not move when that input changes.
+
+    Args:
+        ctx: the run this stage belongs to.
+        identity: the stage's identity (`stage_identity`), hashing each artifact's
+            fingerprint under its input name.
+        artifacts: the upstream artifacts by input name.
+        work: called with the stage directory; returns the output, scalar metrics and
+            per-step histories.
+        carry_over: subdirectories a continuable allowed change brings over (`run_stage`).
+
+    Returns:
+        The stage's outcome: its output (computed now, or the recorded one when skipped) and
+        its record's URI.
+
+    Raises:
+        ValueError: an artifact's fingerprint is not hashed under its name.
+    """
     for name, artifact in artifacts.items():
         hashed = identity.inputs.get(name)
         if hashed != artifact.fingerprint:
@@ -97,8 +117,21 @@ A = TypeVar("A")
 
 
 def require_input(inputs: Mapping[str, object], name: str, expected: type[A]) -> A:
-    """The input `name` of a stage's `inputs`, refusing another contract (build_dag checked
-    the edges; this guards callers that build `inputs` themselves)."""
+    """The input `name` of a stage's `inputs`, refusing another contract.
+
+    build_dag checked the edges; this guards callers that build `inputs` themselves.
+
+    Args:
+        inputs: the upstream artifacts by input name, as a stage's `run` receives them.
+        name: the input (port) name.
+        expected: the artifact contract the input must be (e.g. DatasetArtifact).
+
+    Returns:
+        The input, typed as `expected`.
+
+    Raises:
+        TypeError: the input is missing or is another contract.
+    """
     value = inputs.get(name)
     if not isinstance(value, expected):
         raise TypeError(
@@ -108,7 +141,16 @@ def require_input(inputs: Mapping[str, object], name: str, expected: type[A]) ->
 
 
 def optional_input(inputs: Mapping[str, object], name: str, expected: type[A]) -> A | None:
-    """The optional input `name`, or None when the node has no such input."""
+    """The optional input `name`, refusing another contract when it is there.
+
+    Args:
+        inputs: the upstream artifacts by input name, as a stage's `run` receives them.
+        name: the input (port) name.
+        expected: the artifact contract the input must be when given.
+
+    Returns:
+        The input typed as `expected`, or None when the node has no such input.
+    """
     return require_input(inputs, name, expected) if name in inputs else None
 
 
@@ -129,10 +171,22 @@ def run_stage(
 ) -> StageOutcome[T]:
     """Skip if committed, else run `work(directory)` and commit its output with a record.
 
-    `work` returns the output, scalar metrics and per-step histories (training curves).
-    `carry_over` names subdirectories (checkpoints) a continuable allowed change brings over
-    from the run's previous directory of this stage (see stages/core/drift.py). In plan mode
-    (ctx.plan_only) a stage that would not be skipped raises StageWouldRun with the decision.
+    Args:
+        ctx: the run this stage belongs to (in plan mode, ctx.plan_only, nothing is run).
+        identity: the stage's identity; its digest names the stage directory.
+        work: called with the stage directory; returns the output, scalar metrics and
+            per-step histories (training curves).
+        carry_over: subdirectories (checkpoints) a continuable allowed change brings over
+            from the run's previous directory of this stage (see stages/core/drift.py).
+
+    Returns:
+        The stage's outcome: its output (the recorded one when skipped), its record's URI,
+        whether it was skipped, and the seconds this session spent on it.
+
+    Raises:
+        StageWouldRun: in plan mode, a stage that would not be skipped, with the decision.
+        SessionExpired: the session ended before the stage could start (NoProgress) or
+            while it worked.
     """
     stage = identity.stage
     decision = decide(ctx, identity, carry_over)
