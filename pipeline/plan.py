@@ -437,7 +437,7 @@ def _unchanged_input(run_uri: str, name: str, ref: ArtifactRef, config: object) 
         return reward_change(name, ref) is None
     if not (isinstance(config, DataPrepConfig) and name.startswith(SOURCE_PREFIX)):
         return False
-    from stages.data_prep.sources import source_fingerprint  # reads no model, imports no JAX
+    from stages.data_prep.fingerprints import source_fingerprint  # reads no model, imports no JAX
 
     kind, _, source = name.removeprefix(SOURCE_PREFIX).partition(":")
     specs = [s for s in _sources(config) if s.kind == kind and s.name == source]

@@ -36,7 +36,8 @@ from stages.core import metrics_logging, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.records import find_checkpoint_record
 from stages.core.sessions import STARTUP_AND_STEP_SECONDS
-from stages.data_prep.sources import Example, check_file_columns, check_reasoning
+from stages.data_prep.adapters import Example
+from stages.data_prep.sources import check_file_columns, check_reasoning
 
 log = logging.getLogger(__name__)
 GREEDY_SUFFIX = "@greedy"  # an evaluation's greedy row beside a sampled one (EvalConfig.greedy)

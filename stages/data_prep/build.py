@@ -34,17 +34,11 @@ from stages.core.datasets import SPLIT_FILES, sft_npz_bytes
 from stages.core.errors import InputError
 from stages.core.identity import SOURCE_PREFIX
 from stages.core.runner import RunContext, StageIdentity, StageOutcome, run_stage
+from stages.data_prep.adapters import BadRow, Example, MappedExample
+from stages.data_prep.columns import OWN_COLUMNS, row_reader
+from stages.data_prep.fingerprints import source_fingerprint
 from stages.data_prep.packing import pack_rows, useful_fraction
-from stages.data_prep.sources import (
-    OWN_COLUMNS,
-    BadRow,
-    Example,
-    MappedExample,
-    read_rows,
-    row_reader,
-    source_fingerprint,
-    source_label,
-)
+from stages.data_prep.sources import read_rows, source_label
 from stages.modeling.tokenizers import Tokenizer, apply_chat_template, build_tokenizer
 from stages.registry import hashed_config
 from stages.rewards.answers import END_OF_TURN, INSTRUCTIONS, render_answer

@@ -47,7 +47,8 @@ def test_data_source_file_on_gcs(fake_gcs: str) -> None:
     import json
 
     from schemas.recipe import SourceSpec
-    from stages.data_prep.sources import ADAPTERS, read_rows
+    from stages.data_prep.adapters import ADAPTERS
+    from stages.data_prep.sources import read_rows
 
     uri = f"gs://{fake_gcs}/data/gsm8k-sample.jsonl"
     rows = [

@@ -21,15 +21,9 @@ from flows import cli
 from schemas.recipe import PRESET_COLUMNS, PromptFormat, SourceSpec
 from stages.core.errors import InputError
 from stages.data_prep import build as data_prep
+from stages.data_prep.adapters import ADAPTERS, BadRow, Example, example_id
 from stages.data_prep.build import INSTRUCTION, chat_prompt, prompt_row, sft_sequence
-from stages.data_prep.sources import (
-    ADAPTERS,
-    BadRow,
-    Example,
-    check_file_columns,
-    example_id,
-    read_rows,
-)
+from stages.data_prep.sources import check_file_columns, read_rows
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with, smoke_data
 

@@ -18,7 +18,7 @@ from schemas.recipe import SourceSpec
 from stages.core.errors import InputError
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
-from stages.data_prep import sources
+from stages.data_prep import fingerprints, sources
 from tests.conftest import BIN, recipe_with, smoke_data
 
 ROW = {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}
@@ -75,7 +75,7 @@ def test_a_data_file_over_the_size_cap_is_refused(
     with pytest.raises(InputError, match=rf"rows\.jsonl is {path.stat().st_size} bytes, over"):
         list(sources.read_rows(spec, 0))
     with pytest.raises(InputError, match="over the 64 byte limit"):
-        sources.source_fingerprint(spec)
+        fingerprints.source_fingerprint(spec)
 
 
 @pytest.mark.parametrize("name", ["rows.jsonl", "rows.json"])

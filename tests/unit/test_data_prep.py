@@ -15,7 +15,7 @@ from stages.core import datasets, storage
 from stages.core.errors import InputError
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
-from stages.data_prep.sources import Example
+from stages.data_prep.adapters import Example
 from stages.modeling.tokenizers import ByteTokenizer
 from tests.conftest import recipe_with
 

@@ -14,14 +14,9 @@ import pytest
 from schemas.recipe import DataPrepConfig, SourceSpec
 from stages import rewards
 from stages.data_prep import build as data_prep
-from stages.data_prep.sources import (
-    ADAPTERS,
-    BadRow,
-    Example,
-    read_rows,
-    source_fingerprint,
-    source_label,
-)
+from stages.data_prep.adapters import ADAPTERS, BadRow, Example
+from stages.data_prep.fingerprints import source_fingerprint
+from stages.data_prep.sources import read_rows, source_label
 from stages.modeling.tokenizers import ByteTokenizer
 from stages.rewards import Reference, SandboxStats
 

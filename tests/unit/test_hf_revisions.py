@@ -13,7 +13,7 @@ from schemas.recipe import SourceSpec
 from stages.core import drift
 from stages.core.identity import identity_changes
 from stages.data_prep import build as data_prep
-from stages.data_prep.sources import hf_fingerprint
+from stages.data_prep.fingerprints import hf_fingerprint
 from tests.conftest import recipe_with
 
 SHA_A, SHA_B = "a" * 40, "b" * 40

@@ -19,7 +19,7 @@ from stages.core.datasets import load_prompts, write_derived_dataset
 from stages.core.errors import InputError
 from stages.core.runner import RunContext
 from stages.data_prep import build as data_prep
-from stages.data_prep.sources import Example
+from stages.data_prep.adapters import Example
 from stages.evaluate import evaluation
 from stages.grpo import metrics
 from stages.modeling.tokenizers import ByteTokenizer, NoChatTemplate, read_chat_template

@@ -26,7 +26,7 @@ from schemas.recipe import GRPOConfig
 from stages import rewards, self_teach
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
-from stages.data_prep.sources import Example
+from stages.data_prep.adapters import Example
 from stages.evaluate import evaluation
 from stages.grpo import reward_sums
 from stages.grpo import training as grpo

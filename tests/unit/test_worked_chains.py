@@ -21,9 +21,10 @@ from flows import cli
 from schemas.recipe import SourceSpec
 from stages.core.errors import InputError
 from stages.data_prep import build as data_prep
+from stages.data_prep.adapters import BadRow, adapt_reasoning_gym_steps
 from stages.data_prep.build import Deduper, Quarantine, load_source
 from stages.data_prep.chains import NotAChain, chain
-from stages.data_prep.sources import BadRow, adapt_reasoning_gym_steps, check_reasoning
+from stages.data_prep.sources import check_reasoning
 from tests.conftest import recipe_with, smoke_data
 
 ARITHMETIC = {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 40}
