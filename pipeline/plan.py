@@ -104,6 +104,7 @@ def with_models(recipe: Recipe, plans: list[NodePlan]) -> list[NodePlan]:
     return shown
 
 
+@storage.reads_once()  # a plan writes nothing: each file, each listing read once
 def preview(
     recipe: Recipe, root: str, allow_changes: Sequence[str] = (), cache_dir: str | None = None
 ) -> tuple[list[NodePlan], str | None]:
@@ -289,6 +290,7 @@ class CompletedNode:
         return _hash(self.record_uri.rsplit("/", 1)[0])
 
 
+@storage.reads_once()  # writes nothing: each file, each listing read once
 def completed_nodes(
     recipe: Recipe,
     root: str,

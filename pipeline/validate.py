@@ -247,11 +247,16 @@ def check_storage_writable(root: str) -> None:
 
 def check_data_files(config: DataPrepConfig, prefix: str = "data.") -> None:
     """Each file source exists and its first row has the columns its map or preset reads; a
-    source with `reasoning: steps` has rows a chain can be worked from."""
+    source with `reasoning: steps` has rows a chain can be worked from. A source several
+    splits read is checked once, where it first appears."""
+    checked: set[str] = set()
     for split in ("eval", "validation", "grpo", "sft"):  # DataPrepConfig's split sections
         section = getattr(config, split)
         for index, source in enumerate(section.sources if section is not None else []):
             field = f"{prefix}{split}.sources[{index}]"
+            if source.model_dump_json() in checked:
+                continue
+            checked.add(source.model_dump_json())
             if source.kind == "file":
                 check_is_file(source.name, f"{field}.name", "data source file")
                 try:

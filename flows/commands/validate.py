@@ -69,15 +69,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     cache_dir = RunContext(root="", run="", cache_dir=args.cache_dir).model_cache
     check_session_budget(plan.recipe)
-    done = completed_nodes(plan.recipe, plan.root, args.allow_change, args.audit_key)
-    validate_run(plan.recipe, plan.root, cache_dir, computes=done is None)
-    if done is None:
-        nodes, refused = preview(plan.recipe, plan.root, args.allow_change, args.cache_dir)
-    else:  # decided from the records alone: no stage module (JAX) is imported
-        nodes, refused = (
-            [NodePlan(n.node, n.kind, "skip", n.stage_hash, "complete") for n in done],
-            None,
-        )
+    with storage.reads_once():  # one pass over the run: each check reads what it has read
+        done = completed_nodes(plan.recipe, plan.root, args.allow_change, args.audit_key)
+        validate_run(plan.recipe, plan.root, cache_dir, computes=done is None)
+        if done is None:
+            nodes, refused = preview(plan.recipe, plan.root, args.allow_change, args.cache_dir)
+        else:  # decided from the records alone: no stage module (JAX) is imported
+            nodes, refused = (
+                [NodePlan(n.node, n.kind, "skip", n.stage_hash, "complete") for n in done],
+                None,
+            )
     nodes = with_models(plan.recipe, nodes)  # each evaluate node's models, in the plan
     run_uri = storage.join(plan.root, plan.recipe.name)
     if args.json:

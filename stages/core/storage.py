@@ -1,5 +1,11 @@
 """All of FAR's I/O, over fsspec, so a local path, file://, memory:// and gs:// behave alike.
 
+A plan (`far validate`, and the check that a run is already complete) reads a run it does
+not write, and each of its checks asks storage again for what an earlier check read:
+within `reads_once()` each read (an existence test, a file's bytes, a listing, a
+directory's digests) goes to storage once and is remembered, and a write forgets what it
+may change.
+
 Orbax checkpoints are written by TensorStore/epath, which understand local paths and gs://
 but not fsspec's in-process memory:// filesystem. For memory:// (used by tests and notebooks)
 checkpoints are staged in a local mirror directory and published with `publish_tree`.
@@ -8,7 +14,9 @@ checkpoints are staged in a local mirror directory and published with `publish_t
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -16,14 +24,64 @@ import re
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 import fsspec
 
 from stages.core.errors import InputError
 
 ORBAX_NATIVE_PROTOCOLS = ("file", "gs")
+R = TypeVar("R")
+# within reads_once(): {(read, normalized uri, other arguments): its result}
+_REMEMBERED: ContextVar[dict[tuple[Any, ...], Any] | None] = ContextVar("_REMEMBERED", default=None)
+
+
+@contextlib.contextmanager
+def reads_once() -> Iterator[None]:
+    """Within it, each read below goes to storage once per URI and is remembered after.
+
+    Nested, it keeps the outer scope's memory. A write or delete through this module forgets
+    what it may change (the URI, its parents' listings and existence).
+
+    Returns:
+        A context manager; on leaving the outermost one, everything remembered is dropped.
+    """
+    if _REMEMBERED.get() is not None:
+        yield
+        return
+    token = _REMEMBERED.set({})
+    try:
+        yield
+    finally:
+        _REMEMBERED.reset(token)
+
+
+def _read_once(read: Callable[..., R]) -> Callable[..., R]:
+    """`read(uri, ...)`, remembered within reads_once() (a copy of a list or dict result)."""
+
+    @functools.wraps(read)
+    def remembered(uri: str, *args: Any, **kwargs: Any) -> R:
+        memory = _REMEMBERED.get()
+        if memory is None:
+            return read(uri, *args, **kwargs)
+        key = (read.__name__, normalize(uri), args, tuple(sorted(kwargs.items())))
+        if key not in memory:
+            memory[key] = read(uri, *args, **kwargs)
+        return copy.copy(memory[key])
+
+    return remembered
+
+
+def _forget(uri: str) -> None:
+    """Drop what reads_once() remembers about `uri` and the directories above it."""
+    memory = _REMEMBERED.get()
+    if memory is None:
+        return
+    path = normalize(uri)
+    for key in [k for k in memory if path == k[1] or path.startswith(k[1].rstrip("/") + "/")]:
+        del memory[key]
 
 
 def _split(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -60,11 +118,13 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+@_read_once
 def exists(uri: str) -> bool:
     fs, path = _split(uri)
     return bool(fs.exists(path))
 
 
+@_read_once
 def is_dir(uri: str) -> bool:
     """True when `uri` is a directory (a local one, or a prefix holding objects)."""
     fs, path = _split(uri)
@@ -80,6 +140,7 @@ def check_export_target(out_uri: str) -> None:
         )
 
 
+@_read_once
 def read_bytes(uri: str) -> bytes:
     fs, path = _split(uri)
     try:
@@ -129,6 +190,7 @@ def capped_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | None]:
 
 def write_bytes(uri: str, data: bytes) -> None:
     """Write atomically: readers see the old content or the new, never a torn file."""
+    _forget(uri)
     fs, path = _split(uri)
     parent = path.rsplit("/", 1)[0]
     if protocol(uri) == "file":
@@ -188,6 +250,7 @@ def write_failure(error: BaseException) -> str | None:
 
 def delete(uri: str) -> None:
     """Remove one file or object; a missing one is not an error."""
+    _forget(uri)
     fs, path = _split(uri)
     if fs.exists(path):
         fs.rm_file(path)
@@ -209,6 +272,7 @@ def write_json(uri: str, obj: Any) -> None:
     write_text(uri, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+@_read_once
 def list_files(uri: str) -> dict[str, int]:
     """Every file under `uri`, as {relative path: size in bytes}; empty if `uri` is absent."""
     fs, path = _split(uri)
@@ -235,6 +299,7 @@ def digests_fingerprint(digests: dict[str, tuple[int, str]]) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
+@_read_once
 def file_digests(uri: str, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, str]]:
     """{relative path: (size, digest)} for every file under `uri`, except names in `skip`.
 
@@ -272,6 +337,7 @@ def _sha256_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+@_read_once
 def sha256_file(uri: str) -> str:
     """A file's "sha256:<hex>", read in 8 MiB chunks."""
     fs, path = _split(uri)
@@ -282,6 +348,7 @@ def sha256_bytes(data: bytes) -> str:
     return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
+@_read_once
 def content_fingerprint(uri: str) -> str:
     """A file's content identity: the object store's checksum if it keeps one, else sha256."""
     fs, path = _split(uri)
@@ -302,6 +369,7 @@ def list_names(uri: str) -> list[str]:
     return _names_under(uri, "file")
 
 
+@_read_once
 def _names_under(uri: str, kind: str) -> list[str]:
     fs, path = _split(uri)
     if not fs.exists(path):
@@ -435,6 +503,7 @@ def create_exclusive(uri: str, data: bytes) -> bool:
     exists), so a reader never sees a partial file. gs://: an upload with the precondition
     ifGenerationMatch=0. memory://: check then write (one process only).
     """
+    _forget(uri)
     fs, path = _split(uri)
     kind = protocol(uri)
     if kind == "file":
@@ -467,6 +536,7 @@ def read_versioned(uri: str) -> tuple[bytes, str] | None:
 
 def replace_if_version(uri: str, data: bytes | None, version: str) -> bool:
     """Replace (or with data=None delete) `uri` only if it is still at `version`."""
+    _forget(uri)
     fs, path = _split(uri)
     kind = protocol(uri)
     if kind == "gs":

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,3 +253,52 @@ def test_validate_writes_nothing_into_the_run(
     before = sorted(str(p) for p in Path("runs").rglob("*"))
     assert plan(capsys, model_cache)[0] == 0
     assert sorted(str(p) for p in Path("runs").rglob("*")) == before
+
+
+class CountingFileSystem:
+    """An fsspec filesystem whose every call is noted (method, path) before it runs."""
+
+    def __init__(self, fs: Any, calls: list[tuple[str, str]]) -> None:
+        self._fs, self._calls = fs, calls
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if not callable(attr):
+            return attr
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append((name, str(args[0]) if args else ""))
+            return attr(*args, **kwargs)
+
+        return noted
+
+
+def test_validate_reads_each_stage_file_once(
+    copy: Path,
+    capsys: pytest.CaptureFixture[str],
+    model_cache: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`far validate` decides every node in one pass over the run's storage: each call that
+    reaches the filesystem (an existence test, a read, a listing) is made once per path, and
+    a committed stage directory costs a bounded number of them beyond hashing each of its
+    files once: its identity and record tested and read, the directory tested and listed,
+    and its output looked at by the stage it feeds (a fixed few, not a few per check)."""
+    calls: list[tuple[str, str]] = []
+    split = storage._split
+    monkeypatch.setattr(
+        storage, "_split", lambda uri: (CountingFileSystem(split(uri)[0], calls), split(uri)[1])
+    )
+    code, shown, err = plan(capsys, model_cache)
+    assert code == 0 and shown["data_prep"] == shown["sft"] == "skip", err
+    run_dir = str((copy / "runs" / RUN).resolve())
+    in_run = [(method, path) for method, path in calls if path.startswith(run_dir + "/")]
+    repeated = {call: n for call, n in Counter(in_run).items() if n > 1}
+    assert not repeated, repeated
+    for node in ("data_prep", "sft"):
+        stage_dir = str(directory(node).resolve())
+        files = [p for p in Path(stage_dir).rglob("*") if p.is_file()]
+        mine = [(m, p) for m, p in in_run if p == stage_dir or p.startswith(stage_dir + "/")]
+        hashed = [(m, p) for m, p in mine if m == "open"]
+        assert len(hashed) == len(files), (node, mine)
+        assert len(mine) - len(hashed) <= 8, (node, mine)
