@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from safetensors.numpy import save_file
 
 from schemas.artifacts import CheckpointArtifact
@@ -70,25 +69,6 @@ def find_checkpoint(uri: str) -> CheckpointArtifact:
             f"give an sft, grpo, dpo or distill output URI"
         )
     return output
-
-
-def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
-    """The network's parameters under their Hugging Face names (its family's export)."""
-    return _family_of(network, families.of_network(network)).hf_tensors(network, config)
-
-
-def hf_config(config: Any) -> dict[str, Any]:
-    """transformers' config.json for a Tunix ModelConfig (its family's export)."""
-    return _family_of(config, families.of_config(config)).hf_config(config)
-
-
-def _family_of(obj: Any, family: families.ModelFamily | None) -> families.ModelFamily:
-    if family is None:
-        raise ValueError(
-            f"{type(obj).__name__} belongs to no registered model family; expected a Tunix "
-            f"network or ModelConfig of one of {list(families.REGISTRY)}"
-        )
-    return family
 
 
 def _write_hf_dir(network: Any, spec: ModelSpec, directory: str) -> None:

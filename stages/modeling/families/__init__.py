@@ -37,21 +37,13 @@ def register(family: ModelFamily) -> None:
     REGISTRY[family.name] = family
 
 
-def _nearest(obj: Any, which: int) -> ModelFamily | None:
-    """The family whose Tunix class (network: 0, ModelConfig: 1) is nearest in obj's MRO."""
+def of_network(network: Any) -> ModelFamily | None:
+    """The family of a Tunix network (or of a LoRA clone of one), None for any other object:
+    the family whose network class is nearest in the network's class hierarchy (first
+    registered on a tie)."""
     owners: dict[type, ModelFamily] = {}
     for family in REGISTRY.values():
-        classes = family.loaded_classes()
-        if classes is not None:
-            owners.setdefault(classes[which], family)
-    return next((owners[c] for c in type(obj).__mro__ if c in owners), None)
-
-
-def of_network(network: Any) -> ModelFamily | None:
-    """The family of a Tunix network (or of a LoRA clone of one); None for any other object."""
-    return _nearest(network, 0)
-
-
-def of_config(config: Any) -> ModelFamily | None:
-    """The family of a Tunix ModelConfig (a RoPE-scaled subclass counts); None otherwise."""
-    return _nearest(config, 1)
+        network_class = family.loaded_network_class()
+        if network_class is not None:
+            owners.setdefault(network_class, family)
+    return next((owners[c] for c in type(network).__mro__ if c in owners), None)

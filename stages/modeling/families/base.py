@@ -71,13 +71,11 @@ class ModelFamily(ABC):
         network_class = getattr(self.tunix_module(), self.network_class_name)
         return network_class, self.tunix_module(self.params_module).create_model_from_safe_tensors
 
-    def loaded_classes(self) -> tuple[type, type] | None:
-        """(network class, ModelConfig class) if Tunix's model module is imported, else None:
-        recognising a network never imports a family's module."""
+    def loaded_network_class(self) -> type | None:
+        """Tunix's network class if its model module is imported, else None: recognising a
+        network never imports a family's module."""
         module = sys.modules.get(f"{self.tunix_package}.model")
-        if module is None:
-            return None
-        return getattr(module, self.network_class_name), module.ModelConfig
+        return None if module is None else getattr(module, self.network_class_name)
 
     # --- configs -------------------------------------------------------------------------
     @abstractmethod
