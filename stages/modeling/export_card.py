@@ -142,9 +142,9 @@ def front_matter(facts: CardFacts, adapter: bool) -> str:
     if base:
         lines.append(f"base_model: {base}")
     lines.append(f"library_name: {'peft' if adapter else 'transformers'}")
-    license = families.get(spec.family).license  # the terms the base weights come under
-    if license is not None and spec.source != "random":
-        lines.append(f"license: {license}")
+    terms = families.get(spec.family).license  # the terms the base weights come under
+    if terms is not None and spec.source != "random":
+        lines.append(f"license: {terms}")
     lines.append("pipeline_tag: text-generation")
     tags = ["far", spec.family, facts.stage, "lora" if adapter else "merged"]
     lines.append("tags:")
