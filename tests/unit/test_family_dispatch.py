@@ -117,3 +117,30 @@ def test_every_family_is_complete_and_distinct() -> None:
         assert not getattr(type(family), "__abstractmethods__", None), name
     packages = [f.tunix_package for f in families.REGISTRY.values()]
     assert len(set(packages)) == len(packages)
+
+
+@pytest.mark.parametrize(
+    ("family", "source", "uri", "expected"),
+    [
+        ("gemma3", "gguf", None, "gemma"),
+        ("gemma2", "hub", "google/gemma-2-2b", "gemma"),
+        ("qwen3", "hub", "Qwen/Qwen3-0.6B", None),
+        ("llama3", "safetensors", "/tmp/llama", None),
+    ],
+)
+def test_the_model_card_license_is_the_familys(
+    family: str, source: str, uri: str | None, expected: str | None
+) -> None:
+    from schemas.recipe import ModelSpec
+    from stages.modeling import export_card
+
+    spec = ModelSpec.model_validate(
+        {"family": family, "source": source, "uri": uri, "tokenizer": "sentencepiece"}
+        | ({"preset": "gemma3_270m"} if source == "gguf" else {})
+        | ({"preset": "gemma2_2b"} if family == "gemma2" else {})
+    )
+    facts = export_card.CardFacts(spec, "sft", "ckpt", 1, None, "run")
+    lines = export_card.front_matter(facts, adapter=False).splitlines()
+    assert [line for line in lines if line.startswith("license:")] == (
+        [f"license: {expected}"] if expected else []
+    )
