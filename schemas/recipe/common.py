@@ -108,6 +108,11 @@ class Architecture(Frozen):
 ModelSource = Literal["random", "gguf", "safetensors", "hub"]
 Family = Literal["gemma3", "gemma2", "qwen3", "llama3"]
 Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma2_2b", "qwen3_0p6b", "qwen3_1p7b"]
+# What each family in stages/modeling/families/ declares, mirrored here because schemas import
+# nothing of stages (tests/unit/test_family_dispatch.py checks the two agree): the families
+# whose checkpoints describe themselves by config.json, and those `source: gguf` converts to.
+CONFIG_JSON_FAMILIES: tuple[str, ...] = ("qwen3", "llama3")
+GGUF_FAMILIES: tuple[str, ...] = ("gemma3",)
 
 
 class ModelSpec(Frozen):
@@ -141,9 +146,8 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
-        from_checkpoint = self.source in ("safetensors", "hub") and self.family in (
-            "qwen3",
-            "llama3",
+        from_checkpoint = (
+            self.source in ("safetensors", "hub") and self.family in CONFIG_JSON_FAMILIES
         )
         if self.preset is None and self.architecture is None and from_checkpoint:
             pass  # the checkpoint's config.json describes the network
@@ -157,8 +161,11 @@ class ModelSpec(Frozen):
                 f"preset {self.preset!r} is not a {self.family!r} model; expected a "
                 f"preset starting with {self.family!r}"
             )
-        if self.source == "gguf" and self.family != "gemma3":
-            raise ValueError(f"source 'gguf' supports family 'gemma3' only, got {self.family!r}")
+        if self.source == "gguf" and self.family not in GGUF_FAMILIES:
+            raise ValueError(
+                f"source 'gguf' supports family {' or '.join(map(repr, GGUF_FAMILIES))} only, "
+                f"got {self.family!r}"
+            )
         if self.source == "random" and self.preset is not None:
             raise ValueError(
                 f"source 'random' needs an explicit architecture, got preset "

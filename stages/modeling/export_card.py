@@ -28,6 +28,7 @@ from stages.core.records import (
     record_run,
     resolve,
 )
+from stages.modeling import families
 from stages.rewards.answers import INSTRUCTIONS
 
 # the Hugging Face repository each preset's packaged weights were converted from
@@ -141,8 +142,9 @@ def front_matter(facts: CardFacts, adapter: bool) -> str:
     if base:
         lines.append(f"base_model: {base}")
     lines.append(f"library_name: {'peft' if adapter else 'transformers'}")
-    if spec.family.startswith("gemma") and spec.source != "random":
-        lines.append("license: gemma")  # the Gemma terms the base weights come under
+    terms = families.get(spec.family).license  # the terms the base weights come under
+    if terms is not None and spec.source != "random":
+        lines.append(f"license: {terms}")
     lines.append("pipeline_tag: text-generation")
     tags = ["far", spec.family, facts.stage, "lora" if adapter else "merged"]
     lines.append("tags:")

@@ -1,16 +1,16 @@
 """Export a FAR checkpoint as a Hugging Face model directory that `transformers` loads.
 
-Gemma 3, Gemma 2, Qwen 3 and Llama 3 checkpoints are supported (the last two's names and
-config in families.py). LoRA checkpoints are merged into their base weights (Tunix's merges);
-full-weight checkpoints are converted directly. The base weights come from the model's source
-directory (gguf/safetensors/hub) or, for random-init test models, are written from the network
-itself.
+Every registered model family is supported: its Hugging Face names, config.json and LoRA merge
+are the family's (stages/modeling/families/). LoRA checkpoints are merged into their base
+weights (Tunix's merges); full-weight checkpoints are converted directly. The base weights
+come from the model's source directory (gguf/safetensors/hub) or, for random-init test models,
+are written from the network itself.
 Output: model.safetensors, config.json, the tokenizer, generation_config.json, the chat
 template and a model card (hf_package, export_card); or, with `adapter`, a peft adapter
 (peft_export) beside the base's own export.
 
 It is `far export`, no pipeline node, and a model-format concern: it reads a checkpoint back
-into a network (models, weight_sources, tunix_compat) and writes transformers' format
+into a network (models, weight_sources, families) and writes transformers' format
 (hf_config), so it sits in the modeling layer beside them rather than among the stage kinds.
 """
 
@@ -25,10 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from safetensors.numpy import save_file
-from tunix.models.gemma import model as gemma2_model
-from tunix.models.gemma3 import params as gemma3_params
 
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import EvalConfig, LoraSpec, MeshSpec, ModelSpec
@@ -42,10 +39,8 @@ from stages.modeling import (
     hf_package,
     models,
     peft_export,
-    tunix_compat,
     weight_sources,
 )
-from stages.modeling import hf_config as hf
 from stages.modeling.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -76,143 +71,11 @@ def find_checkpoint(uri: str) -> CheckpointArtifact:
     return output
 
 
-# Tunix's Gemma 1/2 attention applies RoPE with its default base wavelength, not a config field
-GEMMA2_ROPE_THETA = 10_000.0
-_HF_LAYER_TYPES = {
-    gemma2_model.AttentionType.LOCAL_SLIDING: "sliding_attention",
-    gemma2_model.AttentionType.GLOBAL: "full_attention",
-}
-
-
-def _arr(param: Any) -> np.ndarray:
-    return np.asarray(param.get_value(), dtype=np.float32)
-
-
-def _attention_tensors(attn: Any, config: Any) -> dict[str, np.ndarray]:
-    """q/k/v/o projections of one Tunix Gemma attention block (same layout in Gemma 2 and 3)."""
-    n, h, d, k = config.num_heads, config.head_dim, config.embed_dim, config.num_kv_heads
-    if hasattr(attn, "qkv_einsum"):  # num_heads == num_kv_heads: fused (3, N, D, H)
-        qkv = _arr(attn.qkv_einsum.w)
-        q, kv = qkv[0], qkv[1:]
-    else:
-        q = _arr(attn.q_einsum.w)  # (N, D, H)
-        kv = _arr(attn.kv_einsum.w)  # (2, K, D, H)
-    return {
-        "self_attn.q_proj.weight": q.transpose(1, 0, 2).reshape(d, n * h).T,
-        "self_attn.k_proj.weight": kv[0].transpose(1, 0, 2).reshape(d, k * h).T,
-        "self_attn.v_proj.weight": kv[1].transpose(1, 0, 2).reshape(d, k * h).T,
-        "self_attn.o_proj.weight": _arr(attn.attn_vec_einsum.w).reshape(n * h, d).T,
-    }
-
-
-def _mlp_tensors(mlp: Any) -> dict[str, np.ndarray]:
-    return {
-        "mlp.gate_proj.weight": _arr(mlp.gate_proj.kernel).T,
-        "mlp.up_proj.weight": _arr(mlp.up_proj.kernel).T,
-        "mlp.down_proj.weight": _arr(mlp.down_proj.kernel).T,
-    }
-
-
-def _gemma3_layer(layer: Any, config: Any) -> dict[str, np.ndarray]:
-    q_norm, k_norm = tunix_compat.gemma3_qk_norm_scales(layer.attn)
-    return {
-        **_attention_tensors(layer.attn, config),
-        **_mlp_tensors(layer.mlp),
-        "self_attn.q_norm.weight": _arr(q_norm),
-        "self_attn.k_norm.weight": _arr(k_norm),
-        "input_layernorm.weight": _arr(layer.pre_attention_norm.scale),
-        "post_attention_layernorm.weight": _arr(layer.post_attention_norm.scale),
-        "pre_feedforward_layernorm.weight": _arr(layer.pre_ffw_norm.scale),
-        "post_feedforward_layernorm.weight": _arr(layer.post_ffw_norm.scale),
-    }
-
-
-def _gemma2_layer(layer: Any, config: Any) -> dict[str, np.ndarray]:
-    """Inverse of tunix.models.gemma.params_safetensors (Gemma 2 names its norm post_attn_norm)."""
-    return {
-        **_attention_tensors(layer.attn, config),
-        **_mlp_tensors(layer.mlp),
-        "input_layernorm.weight": _arr(layer.pre_attention_norm.scale),
-        "post_attention_layernorm.weight": _arr(layer.post_attn_norm.scale),
-        "pre_feedforward_layernorm.weight": _arr(layer.pre_ffw_norm.scale),
-        "post_feedforward_layernorm.weight": _arr(layer.post_ffw_norm.scale),
-    }
-
-
-def hf_tensors(network: Any, config: Any) -> dict[str, np.ndarray]:
-    """Tunix Gemma 3 or Gemma 2 parameters -> Hugging Face Gemma3ForCausalLM /
-    Gemma2ForCausalLM tensors (inverse of the mapping in Tunix's params_safetensors); Qwen 3
-    and Llama 3 networks by families.hf_tensors."""
-    if families.family_of(network) is not None:
-        return families.hf_tensors(network, config)
-    layer_tensors = _gemma2_layer if _is_gemma2(config) else _gemma3_layer
-    out = {
-        "model.embed_tokens.weight": _arr(network.embedder.input_embedding),
-        "model.norm.weight": _arr(network.final_norm.scale),
-    }
-    for i, layer in enumerate(network.layers):
-        out |= {f"model.layers.{i}.{name}": t for name, t in layer_tensors(layer, config).items()}
-    return {name: np.ascontiguousarray(t) for name, t in out.items()}
-
-
-def _is_gemma2(config: Any) -> bool:
-    if isinstance(config, gemma2_model.ModelConfig):
-        if not (config.use_post_attn_norm and config.use_post_ffw_norm):
-            raise InputError(
-                "export supports Gemma 2 (post-attention and post-FFW norms); this Tunix "
-                "gemma config has use_post_attn_norm="
-                f"{config.use_post_attn_norm}, use_post_ffw_norm={config.use_post_ffw_norm}"
-            )
-        return True
-    return False
-
-
-def hf_config(config: Any) -> dict[str, Any]:
-    """A transformers config (gemma3_text, gemma2, qwen3 or llama) for a Tunix ModelConfig."""
-    if families.family_of_config(config) is not None:
-        return families.hf_config(config)
-    if _is_gemma2(config):
-        return _gemma2_hf_config(config)
-    shape = hf.Gemma3TextShape(
-        hidden_size=config.embed_dim,
-        intermediate_size=config.hidden_dim,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        sliding_window=config.sliding_window_size,
-        vocab_size=config.num_embed,
-        full_rope=hf.rope(config.global_base_frequency, config.global_scale_factor),
-        sliding_rope=hf.rope(config.local_base_frequency, config.local_scale_factor),
-    )
-    return hf.gemma3_text_config(shape)
-
-
-def _gemma2_hf_config(config: Any) -> dict[str, Any]:
-    shape = hf.Gemma2Shape(
-        hidden_size=config.embed_dim,
-        intermediate_size=config.hidden_dim,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        sliding_window=config.sliding_window_size,
-        vocab_size=config.num_embed,
-        layer_types=tuple(_HF_LAYER_TYPES[t] for t in config.attention_types),
-        # Tunix scales queries by head_dim ** -0.5 in every Gemma 2 size
-        query_pre_attn_scalar=config.head_dim,
-        attn_logit_softcapping=config.attn_logits_soft_cap,
-        final_logit_softcapping=config.final_logit_softcap,
-        rope_theta=GEMMA2_ROPE_THETA,
-    )
-    return hf.gemma2_config(shape)
-
-
 def _write_hf_dir(network: Any, spec: ModelSpec, directory: str) -> None:
-    config = models.tunix_config(spec)
-    save_file(hf_tensors(network, config), os.path.join(directory, "model.safetensors"))
+    config, family = models.tunix_config(spec), families.get(spec.family)
+    save_file(family.hf_tensors(network, config), os.path.join(directory, "model.safetensors"))
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config(config), f, indent=2)
+        json.dump(family.hf_config(config), f, indent=2)
 
 
 def _base_directory(spec: ModelSpec, base: Any, cache_dir: str, scratch: str) -> str:
@@ -228,24 +91,13 @@ def _base_directory(spec: ModelSpec, base: Any, cache_dir: str, scratch: str) ->
 def export_network(
     spec: ModelSpec, base: Any, policy: Any, lora: LoraSpec | None, cache_dir: str, out_dir: str
 ) -> None:
-    """Write `policy` (a LoRA clone of `base` when `lora` is set) as an HF directory `out_dir`.
-
-    LoRA adapters are merged by Tunix's Gemma 3 merge, which also fits Gemma 2: both name their
-    projections q_einsum / kv_einsum / attn_vec_einsum / gate_proj / up_proj / down_proj and
-    map them to the same Hugging Face tensor names."""
+    """Write `policy` (a LoRA clone of `base` when `lora` is set) as an HF directory `out_dir`:
+    LoRA adapters merged by the family's merge, full weights written as they are."""
     with tempfile.TemporaryDirectory() as scratch:
         base_dir = _base_directory(spec, base, cache_dir, scratch)
-        if lora is not None and families.family_of(base) is not None:
-            families.merge_lora(base_dir, out_dir, policy, rank=lora.rank, alpha=lora.alpha)
-        elif lora is not None:
-            if hasattr(base.layers[0].attn, "qkv_einsum"):
-                raise InputError(
-                    "exporting LoRA on a fused-qkv model (num_heads == num_kv_heads) is not "
-                    "supported by Tunix's merge; Gemma 2 and 3 presets are not fused"
-                )
-            gemma3_params.save_lora_merged_model_as_safetensors(
-                base_dir, out_dir, policy, rank=lora.rank, alpha=lora.alpha
-            )
+        if lora is not None:
+            family = families.get(spec.family)
+            family.merge_lora(base_dir, out_dir, policy, rank=lora.rank, alpha=lora.alpha)
         else:
             shutil.copytree(base_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors"))
             _write_hf_dir(policy, spec, out_dir)
@@ -268,7 +120,8 @@ def export_model(
         if lora is None:
             raise InputError("--adapter: the checkpoint holds full weights, not LoRA adapters")
         hub_base = export_card.base_model(spec) if spec.source == "hub" else None
-        peft_export.write_adapter(policy, lora, hub_base, out_dir)
+        hf_modules = families.get(spec.family).lora_hf_modules
+        peft_export.write_adapter(policy, lora, hub_base, out_dir, hf_modules)
         if hub_base is None:
             base_dir = os.path.join(out_dir, "base")
             export_network(spec, base, base, None, cache_dir, base_dir)

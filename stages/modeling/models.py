@@ -6,7 +6,6 @@ evaluation construct and restore networks the same way.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,15 +16,11 @@ import qwix
 from flax import nnx
 from jax.sharding import Mesh
 from tunix.models import dummy_model_creator
-from tunix.models.gemma import model as gemma2
-from tunix.models.gemma import params_safetensors as gemma2_safetensors
-from tunix.models.gemma3 import model as gemma3
-from tunix.models.gemma3 import params_safetensors as gemma3_safetensors
 from tunix.sft import checkpoint_manager as tunix_ckpt
 from tunix.utils import mesh as tunix_mesh
 
 from schemas.artifacts import CheckpointArtifact
-from schemas.recipe import Architecture, LoraSpec, MeshSpec, ModelSpec
+from schemas.recipe import LoraSpec, MeshSpec, ModelSpec
 from stages.core import drift, storage
 from stages.core.errors import InputError, MissingInput
 from stages.core.shared import SharedBuilds
@@ -47,77 +42,40 @@ def build_mesh(spec: MeshSpec) -> Mesh:
     return tunix_mesh.create_mesh((spec.fsdp, spec.tp), ("fsdp", "tp"), devices=devices)
 
 
-_PRESETS: dict[str, Callable[[], Any]] = {
-    "gemma3_270m": gemma3.ModelConfig.gemma3_270m,
-    "gemma3_1b": gemma3.ModelConfig.gemma3_1b_pt,
-    "gemma3_4b": gemma3.ModelConfig.gemma3_4b_pt,
-    "gemma2_2b": gemma2.ModelConfig.gemma2_2b,
-}
-_FAMILIES: dict[str, tuple[type[nnx.Module], Callable[..., nnx.Module]]] = {
-    "gemma3": (gemma3.Gemma3, gemma3_safetensors.create_model_from_safe_tensors),
-    "gemma2": (gemma2.Gemma, gemma2_safetensors.create_model_from_safe_tensors),
-}
-
-
 def network_modules(family: str) -> tuple[type[nnx.Module], Callable[..., nnx.Module]]:
     """The family's Tunix network class and its safetensors loader."""
-    if family in families.FAMILIES:
-        return families.modules(family)
-    return _FAMILIES[family]
+    return families.get(family).network_modules()
 
 
 def tunix_config(spec: ModelSpec, cache_dir: str | None = None) -> Any:
-    """Tunix's ModelConfig for `spec`: gemma3, gemma (v1/v2), qwen3 or llama3 ModelConfig.
+    """Tunix's ModelConfig for `spec`, from its family (stages/modeling/families/).
 
-    A Qwen 3 / Llama 3 checkpoint without preset or architecture is described by its own
-    config.json (`cache_dir` resolves a remote one; once resolved in this process it is not
-    needed again)."""
+    A checkpoint without preset or architecture (families that read config.json) is described
+    by its own config.json (`cache_dir` resolves a remote one; once resolved in this process
+    it is not needed again)."""
+    family, dtype = families.get(spec.family), _DTYPES[spec.dtype]
     if spec.preset is None and spec.architecture is None:
-        directory = weight_sources.resolve(spec, cache_dir)
-        return families.checkpoint_config(spec.family, directory, _DTYPES[spec.dtype])
-    if spec.preset in families.PRESETS:
-        return families.preset_config(spec.preset, _DTYPES[spec.dtype])
+        return family.checkpoint_config(weight_sources.resolve(spec, cache_dir), dtype)
     if spec.preset is not None:
-        preset = _PRESETS[spec.preset]()
-        if spec.family == "gemma3":
-            preset = dataclasses.replace(preset, param_dtype=_DTYPES[spec.dtype])
-        return preset
-    arch = spec.architecture
-    if arch is None:  # ModelSpec's validator guarantees one of preset / architecture
+        return family.preset_config(spec.preset, dtype)
+    if spec.architecture is None:  # ModelSpec's validator guarantees one of preset / architecture
         raise ValueError("model spec has neither preset nor architecture")
-    if spec.family == "gemma2":
-        return _tiny_gemma2_config(arch)
-    if spec.family in families.FAMILIES:
-        return families.tiny_config(spec.family, arch, _DTYPES[spec.dtype])
-    return gemma3.ModelConfig(**arch.model_dump(), param_dtype=_DTYPES[spec.dtype])
-
-
-def _tiny_gemma2_config(arch: Architecture) -> gemma2.ModelConfig:
-    """Gemma 2's layout (alternating local/global attention, soft caps) at test-model size."""
-    pattern = (gemma2.AttentionType.LOCAL_SLIDING, gemma2.AttentionType.GLOBAL)
-    return gemma2.ModelConfig(
-        **arch.model_dump(),
-        final_logit_softcap=30.0,
-        use_post_attn_norm=True,
-        use_post_ffw_norm=True,
-        attention_types=tuple(pattern[i % 2] for i in range(arch.num_layers)),
-        attn_logits_soft_cap=50.0,
-    )
+    return family.tiny_config(spec.architecture, dtype)
 
 
 def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
     """The base network on `mesh`: random init, or real weights via an HF-layout directory."""
     config = tunix_config(spec, cache_dir)
     dtype = _DTYPES[spec.dtype]
-    model_class, from_safetensors = network_modules(spec.family)
+    family = families.get(spec.family)
+    model_class, from_safetensors = family.network_modules()
     if spec.source == "random":
         network = dummy_model_creator.create_dummy_model(
             model_class, config, mesh=mesh, dtype=dtype, random_seed=spec.init_seed
         )
-        return families.random_network(network) if spec.family in families.FAMILIES else network
+        return family.init_random(network)
     directory = weight_sources.resolve(spec, cache_dir)
-    if spec.family in families.FAMILIES:
-        families.check_rope(spec.family, directory)
+    family.check_checkpoint(directory)
     with mesh:
         return from_safetensors(directory, config, mesh=mesh, dtype=dtype)
 
@@ -164,7 +122,8 @@ def apply_lora(base: nnx.Module, lora: LoraSpec, mesh: Mesh, seed: int = 0) -> n
     the fast path "lora_backward" (stages/modeling/fast_paths.py: the same gradients, bit for
     bit, without XLA CPU's transposed copies).
     """
-    module_path = families.lora_module_path(base, lora.module_path)
+    family = families.of_network(base)
+    module_path = lora.module_path if family is None else family.lora_module_path(lora.module_path)
     provider = qwix.LoraProvider(module_path=module_path, rank=lora.rank, alpha=lora.alpha)
     model_input = base.get_model_input()  # type: ignore[attr-defined]
     with mesh:

@@ -5,15 +5,17 @@ lora_A.weight (r, in) and lora_B.weight (out, r). qwix's adapters on Tunix's ein
 factors Tunix's merge multiplies into (in, out) deltas, `A @ B * alpha / rank`, after flattening
 the head axes the way the weight export does (q: (r, N, H) -> (r, N*H); kv_einsum's (r, 2, K,
 H) splits into k and v; attn_vec: (N, H, r) -> (N*H, r)). So lora_A.weight = A.T and
-lora_B.weight = B.T, under the Hugging Face module names the weight export uses; peft then
-gives the merged export's logits on the base's export. Qwen 3 and Llama 3 adapt their
-q/k/v/o projections ((D, N, H) and (N, H, D) kernels, flattened alike) and the same MLPs.
+lora_B.weight = B.T, under the Hugging Face module names the weight export uses (the family's
+`lora_hf_modules`); peft then gives the merged export's logits on the base's export. Qwen 3 and
+Llama 3 adapt their q/k/v/o projections ((D, N, H) and (N, H, D) kernels, flattened alike) and
+the same MLPs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,19 +25,6 @@ from safetensors.numpy import save_file
 from schemas.recipe import LoraSpec
 from stages.core.errors import InputError
 
-# Tunix module name -> Hugging Face module name: Gemma 2 and 3 name their attention einsums,
-# Qwen 3 and Llama 3 their projections as Hugging Face does (q: (D, N, H), o: (N, H, D), the
-# layouts the weight export flattens the same way); the MLPs are named alike in all four
-_HF_MODULES = {
-    "attn.q_einsum": "self_attn.q_proj",
-    "attn.k_einsum": "self_attn.k_proj",
-    "attn.v_einsum": "self_attn.v_proj",
-    "attn.attn_vec_einsum": "self_attn.o_proj",
-    **{f"attn.{p}_proj": f"self_attn.{p}_proj" for p in "qkvo"},
-    "mlp.gate_proj": "mlp.gate_proj",
-    "mlp.up_proj": "mlp.up_proj",
-    "mlp.down_proj": "mlp.down_proj",
-}
 PEFT_PREFIX = "base_model.model.model."
 
 
@@ -58,19 +47,20 @@ def lora_factors(policy: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def _hf_module(name: str) -> str:
+def _hf_module(name: str, hf_modules: Mapping[str, str]) -> str:
     prefix, _, module = name.partition(".")  # "layers", "0.attn.q_einsum"
     index, _, tunix_module = module.partition(".")
-    if prefix != "layers" or tunix_module not in _HF_MODULES:
+    if prefix != "layers" or tunix_module not in hf_modules:
         raise InputError(
             f"adapter export: LoRA on {name!r} has no Hugging Face module; expected adapters on "
-            f"layers.N.{{{', '.join(_HF_MODULES)}}}"
+            f"layers.N.{{{', '.join(hf_modules)}}}"
         )
-    return f"layers.{index}.{_HF_MODULES[tunix_module]}"
+    return f"layers.{index}.{hf_modules[tunix_module]}"
 
 
-def adapter_tensors(policy: Any) -> dict[str, np.ndarray]:
-    """peft's adapter_model.safetensors tensors for the LoRA adapters in `policy`."""
+def adapter_tensors(policy: Any, hf_modules: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """peft's adapter_model.safetensors tensors for the LoRA adapters in `policy`, named by
+    `hf_modules` (the family's lora_hf_modules: Tunix module -> Hugging Face module)."""
     tensors: dict[str, np.ndarray] = {}
     for name, (a, b) in lora_factors(policy).items():
         if "qkv_einsum" in name:
@@ -80,7 +70,7 @@ def adapter_tensors(policy: Any) -> dict[str, np.ndarray]:
             )
         a2 = a.reshape(-1, a.shape[-1])  # (in, r)
         b2 = b.reshape(b.shape[0], -1)  # (r, out)
-        module = PEFT_PREFIX + _hf_module(name)
+        module = PEFT_PREFIX + _hf_module(name, hf_modules)
         tensors[f"{module}.lora_A.weight"] = np.ascontiguousarray(a2.T)
         tensors[f"{module}.lora_B.weight"] = np.ascontiguousarray(b2.T)
     if not tensors:
@@ -107,9 +97,15 @@ def adapter_config(
     }
 
 
-def write_adapter(policy: Any, lora: LoraSpec, base_model: str | None, out_dir: str) -> None:
+def write_adapter(
+    policy: Any,
+    lora: LoraSpec,
+    base_model: str | None,
+    out_dir: str,
+    hf_modules: Mapping[str, str],
+) -> None:
     """adapter_config.json and adapter_model.safetensors for `policy`'s adapters in `out_dir`."""
-    tensors = adapter_tensors(policy)
+    tensors = adapter_tensors(policy, hf_modules)
     targets = sorted({name.split(".")[-3] for name in tensors})
     os.makedirs(out_dir, exist_ok=True)
     save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"))

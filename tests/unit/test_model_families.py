@@ -14,6 +14,8 @@ from schemas.recipe import ModelSpec
 from stages.core.errors import InputError
 from stages.modeling import families, models
 
+CONFIG_JSON_FAMILIES = [n for n, f in families.REGISTRY.items() if f.reads_config_json]
+
 
 def _config_dir(tmp_path: Path, config: dict[str, object]) -> str:
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -27,12 +29,12 @@ def _config_dir(tmp_path: Path, config: dict[str, object]) -> str:
         {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
     ],
 )
-@pytest.mark.parametrize("family", families.FAMILIES)
+@pytest.mark.parametrize("family", CONFIG_JSON_FAMILIES)
 def test_checkpoint_with_rope_far_does_not_apply_is_refused(
     tmp_path: Path, family: str, config: dict[str, object]
 ) -> None:
     with pytest.raises(InputError, match=r"config.json: rope_type .* applies default RoPE"):
-        families.check_rope(family, _config_dir(tmp_path, config))
+        families.get(family).check_checkpoint(_config_dir(tmp_path, config))
 
 
 @pytest.mark.parametrize(
@@ -43,19 +45,19 @@ def test_checkpoint_with_rope_far_does_not_apply_is_refused(
         {},  # no rope_theta at all: transformers' default base 10000
     ],
 )
-@pytest.mark.parametrize("family", families.FAMILIES)
+@pytest.mark.parametrize("family", CONFIG_JSON_FAMILIES)
 def test_checkpoint_with_any_base_passes(
     tmp_path: Path, family: str, config: dict[str, object]
 ) -> None:
-    families.check_rope(family, _config_dir(tmp_path, config))
+    families.get(family).check_checkpoint(_config_dir(tmp_path, config))
 
 
 def test_llama3_scaling_passes_for_llama_only(tmp_path: Path) -> None:
     """Llama 3.2 1B's published RoPE: base 500000, llama3 scaling."""
     config = {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}, "rope_theta": 500000.0}
-    families.check_rope("llama3", _config_dir(tmp_path, config))
+    families.get("llama3").check_checkpoint(_config_dir(tmp_path, config))
     with pytest.raises(InputError, match="rope_type 'llama3'"):
-        families.check_rope("qwen3", _config_dir(tmp_path, config))
+        families.get("qwen3").check_checkpoint(_config_dir(tmp_path, config))
 
 
 def test_qwen3_presets_are_the_published_sizes() -> None:

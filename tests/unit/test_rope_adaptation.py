@@ -11,6 +11,8 @@ import pytest
 
 from stages.modeling import families, rope_adaptation
 
+CONFIG_JSON_FAMILIES = [n for n, f in families.REGISTRY.items() if f.reads_config_json]
+
 SCALING = {
     "factor": 32.0,
     "low_freq_factor": 1.0,
@@ -36,24 +38,24 @@ def test_llama3_frequencies_equal_transformers(head_dim: int) -> None:
     assert not np.allclose(ours, plain)  # the scaling changes the long wavelengths
 
 
-@pytest.mark.parametrize("family", families.FAMILIES)
+@pytest.mark.parametrize("family", CONFIG_JSON_FAMILIES)
 def test_tunix_still_ignores_the_config_base(family: str) -> None:
     """Removal test: Tunix's attention block calls apply_rope without the config's base. When
     this fails, Tunix passes it itself and rope_adaptation's base handling can go."""
-    module = families._module(family, "model")
+    module = families.get(family).tunix_module()
     source = inspect.getsource(module.Attention.block.__wrapped__)
     assert "rope_theta" not in source
 
 
-@pytest.mark.parametrize("family", families.FAMILIES)
+@pytest.mark.parametrize("family", CONFIG_JSON_FAMILIES)
 def test_adaptation_is_installed_once(family: str) -> None:
-    module = families._module(family, "model")
+    module = families.get(family).tunix_module()
     block = module.Attention.block
     rope_adaptation.install(module)
     assert module.Attention.block is block and module._far_rope_adapted
 
 
-@pytest.mark.parametrize("family", families.FAMILIES)
+@pytest.mark.parametrize("family", CONFIG_JSON_FAMILIES)
 def test_tiny_networks_keep_tunix_base(family: str) -> None:
     """The random test networks' configs carry Tunix's own base, read through the adaptation."""
     from schemas.recipe import Architecture
@@ -67,4 +69,4 @@ def test_tiny_networks_keep_tunix_base(family: str) -> None:
         head_dim=8,
         num_kv_heads=1,
     )
-    assert families.tiny_config(family, arch, np.float32).rope_theta == 1_000_000
+    assert families.get(family).tiny_config(arch, np.float32).rope_theta == 1_000_000
