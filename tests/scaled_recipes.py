@@ -107,7 +107,9 @@ def scaled_generalize(root: str) -> Recipe:
     """recipes/reinforce-generalize.yaml on the tiny model: its DAG, its node kinds and their
     settings (rewards, the random reward, logprobs mean, GRPO's throughput knobs, tags), with
     the smoke model, a ladder of 2 / 3 / 4 terms, a handful of rows and steps, and short
-    generations."""
+    generations. One edge differs: the preferences node reads the random-reward arm's GRPO
+    samples, not the headroom evaluation's (whose samples all score alike on the tiny model,
+    so they make no pair)."""
     data = copy.deepcopy(recipe_data("reinforce-generalize"))
     smoke = recipe_data("smoke")
     data["storage_root"] = root
@@ -135,4 +137,9 @@ def scaled_generalize(root: str) -> Recipe:
             config["max_response_len"] = GENERATION_TOKENS
         if node["kind"] == "self_teach":  # the tiny model is rarely right: keep any sample
             config.update(verify=["format_strict"], min_score=0.0)
+        if node["kind"] == "preferences":
+            # every headroom sample of the tiny model scores 0: pairs from the random-reward
+            # arm's groups instead (rewards 0 or 1 by the draw), so the ORPO arm has pairs
+            node["inputs"] = {"samples": "random"}
+            config.pop("model", None)
     return parse_recipe(data, "reinforce-generalize (scaled to the tiny model)")
