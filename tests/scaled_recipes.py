@@ -133,8 +133,8 @@ def scaled_generalize(root: str) -> Recipe:
             config.update(small)
         if "max_generation_tokens" in config:
             config.update(tokens)
-        if node["kind"] == "dpo":
-            config["max_response_len"] = GENERATION_TOKENS
+        if node["kind"] == "dpo":  # the few pairs of the tiny run fill a batch of 1
+            config.update(max_response_len=GENERATION_TOKENS, batch_size=1)
         if node["kind"] == "self_teach":  # the tiny model is rarely right: keep any sample
             config.update(verify=["format_strict"], min_score=0.0)
         if node["kind"] == "preferences":
