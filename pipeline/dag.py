@@ -185,6 +185,8 @@ def _check_inputs(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) 
         _check_edge(edge, given, by_id[source], recipe)
     if isinstance(node, PickNode):
         _check_pick(node, by_id, recipe)
+    if node.kind == "hard_subset" and node_config(recipe, node).gold_sft:
+        _check_gold(node, by_id, recipe)
     if isinstance(node, EvaluateNode) and node.config is not None:
         for model in node.config.models:
             if model != "base" and "/" not in model and model not in node.inputs:
@@ -200,7 +202,20 @@ def _produced_splits(source: StageNode, recipe: Recipe) -> frozenset[str]:
     splits = _spec(source).splits
     if isinstance(source, DataPrepNode) and node_config(recipe, source).validation is None:
         return splits - {"validation"}
+    if source.kind == "hard_subset" and node_config(recipe, source).gold_sft:
+        return splits | {"sft_train"}
     return splits
+
+
+def _check_gold(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) -> None:
+    """A hard_subset with gold_sft reads the gold targets a data_prep with gold_targets
+    writes: refused here, not after the evaluation it selects by."""
+    source = by_id[node.inputs["dataset"]]
+    if not (isinstance(source, DataPrepNode) and node_config(recipe, source).gold_targets):
+        raise DagError(
+            f"{node.id}.dataset <- {source.id}: gold_sft writes the kept prompts' gold targets, "
+            f"which only a data_prep node with data.gold_targets: true keeps"
+        )
 
 
 def _check_pick(node: StageNode, by_id: dict[str, StageNode], recipe: Recipe) -> None:

@@ -13,7 +13,10 @@ solve rate) are kept, topped up with the others nearest the band to `config.min_
 the dataset's own format: their
 rows become `grpo_train`, the dataset's `eval` split is carried over unchanged, and
 selection.jsonl lists every evaluated prompt with its score and whether it was kept. A
-continued GRPO node trains on it in a later session. No training happens here.
+continued GRPO node trains on it in a later session. With `gold_sft`, the kept prompts' gold
+targets (data_prep's `gold_targets`) also become the `sft_train` split, tokenized as data_prep
+writes its sft rows: continued SFT on the same prompts as GRPO, the fair control of a
+Reinforce arm. No training happens here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 
 from schemas.artifacts import Artifact, DatasetArtifact, EvalReport
 from schemas.recipe import HardSubsetConfig
@@ -28,6 +34,7 @@ from stages.core.datasets import (
     evaluated_split,
     jsonl_bytes,
     load_prompts,
+    pad_rows,
     write_derived_dataset,
 )
 from stages.core.errors import InputError, MissingInput
@@ -41,6 +48,7 @@ from stages.core.runner import (
     stage_identity,
 )
 from stages.core.samples import ModeView, mode_view, read_samples
+from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.registry import hashed_config
 
 log = logging.getLogger(__name__)
@@ -156,8 +164,44 @@ def chosen_ids(
     return hard_ids(scores, config), scores, {}
 
 
+def gold_sequence(prompt: str, target: str, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """(tokens, loss mask) of a prompt and its gold target, as data_prep writes an sft row:
+    BOS and the chat prompt 0, the target (which closes the turn) and EOS 1."""
+    head = [tokenizer.bos_id(), *tokenizer.encode(prompt)]
+    response = [*tokenizer.encode(target), tokenizer.eos_id()]
+    return head + response, [0] * len(head) + [1] * len(response)
+
+
+def gold_arrays(
+    kept: list[dict[str, Any]], dataset: DatasetArtifact, ctx: RunContext
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The kept prompts' gold targets as sft_train arrays (those within the dataset's seq_len),
+    and how many rows were written and left out."""
+    missing = [r["id"] for r in kept if "target" not in r]
+    if missing:
+        raise InputError(
+            f"hard_subset.gold_sft: {len(missing)} grpo_train rows of {dataset.uri} carry no "
+            f"gold target (e.g. {missing[:3]}); set data.gold_targets: true in the recipe"
+        )
+    tokenizer = build_tokenizer(ctx.require_model(), ctx.model_cache, ctx.shared)
+    sequences = [gold_sequence(r["prompt"], r["target"], tokenizer) for r in kept]
+    fitting = [q for q in sequences if len(q[0]) <= dataset.seq_len]
+    if not fitting:
+        raise InputError(
+            f"hard_subset.gold_sft: none of the {len(kept)} kept prompts' gold rows fits the "
+            f"dataset's seq_len {dataset.seq_len}; raise data.max_seq_len"
+        )
+    arrays = pad_rows(fitting, dataset.seq_len, tokenizer.pad_id())
+    left_out = len(sequences) - len(fitting)
+    return arrays, {"gold_rows": float(len(fitting)), "gold_rows_too_long": float(left_out)}
+
+
 def _select(
-    directory: str, evaluation: EvalReport, dataset: DatasetArtifact, config: HardSubsetConfig
+    directory: str,
+    evaluation: EvalReport,
+    dataset: DatasetArtifact,
+    config: HardSubsetConfig,
+    ctx: RunContext | None = None,
 ) -> tuple[DatasetArtifact, dict[str, float], dict[str, list[float]]]:
     ids, scores, greedy_right = chosen_ids(read_samples(evaluation), config)
     chosen = set(ids)
@@ -165,6 +209,12 @@ def _select(
     held_out = load_prompts(dataset, "eval")
     kept = [r for r in rows if r["id"] in chosen]
     check_held_out(kept, held_out)
+    gold: dict[str, np.ndarray] | None = None
+    gold_metrics: dict[str, float] = {}
+    if config.gold_sft:
+        if ctx is None:
+            raise ValueError("hard_subset.gold_sft tokenizes the gold rows: it needs the run's ctx")
+        gold, gold_metrics = gold_arrays(kept, dataset, ctx)
     selection = [
         {"id": r["id"], "score": scores.get(r["id"]), "kept": r["id"] in chosen}
         | ({"greedy_correct": greedy_right[r["id"]]} if r["id"] in greedy_right else {})
@@ -174,6 +224,7 @@ def _select(
         directory,
         dataset,
         {"grpo_train": kept, "eval": held_out},
+        gold,
         extra_files={SELECTION_FILE: jsonl_bytes(selection)},
     )
     failed = sum(1 for s in scores.values() if s < config.below)
@@ -195,6 +246,7 @@ def _select(
         log_selection(len(kept), len(rows), failed, banded, config)
     metrics = {
         **mode,
+        **gold_metrics,
         "prompts_evaluated": float(len(scores)),
         "prompts_kept": float(len(kept)),
         "prompts_below_threshold": float(failed),
@@ -281,7 +333,7 @@ def select(
         ctx,
         identity(config, evaluation.fingerprint, dataset.fingerprint),
         {"evaluation": evaluation, "dataset": dataset},
-        lambda directory: _select(directory, evaluation, dataset, config),
+        lambda directory: _select(directory, evaluation, dataset, config, ctx),
     )
 
 

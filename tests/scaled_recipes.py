@@ -107,7 +107,9 @@ def scaled_generalize(root: str) -> Recipe:
     """recipes/reinforce-generalize.yaml on the tiny model: its DAG, its node kinds and their
     settings (rewards, the random reward, logprobs mean, GRPO's throughput knobs, tags), with
     the smoke model, a ladder of 2 / 3 / 4 terms, a handful of rows and steps, and short
-    generations."""
+    generations. One edge differs: the preferences node reads the random-reward arm's GRPO
+    samples, not the headroom evaluation's (whose samples all score alike on the tiny model,
+    so they make no pair)."""
     data = copy.deepcopy(recipe_data("reinforce-generalize"))
     smoke = recipe_data("smoke")
     data["storage_root"] = root
@@ -131,8 +133,13 @@ def scaled_generalize(root: str) -> Recipe:
             config.update(small)
         if "max_generation_tokens" in config:
             config.update(tokens)
-        if node["kind"] == "dpo":
-            config["max_response_len"] = GENERATION_TOKENS
+        if node["kind"] == "dpo":  # the few pairs of the tiny run fill a batch of 1
+            config.update(max_response_len=GENERATION_TOKENS, batch_size=1)
         if node["kind"] == "self_teach":  # the tiny model is rarely right: keep any sample
             config.update(verify=["format_strict"], min_score=0.0)
+        if node["kind"] == "preferences":
+            # every headroom sample of the tiny model scores 0: pairs from the random-reward
+            # arm's groups instead (rewards 0 or 1 by the draw), so the ORPO arm has pairs
+            node["inputs"] = {"samples": "random"}
+            config.pop("model", None)
     return parse_recipe(data, "reinforce-generalize (scaled to the tiny model)")

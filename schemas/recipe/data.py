@@ -314,6 +314,11 @@ class DataPrepConfig(Frozen):
     Dropped rows are quarantined with that reason and the splits drawn on from the other
     rows. false: they are kept, and data_prep reports how many there are (the record's
     `near_duplicates` metric and one console line). Left out of the stage hash when false."""
+    gold_targets: bool = Field(default=False, exclude_if=lambda v: v is False)
+    """Each grpo_train prompt row also carries `target`: the SFT target its example gives (its
+    reasoning and answer, written as the sft split's are), so a hard_subset with `gold_sft`
+    can train a control on the gold chains of the very prompts GRPO trains on. Left out of
+    the stage hash when false."""
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     """The prompt format: system prompt, instruction, answer format, chat template (see
     PromptFormat); the default, FAR's own, is left out of the stage hash."""

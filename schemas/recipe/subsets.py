@@ -64,6 +64,11 @@ class HardSubsetConfig(Frozen):
     """With `select: mode`, this share of the kept prompts is greedy-right prompts (those
     the samples solve least often first), so training on the wrong modes does not unlearn
     the right ones; 0: none."""
+    gold_sft: bool = False
+    """Also write the kept prompts' gold targets (data_prep's `data.gold_targets`) as the
+    output's sft_train split, so an sft node trains on the same prompts as GRPO, with gold
+    chains (a continued-SFT control). A row longer than the dataset's seq_len is left out and
+    counted, as self_teach leaves out a completion that does not fit."""
 
     @model_validator(mode="after")
     def _band(self) -> HardSubsetConfig:
@@ -216,7 +221,7 @@ HARD_SUBSET_KIND = StageSpec(
         "dataset": Port(("dataset",), frozenset({"grpo_train", "eval"})),
     },
     splits=frozenset({"grpo_train", "eval"}),
-    hash_exempt_defaults=("above", "by", "select", "right_share"),
+    hash_exempt_defaults=("above", "by", "select", "right_share", "gold_sft"),
     summary="The training prompts an evaluation says are still hard.",
 )
 """The hard_subset kind (stages/hard_subset.py)."""

@@ -435,6 +435,25 @@ def prompt_row(
     }
 
 
+def prompt_rows(
+    examples: list[Example], split: str, config: DataPrepConfig, tokenizer: Tokenizer
+) -> list[dict[str, Any]]:
+    """A prompt split's rows; with `data.gold_targets`, each grpo_train row also carries the
+    SFT target its example gives (`target`, exactly as the sft split's are written)."""
+    rows = [prompt_row(e, config.prompt, tokenizer) for e in examples]
+    if not (config.gold_targets and split == "grpo_train"):
+        return rows
+    return [
+        {
+            **row,
+            "target": format_target(
+                e.reasoning, e.answer, config.prompt, tokenizer, e.prompt, e.system
+            ),
+        }
+        for row, e in zip(rows, examples, strict=True)
+    ]
+
+
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
@@ -551,9 +570,7 @@ def _write_dataset(
     files = {
         SPLIT_FILES["sft_train"]: sft_npz_bytes(arrays),
         **{
-            SPLIT_FILES[split]: _jsonl(
-                [prompt_row(e, config.prompt, tokenizer) for e in splits[split]]
-            )
+            SPLIT_FILES[split]: _jsonl(prompt_rows(splits[split], split, config, tokenizer))
             for split in PROMPT_SPLITS
             if split in splits
         },

@@ -1,6 +1,7 @@
 """recipes/reinforce-generalize.yaml: it validates, its ladder's levels go where the design
 says (SFT at levels <= k, pool and validation at k+1, held out tagged k2 / k1 / le_k), every
-arm starts from sft with the same steps and batch, and its tiny variant validates too."""
+arm starts from sft with the same steps and batch, the control trains on the pool prompts'
+gold chains, pass@8 is scored at k+2, and its tiny variant validates too."""
 
 from __future__ import annotations
 
@@ -31,8 +32,17 @@ def test_the_ladder_and_the_arms() -> None:
     assert configs["orpo"].logprobs == "mean"
     assert {nodes[n].config.tag for n in ("k2", "k1", "le_k")} == {"k2", "k1", "le_k"}
     assert build_dag(recipe).ids.index("pick") < build_dag(recipe).ids.index("k2")
+    # the control: the pool's prompts (GRPO's) with their gold chains, from data_prep
+    assert data.gold_targets and nodes["pool"].config.gold_sft
+    assert nodes["control"].inputs == {"dataset": "pool", "policy": "sft"}
+    assert nodes["grpo"].inputs["dataset"] == nodes["random"].inputs["dataset"] == "pool"
+    sampled = nodes["k2_sampled"].config
+    assert (sampled.tag, sampled.samples, sampled.temperature) == ("k2", 8, 1.0)
+    assert set(sampled.models) == set(ARMS) | {"sft"}
 
 
 def test_the_tiny_variant_validates(tmp_path: Path) -> None:
     recipe = scaled_generalize(str(tmp_path))
-    assert list(build_dag(recipe).ids)[-3:] == ["k2", "k1", "le_k"]
+    assert list(build_dag(recipe).ids)[-4:] == ["k2", "k1", "le_k", "k2_sampled"]
+    nodes = {n.id: n for n in recipe.pipeline}
+    assert nodes["pairs"].inputs == {"samples": "random"}  # the tiny headroom makes no pair

@@ -202,6 +202,7 @@ def test_the_builtin_kinds_declare_the_fields_they_hash_only_when_set() -> None:
         "by",
         "select",
         "right_share",
+        "gold_sft",
     )
     plain = registry.hashed_config("evaluate", EvalConfig())
     assert not {"split", "greedy", "rewards", "steps", "max_prompts", "draw", "tag"} & set(plain)

@@ -1,0 +1,137 @@
+"""The reinforce-generalize results file (docs/results/reinforce-generalize.json) from its runs'
+records.
+
+Each run is `far run recipes/reinforce-generalize.yaml` with one data seed. Its held-out nodes
+score every arm greedily at one level each (k2: level k+2, never trained on, the primary
+endpoint; k1: the pool's level; le_k: retention on the SFT levels); this writes, per run,
+level and arm, the per-prompt outcomes, the greedy accuracy with its Wilson 95% interval and
+the exact McNemar comparison with the control (continued SFT on the pool prompts' gold
+chains) and with the starting SFT policy. The `k2_sampled` node (8 samples at T 1.0 on the
+first k2 prompts) adds each arm's sampled pass@1 (paired sign-flip test) and pass@8 (a prompt
+solved by any of its 8 samples; exact McNemar). The pick's choice on k+1 validation, the
+pool's size and each node's seconds come with them:
+
+    python -m bench.reinforce_generalize --runs RUN_DIR [RUN_DIR ...] \
+        --out docs/results/reinforce-generalize.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import reinforce_mode
+from stages.core import stats
+
+LEVELS = ("k2", "k1", "le_k")
+SAMPLED = "k2_sampled"
+CONTROL, START = reinforce_mode.CONTROL, reinforce_mode.START
+
+
+def outcomes(node_dir: str) -> dict[str, dict[str, bool]]:
+    """model -> prompt id -> whether any of its samples there is correct (pass@n)."""
+    lines = Path(node_dir, "samples.jsonl").read_text().splitlines()
+    out: dict[str, dict[str, bool]] = {}
+    for r in (json.loads(line) for line in lines if line):
+        by_id = out.setdefault(r["model"], {})
+        by_id[str(r["id"])] = by_id.get(str(r["id"]), False) or float(r["correct"]) == 1.0
+    return out
+
+
+def pass_at_n(node_dir: str) -> list[dict[str, Any]]:
+    """Every sampled model's pass@n with its interval, against the control and the SFT."""
+    solved = {m: {i: float(v) for i, v in by_id.items()} for m, by_id in outcomes(node_dir).items()}
+    rows = []
+    for name, by_id in solved.items():
+        values = list(by_id.values())
+        low, high = stats.rate_interval(values)
+        rows.append(
+            {
+                "model": name,
+                "prompts": len(values),
+                "pass_at_n": round(sum(values) / len(values), 4),
+                "ci95": [round(low, 4), round(high, 4)],
+                "vs_control": reinforce_mode.compare(solved[CONTROL], by_id, (CONTROL, name)),
+                "vs_sft": reinforce_mode.compare(solved[START], by_id, (START, name)),
+            }
+        )
+    return rows
+
+
+def per_prompt(node_dir: str) -> dict[str, dict[str, float]]:
+    """model -> prompt id -> greedy correctness: the outcomes a reviewer can re-test."""
+    return reinforce_mode.greedy_outcomes(node_dir, "correct")
+
+
+def summary(run: Path) -> dict[str, Any] | None:
+    """One run's results, or None when its primary node (k2) has not committed yet."""
+    nodes = reinforce_mode.records(run)
+    if "k2" not in nodes:
+        return None
+    recipe = json.loads((run / "run.json").read_text())["recipe"]
+    choice = json.loads(Path(nodes["pick"]["_dir"], "choice.json").read_text())
+    sampled = nodes.get(SAMPLED)
+    return {
+        "run": run.name,
+        "data_seed": recipe["data"]["seed"],
+        "git_commit": nodes["k2"]["code"]["git_commit"],
+        "pool": nodes["pool"]["metrics"],
+        "pick": {
+            "chosen": choice["chosen"],
+            "validation": {c["name"]: round(c["accuracy"], 4) for c in choice["candidates"]},
+        },
+        "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},
+        "levels": {
+            level: reinforce_mode.arms(nodes[level]["_dir"]) for level in LEVELS if level in nodes
+        },
+        "per_prompt": {
+            level: per_prompt(nodes[level]["_dir"]) for level in LEVELS if level in nodes
+        },
+        **(
+            {
+                "sampled_pass_at_1": reinforce_mode.sampled_arms(sampled["_dir"]),
+                "sampled_pass_at_n": pass_at_n(sampled["_dir"]),
+            }
+            if sampled
+            else {}
+        ),
+    }
+
+
+def table(result: dict[str, Any], level: str) -> str:
+    """One run's greedy rows at one level as a markdown table."""
+    return reinforce_mode.table({"held_out": result["levels"][level]})
+
+
+def pass_table(result: dict[str, Any]) -> str:
+    """One run's pass@n rows at k+2 as a markdown table."""
+    lines = [
+        "| model | pass@n [95% CI] | vs control (won/lost, p) | vs sft (won/lost, p) |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in result["sampled_pass_at_n"]:
+        c, s = r["vs_control"], r["vs_sft"]
+        lines.append(
+            f"| {r['model']} | {r['pass_at_n']:.3f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | "
+            f"{c['difference']:+.3f} ({c['wins']}/{c['losses']}, {c['p_value']:.2g}) | "
+            f"{s['difference']:+.3f} ({s['wins']}/{s['losses']}, {s['p_value']:.2g}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    results = [r for r in (summary(run) for run in args.runs) if r is not None]
+    args.out.write_text(json.dumps({"runs": results}, indent=1) + "\n")
+    for result in results:
+        for level in result["levels"]:
+            print(f"\n{result['run']} {level}\n{table(result, level)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""recipes/reinforce-generalize.yaml's DAG on the tiny model (tests/scaled_recipes.py
+`scaled_generalize`), end to end through the flow: every node commits, in particular every
+arm's; the control trained on the pool's gold rows; and the results file's tables
+(bench/reinforce_generalize.py) build from the run's records, per level and for pass@8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import reinforce_generalize
+from flows.far_flow import format_align_reinforce
+from pipeline.dag import build_dag
+from stages.core import storage
+from tests.scaled_recipes import scaled_generalize
+
+pytestmark = pytest.mark.slow
+
+ARMS = ("control", "self", "orpo", "grpo", "random")
+
+
+def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> None:
+    recipe = scaled_generalize(str(tmp_path))
+    summary = format_align_reinforce(recipe, storage.normalize(str(tmp_path)))
+    assert summary.complete, summary.stopped_reason
+    assert [s.stage for s in summary.stages] == list(build_dag(recipe).ids)
+    records = {s.stage: storage.read_json(s.record_uri) for s in summary.stages}
+    assert {n: r["status"] for n, r in records.items()} == dict.fromkeys(records, "complete")
+    pool = records["pool"]["metrics"]
+    assert pool["gold_rows"] + pool["gold_rows_too_long"] == pool["prompts_kept"] > 0
+    result = reinforce_generalize.summary(tmp_path / recipe.name)
+    assert result is not None
+    for level in reinforce_generalize.LEVELS:
+        table = reinforce_generalize.table(result, level)
+        assert all(f"| {arm} |" in table for arm in ("sft", *ARMS, "chosen")), table
+        assert set(result["per_prompt"][level]) == {"sft", *ARMS, "chosen"}
+    assert [r["model"] for r in result["sampled_pass_at_n"]] == [
+        "control",
+        "sft",
+        "self",
+        "orpo",
+        "grpo",
+        "random",
+    ]
+    assert "| grpo |" in reinforce_generalize.pass_table(result)
