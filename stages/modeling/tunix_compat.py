@@ -322,6 +322,7 @@ def _set_aside(manager: Any, step: int, error: Exception) -> None:
             f"earlier step: restore its files, or delete {root / str(step)} to train the "
             f"stage from its start"
         ) from error
+    sessions.check_writes()  # moving the step aside writes the stage directory
     aside = root.parent / f"{root.name}{DAMAGED_SUFFIX}"
     aside.mkdir(parents=True, exist_ok=True)
     (root / str(step)).rename(aside / str(step))

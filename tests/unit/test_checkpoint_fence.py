@@ -96,3 +96,34 @@ def _passes_once(check: object) -> object:
             check(within)  # type: ignore[operator]
 
     return check_writes
+
+
+def damaged_latest(root: Path, model: nnx.Module) -> None:
+    """Steps 1 and 2 saved, then step 2's largest file (its array data) deleted."""
+    ckpt = manager(root)
+    for step in (1, 2):
+        assert ckpt.save(step, model, force=True)
+    ckpt.close()
+    victim = max(
+        (p for p in (root / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    )
+    victim.unlink()
+
+
+def test_a_damaged_step_is_not_moved_aside_once_the_lease_is_lost(
+    tmp_path: Path, model: nnx.Module
+) -> None:
+    """Setting a damaged latest step aside (restore_newest_intact) renames it inside the stage
+    directory: a write like any other, refused once the session may no longer write."""
+    root = tmp_path / "checkpoints"
+    damaged_latest(root, model)
+    lease = Lease()
+    lease.lost = True
+    with sessions.fencing(lease.check), pytest.raises(LeaseLost, match="taken over"):
+        manager(root).maybe_restore(model)
+    assert committed_steps(root) == ["1", "2"]
+    assert not (tmp_path / f"checkpoints{tunix_compat.DAMAGED_SUFFIX}").exists()
+    with sessions.fencing(Lease().check):  # held: the step is set aside, step 1 restores
+        assert manager(root).maybe_restore(model)[0] == 1
+    assert committed_steps(root) == ["1"]
+    assert (tmp_path / f"checkpoints{tunix_compat.DAMAGED_SUFFIX}" / "2").is_dir()
