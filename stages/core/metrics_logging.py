@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import os
 import posixpath
 import re
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,13 +33,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from schemas.recipe import LoggingConfig
-from stages.core import storage
+from stages.core import sessions, storage
 from stages.core.errors import InputError
 
 MLFLOW_DIR = "mlflow"  # {run}/mlflow/mlflow.db: the default store (a folder, not a stage)
 MLFLOW_DB = "mlflow.db"
 STAGE_TAG = "far.stage_dir"  # the MLflow tag that finds a stage directory's run again
 _MLFLOW_KEY = re.compile(r"[^A-Za-z0-9_\-. :/]")  # what MLflow refuses in a metric name
+_EVENT_FILES = itertools.count()  # numbers this process's TensorBoard event files
 
 
 class Backend(Protocol):
@@ -84,19 +88,80 @@ class Silent:
 
 
 class TensorBoard:
-    """Event files under `log_dir`; tensorboardX flushes them every `flush_secs` seconds."""
+    """Event files under `log_dir`, written on the calling thread behind the stage's write fence.
 
-    def __init__(self, log_dir: str, flush_secs: int = 30) -> None:
-        from tensorboardX import SummaryWriter
+    tensorboardX's SummaryWriter writes from its own thread, out of reach of the lease: a
+    holder stopped past its lease (SIGSTOP) and continued would flush its queued events into
+    a stage directory its successor committed. Here a record is only kept in memory until a
+    flush, every `flush_secs` and at close; each flush first asks the stage's write fence
+    (sessions.check_writes, LeaseLost once the session may no longer write the stage), then
+    writes and flushes the records at once, so no byte waits in a buffer for a later flush
+    (nor for the interpreter's exit). A full disk raises on the caller's thread (SaveFailed
+    for the stage). A closed backend drops what it still hears (JAX keeps it as a listener).
+    """
 
-        self._writer = SummaryWriter(log_dir, flush_secs=flush_secs)
+    def __init__(self, log_dir: str, flush_secs: float = 30.0) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.record_writer import RecordWriter, directory_check
+
+        self._flush_secs = flush_secs
+        self._pending: list[Any] = []  # Event protos not yet written
+        self._oldest = 0.0  # time.monotonic() of the oldest pending record
+        self._lock = threading.Lock()
+        self._closed = False
+        sessions.check_writes()  # the event file is a write into the stage directory
+        directory_check(log_dir)
+        # tensorboardX's name, made unique: two files begun in one second never clash
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self.path = posixpath.join(log_dir, f"{name}.{os.getpid()}.{next(_EVENT_FILES)}")
+        self._file = RecordWriter(self.path)
+        self._write([Event(wall_time=time.time(), file_version="brain.Event:2")])
 
     def log_scalar(self, event: str, value: Any, **kwargs: Any) -> None:
-        if (step := _step(kwargs)) is not None:
-            self._writer.add_scalar(event.lstrip("/"), _scalar(value), step)
+        if (step := _step(kwargs)) is None:
+            return
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        record = Event(summary=scalar(event.lstrip("/"), _scalar(value)), step=step)
+        record.wall_time = time.time()
+        with self._lock:
+            if self._closed:
+                return
+            if not self._pending:
+                self._oldest = time.monotonic()
+            self._pending.append(record)
+            if time.monotonic() - self._oldest >= self._flush_secs:
+                self._write_pending()
 
     def close(self) -> None:
-        self._writer.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._write_pending()
+            finally:
+                self._pending = []
+                self._file.close()  # nothing left in its buffer: writes no byte
+
+    def _write_pending(self) -> None:
+        if not self._pending:
+            return
+        records, self._pending = self._pending, []  # on a lost lease they are dropped
+        sessions.check_writes()
+        self._write(records)
+
+    def _write(self, records: list[Any]) -> None:
+        """Append `records` and flush them to the OS, naming the file if storage refuses."""
+        try:
+            for record in records:
+                self._file.write(record.SerializeToString())
+            self._file.flush()
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror, self.path) from e
 
 
 class MLflow:

@@ -41,7 +41,8 @@ class LeaseLost(RuntimeError):
 
 # The write fence of the stage this process works on now: called before every checkpoint a
 # library writes on FAR's behalf (Tunix's saves, Orbax's commit renames and deletions, patched
-# in stages/modeling/tunix_compat.py), from whichever thread writes. One stage at a time runs
+# in stages/modeling/tunix_compat.py) and every TensorBoard event write (FAR's own backend,
+# stages/core/metrics_logging.py), from whichever thread writes. One stage at a time runs
 # in a process, so one fence suffices; None outside a stage's work.
 _write_fence: Callable[[], None] | None = None
 _fence_passed = float("-inf")  # time.monotonic() of the last check that passed

@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
 
@@ -281,7 +283,10 @@ def restore_newest_intact() -> None:
     would refuse to save that step again), said in one log line, and the next older step is
     tried; with none left, DamagedCheckpoint names the step and Orbax's first line (the
     file). Nothing is updated before a restore succeeds, so a failed one leaves the model as
-    it was. Test: tests/integration/test_sft_full.py (a deleted checkpoint file)."""
+    it was. Orbax's failed read leaves TensorStore reads under way whose callbacks meet its
+    closed event loop; Python would print each as a traceback before FAR's line: they go to
+    the log at DEBUG instead (`_quiet_failed_reads`). Test: tests/integration/test_sft_full.py
+    (a deleted checkpoint file), tests/unit/test_checkpoint_fence.py (the quiet console)."""
     original = tunix_ckpt.CheckpointManager.maybe_restore
     if getattr(original, "_far_fallback", False):
         return
@@ -291,21 +296,47 @@ def restore_newest_intact() -> None:
         manager = self._checkpoint_manager
         if manager is None or args[2:] or kwargs.get("step") is not None:
             return original(self, *args, **kwargs)
-        while True:
-            step = manager.latest_step()
-            try:
-                return original(self, *args, **kwargs)
-            except Exception as e:  # a stop, a lost lease or a network fault is no damage
-                if (
-                    step is None
-                    or isinstance(e, sessions.LeaseLost | sessions.SaveFailed)
-                    or storage.is_transient(e)
-                ):
-                    raise
-                _set_aside(manager, step, e)
+        with _quiet_failed_reads():
+            while True:
+                step = manager.latest_step()
+                try:
+                    return original(self, *args, **kwargs)
+                except Exception as e:  # a stop, a lost lease or a network fault is no damage
+                    if (
+                        step is None
+                        or isinstance(e, sessions.LeaseLost | sessions.SaveFailed)
+                        or storage.is_transient(e)
+                    ):
+                        raise
+                    _set_aside(manager, step, e)
 
     maybe_restore._far_fallback = True  # type: ignore[attr-defined]
     tunix_ckpt.CheckpointManager.maybe_restore = maybe_restore
+
+
+_FAILED_READ_NOISE = ("Event loop is closed", "Encountered error while reading array")
+
+
+@contextmanager
+def _quiet_failed_reads() -> Iterator[None]:
+    """Within the block, an unraisable exception left by a failed Orbax read (a TensorStore
+    callback meeting the closed event loop, or a read coroutine's own error when it is
+    collected) is logged at DEBUG with its traceback, not printed; any other goes to the hook
+    before."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not str(unraisable.exc_value).startswith(_FAILED_READ_NOISE):
+            previous(unraisable)
+            return
+        info = (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
+        log.debug("a failed checkpoint read left: %s", unraisable.exc_value, exc_info=info)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 class DamagedCheckpoint(InputError):
@@ -322,6 +353,7 @@ def _set_aside(manager: Any, step: int, error: Exception) -> None:
             f"earlier step: restore its files, or delete {root / str(step)} to train the "
             f"stage from its start"
         ) from error
+    sessions.check_writes()  # moving the step aside writes the stage directory
     aside = root.parent / f"{root.name}{DAMAGED_SUFFIX}"
     aside.mkdir(parents=True, exist_ok=True)
     (root / str(step)).rename(aside / str(step))

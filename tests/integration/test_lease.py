@@ -22,7 +22,7 @@ import pytest
 from pipeline import lease
 from pipeline.manifest import read_manifest
 from schemas.record import LeaseHolder
-from stages.core import storage
+from stages.core import runner, storage
 from tests.conftest import REPO
 
 HOLDER_TTL = 3.0  # seconds: renewed every second while the holder lives
@@ -238,6 +238,43 @@ def sft_child(run_uri: str, ttl: float, *extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@pytest.mark.parametrize("stop_before_save", [10, 20], ids=["mid-training", "final-save"])
+def test_a_holder_stopped_before_a_save_writes_nothing_into_the_stage_its_successor_committed(
+    tmp_path: Path, stop_before_save: int
+) -> None:
+    """Real processes, real signals, a short lease: holder A runs SFT and is frozen (SIGSTOP)
+    just before the trainer saves a step; past its lease's lifetime holder B takes the run
+    over, finishes SFT from A's last checkpoint and commits it. A is continued (SIGCONT) at
+    the save: every checkpoint write is fenced by the lease, so A stops with exit 5 and the
+    committed stage directory is byte for byte what B committed, and still matches its
+    sealed record."""
+    run_uri = str(tmp_path / "child")
+    stale = sft_child(run_uri, HOLDER_TTL, str(stop_before_save))
+    try:
+        wait_until_stopped(stale)
+        time.sleep(HOLDER_TTL + 1)  # frozen past its lease's lifetime
+        successor = sft_child(run_uri, 60.0)
+        out, err = successor.communicate(timeout=600)
+        assert successor.returncode == 0, err
+        assert "took over the run lease" in err and "expired" in err
+        [record_line] = [line for line in out.splitlines() if line.startswith("RECORD ")]
+        stage = Path(record_line.split(" ", 1)[1]).parent
+        committed = tree_digest(stage)
+        os.kill(stale.pid, signal.SIGCONT)
+        _, stale_err = stale.communicate(timeout=120)
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+        stale.wait(timeout=30)
+    assert stale.returncode == 5, stale_err
+    assert "lost the run lease" in stale_err, stale_err
+    assert tree_digest(stage) == committed  # not one file written, changed or deleted
+    for record_uri in sorted(str(p) for p in Path(run_uri).glob("*/stage.json")):
+        record = runner.read_record(record_uri)  # the audit's checks of a stage: seal, files
+        assert record is not None
+        runner.verify_before_reuse(record_uri, record)
 
 
 def wait_until_stopped(proc: subprocess.Popen[str]) -> None:

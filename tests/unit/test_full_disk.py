@@ -89,6 +89,26 @@ def test_a_stage_whose_write_is_refused_ends_with_save_failed(small_disk: Path) 
         run_stage(ctx, StageIdentity("sft", 1, {}, {}), work)
 
 
+def test_a_training_curve_written_on_a_full_disk_ends_the_stage_with_save_failed(
+    small_disk: Path,
+) -> None:
+    """FAR's TensorBoard backend writes its events on the caller's thread (behind the lease's
+    fence): a full disk raises there, and the stage ends with SaveFailed naming the file."""
+    from stages.core.metrics_logging import TensorBoard
+
+    ctx = RunContext(root=str(small_disk), run="run")
+
+    def work(directory: str) -> tuple[Any, dict[str, float], dict[str, list[float]]]:
+        board = TensorBoard(f"{directory}/logs", flush_secs=0)
+        fill(small_disk)
+        for step in range(1000):
+            board.log_scalar("/train/loss", float(step), step=step)
+        return None, {}, {}
+
+    with pytest.raises(SaveFailed, match=r"/logs/events\.out\.tfevents.*No space left on device"):
+        run_stage(ctx, StageIdentity("sft", 1, {}, {}), work)
+
+
 def test_a_failed_async_orbax_save_is_raised_at_the_next_step(small_disk: Path) -> None:
     """Orbax's background save fails on a full disk; Tunix would only meet it at the next
     save, many steps on: the training loop's health check raises it at once."""

@@ -279,7 +279,9 @@ LEDGER: tuple[Patch, ...] = (
         why=(
             "maybe_restore restores the latest step and lets Orbax's error out as a "
             "traceback when that step is damaged (a file deleted or torn); FAR moves the "
-            "step aside and falls back to the newest step that restores."
+            "step aside and falls back to the newest step that restores. The reads Orbax "
+            "leaves under way then meet its closed event loop, which Python prints as "
+            "tracebacks: during the restore they go to the log at DEBUG."
         ),
         versions=TUNIX_ORBAX,
         remove_when="maybe_restore falls back to an earlier intact step (or takes an option to)",
