@@ -184,3 +184,29 @@ def test_a_damaged_step_is_said_in_one_line_without_orbax_tracebacks(
         assert manager(root).maybe_restore(layers)[0] == 1
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_a_mirror_published_after_the_lease_is_lost_uploads_nothing(tmp_path: Path) -> None:
+    """A remote stage (gs://; memory:// here) gets its logs, and on other protocols its
+    checkpoints, from a local mirror uploaded at the end of a session: each file asks the
+    fence first, so a holder that lost its lease mid-upload writes no more files."""
+    from stages.core import checkpoints, storage
+
+    mirror = tmp_path / "mirror"
+    for name in ("a.tfevents", "b.tfevents", "c.json"):
+        (mirror / "logs").mkdir(parents=True, exist_ok=True)
+        (mirror / "logs" / name).write_bytes(b"x")
+    lease = Lease()
+    writes: list[str] = []
+
+    def check() -> None:
+        lease.check()
+        writes.append("checked")
+        lease.lost = len(writes) == 2  # lost while the second file is written
+
+    uri = "memory://fence-test/run/sft-0123456789ab/logs"
+    with sessions.fencing(check), pytest.raises(LeaseLost):
+        checkpoints.publish_session(
+            "SFT", 2, 2, str(mirror / "ck"), "memory://fence-test/ck", str(mirror / "logs"), uri
+        )
+    assert len(storage.list_files(uri)) == 2  # the third file was never written
