@@ -13,17 +13,18 @@ functions documents its Args and Returns (tests/unit/test_stage_author_api.py ch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
 from schemas.artifacts import Artifact
 from schemas.record import SessionLog, StageRecord
-from stages.core import ledger, storage
+from stages.core import ledger, sessions, storage
 from stages.core.context import NoProgress, RunContext, SessionExpired
 from stages.core.decisions import Decision, StageWouldRun, decide
 from stages.core.identity import StageIdentity, stage_identity, with_uris
@@ -209,7 +210,7 @@ def run_stage(
     log.info("stage %s: running in %s", stage, directory)
     started, t0 = datetime.now(UTC), time.perf_counter()
     try:
-        with fencing(functools.partial(_fence_stage, ctx, record_uri) if ctx.primary else None):
+        with _fenced_stage(ctx, record_uri, directory):
             output, metrics, history = work(directory)
     except BaseException as e:
         outcome = "stopped" if isinstance(e, SessionExpired | KeyboardInterrupt) else "failed"
@@ -252,6 +253,22 @@ def run_stage(
     commit_record(ctx, record_uri, record)
     log.info("stage %s: complete in %.1f s -> %s", stage, this_session.seconds, record_uri)
     return StageOutcome(output, record_uri, skipped=False, seconds=this_session.seconds)
+
+
+@contextlib.contextmanager
+def _fenced_stage(ctx: RunContext, record_uri: str, directory: str) -> Iterator[None]:
+    """The stage's write fence around its work (a primary session's only): before each
+    checkpoint a library writes (sessions.fencing) and each write or delete through storage
+    under the stage directory (storage.guarding; checked at most once a second, and again
+    after any stop longer than that)."""
+    if not ctx.primary:
+        yield
+        return
+    with (
+        fencing(functools.partial(_fence_stage, ctx, record_uri)),
+        storage.guarding(directory, functools.partial(sessions.check_writes, within=1.0)),
+    ):
+        yield
 
 
 def _fence_stage(ctx: RunContext, record_uri: str) -> None:

@@ -188,8 +188,42 @@ def capped_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | None]:
         yield bytes(pending)
 
 
+# The stage directory this process works on now, and its write fence (stages/core/runner.py
+# sets it around a stage's work): a write or delete under that directory, from any thread,
+# calls the fence first, which raises once the session may no longer write there (its lease
+# was taken over, or another session committed the directory). None outside a stage's work.
+_write_guard: tuple[str, Callable[[], None]] | None = None
+
+
+@contextlib.contextmanager
+def guarding(directory: str, check: Callable[[], None]) -> Iterator[None]:
+    """Within it, every write or delete through this module under `directory` calls `check`
+    first.
+
+    Args:
+        directory: the stage directory (any protocol).
+        check: raises when the directory may no longer be written.
+
+    Returns:
+        A context manager; the previous guard is back on leaving it.
+    """
+    global _write_guard
+    previous, _write_guard = _write_guard, (normalize(directory).rstrip("/") + "/", check)
+    try:
+        yield
+    finally:
+        _write_guard = previous
+
+
+def _guard(uri: str) -> None:
+    guard = _write_guard
+    if guard is not None and normalize(uri).startswith(guard[0]):
+        guard[1]()
+
+
 def write_bytes(uri: str, data: bytes) -> None:
     """Write atomically: readers see the old content or the new, never a torn file."""
+    _guard(uri)
     _forget(uri)
     fs, path = _split(uri)
     parent = path.rsplit("/", 1)[0]
@@ -250,6 +284,7 @@ def write_failure(error: BaseException) -> str | None:
 
 def delete(uri: str) -> None:
     """Remove one file or object; a missing one is not an error."""
+    _guard(uri)
     _forget(uri)
     fs, path = _split(uri)
     if fs.exists(path):

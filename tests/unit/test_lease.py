@@ -136,3 +136,36 @@ def test_the_write_fence_refuses_a_stage_another_session_committed(tmp_path: Any
             sessions.check_writes()
     sessions.check_writes()  # outside a stage's work: nothing to check
     assert checks == [1, 1]
+
+
+def test_a_stage_that_loses_its_lease_writes_no_more_files_into_its_directory(
+    tmp_path: Any,
+) -> None:
+    """Every write a stage makes through storage (an evaluation's report, a dataset's shard)
+    asks the fence first: once another session committed the stage, the stale session's next
+    write raises and the committed directory keeps what its successor wrote."""
+    from stages.core import runner, sessions
+
+    lost = {"now": False}
+
+    def fence() -> None:
+        if lost["now"]:
+            raise LeaseLost("the run lease was taken over (test)")
+
+    ctx = runner.RunContext(root=str(tmp_path), run="r", fence=fence)
+
+    def work(directory: str) -> tuple[None, dict[str, float], dict[str, list[float]]]:
+        storage.write_json(storage.join(directory, "report.json"), {"by": "this session"})
+        storage.write_json(storage.join(str(tmp_path), "r", "elsewhere.json"), {})  # not fenced
+        lost["now"] = True
+        time.sleep(1.1)  # past the once-a-second check: a stopped process checks again
+        storage.write_json(storage.join(directory, "late.json"), {"by": "a stale session"})
+        raise AssertionError("the late write was not refused")
+
+    with pytest.raises(LeaseLost, match="taken over"):
+        runner.run_stage(ctx, runner.StageIdentity("evaluate", 1, {}, {}), work)
+    [stage] = [p for p in (tmp_path / "r").iterdir() if p.name.startswith("evaluate-")]
+    assert (stage / "report.json").exists() and not (stage / "late.json").exists()
+    assert (tmp_path / "r" / "elsewhere.json").exists()
+    sessions.check_writes()  # the guard is gone with the stage: nothing to check
+    storage.write_json(storage.join(str(stage), "after.json"), {})
