@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from stages.core.runner import RunContext
+from stages.rewards.confinement import Isolation, Limits
 from stages.rewards.guard import CallLimit
-from stages.rewards.sandbox import Isolation, Limits, SandboxResult, missing_isolation, run_many
+from stages.rewards.sandbox import SandboxResult, missing_isolation, run_many
 
 
 @dataclass

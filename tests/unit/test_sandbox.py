@@ -24,7 +24,8 @@ from schemas.artifacts import CheckpointArtifact
 from schemas.record import StageRecord
 from stages import rewards
 from stages.rewards import sandboxing
-from stages.rewards.sandbox import Limits, missing_isolation, run_many, run_python
+from stages.rewards.confinement import Limits
+from stages.rewards.sandbox import missing_isolation, run_many, run_python
 
 FAST = Limits(cpu_seconds=2, wall_seconds=8, memory_bytes=256 << 20, file_bytes=64 << 10)
 LEVELS = ["bwrap", "process"]
