@@ -18,16 +18,8 @@ from stages.rewards.answers import (
     strict_format,
     unbox,
 )
-from stages.rewards.code_tests import (
-    Check,
-    CpuLimits,
-    Ungradable,
-    harness,
-    imports_of,
-    parse_test,
-    passes,
-    read_results,
-)
+from stages.rewards.code_harness import CpuLimits, harness, read_results
+from stages.rewards.code_tests import Check, Ungradable, imports_of, parse_test, passes
 from stages.rewards.math_grading import MathRuns, is_text_answer, symbolic_verdicts
 from stages.rewards.references import Reference
 from stages.rewards.registry import reward

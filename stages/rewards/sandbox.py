@@ -10,7 +10,7 @@ side by side, not one after another.
 
 The parent reads at most `file_bytes` of stdout, and notes the sandbox's CPU time (read from
 /proc, outside the sandbox's reach) when each line arrives: callers judge time limits on those
-numbers (stages/rewards/code_tests.py), not on anything the sandbox says about itself.
+numbers (stages/rewards/code_harness.py), not on anything the sandbox says about itself.
 
 A crash, a refusal, a limit hit, a timeout or a sandbox the host cannot start is a failed run,
 reported, never raised. The sandbox decides nothing: callers send in only what must be

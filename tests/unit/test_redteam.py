@@ -28,7 +28,7 @@ import pytest
 
 from stages import rewards
 from stages.rewards import Reference, SandboxStats, sandboxing
-from stages.rewards import code_tests as harness_module
+from stages.rewards import code_harness as harness_module
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (make env installs it)"
