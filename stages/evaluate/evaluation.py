@@ -56,6 +56,7 @@ from stages.modeling import fast_paths, generation, models
 from stages.modeling.compilations import SAMPLER_FUNCTIONS, CompileCounter, counting_compilations
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.registry import hashed_config
+from stages.rewards.answers import extract_answer
 
 log = logging.getLogger(__name__)
 # 3: k-shot base row, Wilson intervals, paired McNemar comparisons
@@ -244,7 +245,7 @@ def majority_accuracy(
     hits = 0
     for i, row in enumerate(rows):
         found = completions[i * k : (i + 1) * k]
-        answers = [rewards.extract_answer(c, answer_format) for c in found]
+        answers = [extract_answer(c, answer_format) for c in found]
         votes = Counter(a for a in answers if a is not None)
         if votes and rewards.answers_equal(votes.most_common(1)[0][0], row["answer"]):
             hits += 1

@@ -24,7 +24,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stages.rewards.sandbox import Isolation, Limits, SandboxResult, run_many
+from stages.rewards.confinement import Isolation, Limits
+from stages.rewards.sandbox import SandboxResult, run_many
 
 MATH_LIMITS = Limits(
     cpu_seconds=4,

@@ -8,15 +8,8 @@ from typing import Any
 
 import pytest
 
-from stages.rewards.code_tests import (
-    Check,
-    CpuLimits,
-    Ungradable,
-    decode,
-    parse_test,
-    passes,
-    read_results,
-)
+from stages.rewards.code_harness import CpuLimits, decode, read_results
+from stages.rewards.code_tests import Check, Ungradable, parse_test, passes
 
 HUMANEVAL = """
 METADATA = {"author": "jt", "dataset": "test"}

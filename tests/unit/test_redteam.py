@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from stages import rewards
-from stages.rewards import Reference, SandboxStats
-from stages.rewards import code_tests as harness_module
+from stages.rewards import Reference, SandboxStats, sandboxing
+from stages.rewards import code_harness as harness_module
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (make env installs it)"
@@ -414,7 +414,7 @@ def test_memory_pinned_outside_the_address_space_limit_is_refused() -> None:
     probe = "import os\ntry:\n    os.memfd_create('x')\nexcept OSError as e:\n    print(e.errno)"
     from stages.rewards.sandbox import run_python
 
-    assert run_python(probe, rewards.CODE_LIMITS).stdout == "1\n"  # EPERM
+    assert run_python(probe, sandboxing.CODE_LIMITS).stdout == "1\n"  # EPERM
 
 
 def test_a_thread_bomb_holds_a_bounded_number_of_host_tasks() -> None:
@@ -424,7 +424,7 @@ def test_a_thread_bomb_holds_a_bounded_number_of_host_tasks() -> None:
 
     count = THREAD_BOMB.replace("ok = started >= 1000" + WIN, "time.sleep(1)\nprint(started)")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        running = pool.submit(run_python, count, rewards.CODE_LIMITS)
+        running = pool.submit(run_python, count, sandboxing.CODE_LIMITS)
         most = 0
         while not running.done():
             most = max(most, _host_tasks())

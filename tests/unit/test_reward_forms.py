@@ -30,6 +30,7 @@ from stages.data_prep.adapters import Example
 from stages.evaluate import evaluation
 from stages.grpo import reward_sums
 from stages.grpo import training as grpo
+from stages.rewards import guard
 from tests.unit.test_plugin_rewards import _far, _forget_plugins, _module, _one_line, _recipe
 
 __all__ = ["_forget_plugins"]  # the autouse fixture: each test starts with FAR's rewards only
@@ -69,10 +70,10 @@ def test_the_two_forms_are_told_by_signature() -> None:
     def trl_short(completions: list[str], **kwargs: Any) -> list[float]:
         return [1.0] * len(completions)
 
-    assert rewards.form_of("a", per) == "completion"
-    assert rewards.form_of("a", lambda c, r: 1.0) == "completion"
-    assert rewards.form_of("a", batch) == "batch"
-    assert rewards.form_of("a", trl_short) == "batch"  # TRL calls with keywords: fits too
+    assert guard.form_of("a", per) == "completion"
+    assert guard.form_of("a", lambda c, r: 1.0) == "completion"
+    assert guard.form_of("a", batch) == "batch"
+    assert guard.form_of("a", trl_short) == "batch"  # TRL calls with keywords: fits too
     for wrong in (lambda: 1.0, lambda c: 1.0, lambda a, b, c: 1.0):
         with pytest.raises(rewards.BadRewardSignature) as e:
             rewards.register_reward("far_user_wrong", wrong)
@@ -262,7 +263,7 @@ def test_a_blocking_reward_stops_at_its_call_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slow = _sleeper(tmp_path, monkeypatch)
-    stats = rewards.SandboxStats(limit=rewards.CallLimit(seconds=0.5))
+    stats = rewards.SandboxStats(limit=guard.CallLimit(seconds=0.5))
     started = time.monotonic()
     with pytest.raises(
         rewards.RewardFailed, match=r"'far_user_slow' .* did not return within 0.5 s"
@@ -275,13 +276,13 @@ def test_a_blocking_reward_ends_at_the_deadline_and_on_sigterm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slow = _sleeper(tmp_path, monkeypatch)
-    past = rewards.SandboxStats(limit=rewards.CallLimit(deadline=time.time() + 0.3))
+    past = rewards.SandboxStats(limit=guard.CallLimit(deadline=time.time() + 0.3))
     with pytest.raises(SessionExpired, match=r"deadline passed while reward 'far_user_slow'"):
         slow.score(["a"], _refs(None), past)
     stop = StopFlag()
     stop.request("received signal SIGTERM")
     monkeypatch.setattr("stages.rewards.guard.STOP_GRACE_SECONDS", 0.3)
-    stopped = rewards.SandboxStats(limit=rewards.CallLimit(stop=stop))
+    stopped = rewards.SandboxStats(limit=guard.CallLimit(stop=stop))
     with pytest.raises(SessionExpired, match=r"SIGTERM while reward 'far_user_slow'"):
         slow.score(["a"], _refs(None), stopped)
 
@@ -295,7 +296,7 @@ def test_the_call_limit_comes_from_the_recipe(tmp_path: Path) -> None:
     assert recipe.sandbox.reward_call_seconds == 7.0
     stop = StopFlag()
     ctx = RunContext(root="r", run="n", deadline=5.0, stop=stop, reward_call_seconds=7.0)
-    assert rewards.stats_for(ctx).limit == rewards.CallLimit(7.0, 5.0, stop)
+    assert rewards.stats_for(ctx).limit == guard.CallLimit(7.0, 5.0, stop)
     path.write_text(path.read_text().replace("reward_call_seconds: 7", "reward_call_seconds: 0"))
     with pytest.raises(RecipeError, match="reward_call_seconds"):
         load_recipe(str(path))

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from schemas.recipe import REWARD_PRESETS, GRPOConfig
 from stages import rewards
-from stages.rewards import Reference, SandboxStats
+from stages.rewards import Reference, SandboxStats, answers
 
 R7 = Reference("7")
 
@@ -79,7 +79,7 @@ def test_format_approx(completion: str, expected: float) -> None:
     ],
 )
 def test_extract_answer(completion: str, extracted: str | None) -> None:
-    assert rewards.extract_answer(completion) == extracted
+    assert answers.extract_answer(completion) == extracted
 
 
 ANSWER_CASES = [

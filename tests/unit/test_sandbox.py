@@ -23,7 +23,9 @@ from pipeline.lineage import LineageNode, render
 from schemas.artifacts import CheckpointArtifact
 from schemas.record import StageRecord
 from stages import rewards
-from stages.rewards.sandbox import Limits, missing_isolation, run_many, run_python
+from stages.rewards import sandboxing
+from stages.rewards.confinement import Limits
+from stages.rewards.sandbox import missing_isolation, run_many, run_python
 
 FAST = Limits(cpu_seconds=2, wall_seconds=8, memory_bytes=256 << 20, file_bytes=64 << 10)
 LEVELS = ["bwrap", "process"]
@@ -272,7 +274,8 @@ def test_blocked_completions_score_zero_side_by_side_and_leave_nothing(
     blocked sandbox gives its place to the next: with one worker, the sleepers are alive side
     by side (counted from the host), each is killed at its limit (scored 0) and nothing is left
     behind; the honest completion behind them still scores 1."""
-    monkeypatch.setattr(rewards, "CODE_LIMITS", replace(rewards.CODE_LIMITS, wall_seconds=4.0))
+    quick = replace(sandboxing.CODE_LIMITS, wall_seconds=4.0)
+    monkeypatch.setattr(sandboxing, "CODE_LIMITS", quick)
     honest = "def add(a, b):\n    return a + b"
     most, seen, stop = [0], set[int](), threading.Event()
 
