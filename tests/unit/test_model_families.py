@@ -13,8 +13,12 @@ from pydantic import ValidationError
 from schemas.recipe import ModelSpec
 from stages.core.errors import InputError
 from stages.modeling import families, models
+from stages.modeling.families import decoder
 
-CONFIG_JSON_FAMILIES = [n for n, f in families.REGISTRY.items() if f.reads_config_json]
+# the families whose RoPE FAR adapts (Gemma 3's config.json: tests/unit/test_gemma3_config.py)
+CONFIG_JSON_FAMILIES = [
+    n for n, f in families.REGISTRY.items() if isinstance(f, decoder.DecoderFamily)
+]
 
 
 def _config_dir(tmp_path: Path, config: dict[str, object]) -> str:
