@@ -115,10 +115,10 @@ class ModelFamily(ABC):
             return
         found = self.checkpoint_config(directory, getattr(given, "param_dtype", None))
         differ = [
-            f"{field} is {_shown(getattr(given, field))} in {named}, "
-            f"{_shown(getattr(found, field))} in config.json ({key})"
+            f"{field} is {_shown(getattr(given, field, None))} in {named}, "
+            f"{_shown(getattr(found, field, None))} in config.json ({key})"
             for field, key in self.network_fields.items()
-            if getattr(given, field) != getattr(found, field)
+            if getattr(given, field, None) != getattr(found, field, None)
         ]
         if differ:
             raise InputError(
