@@ -1,8 +1,9 @@
 # ruff: noqa: E501  (the published chat templates, kept as their JSON strings split)
-"""Tiny random Hugging Face checkpoints the tests write themselves: Qwen 3 and Llama 3.2
-(rope_scaling llama3) saved by transformers' save_pretrained, each with a byte-level BPE
-tokenizer.json trained here by the `tokenizers` library and its family's own chat template
-(the published Qwen3 / Llama 3.2 tokenizer_config.json templates). Needs torch."""
+"""Tiny random Hugging Face checkpoints the tests write themselves: Qwen 3, Llama 3.2
+(rope_scaling llama3) and Gemma 3 (its published RoPE bases, 1e6 for full attention and 1e4
+for sliding-window attention) saved by transformers' save_pretrained, each with a byte-level
+BPE tokenizer.json trained here by the `tokenizers` library and its family's own chat template
+(the published Qwen3 / Llama 3.2 / Gemma 3 tokenizer_config.json templates). Needs torch."""
 
 from __future__ import annotations
 
@@ -109,6 +110,28 @@ LLAMA32_TEMPLATE = (
     "{%- endif %}\n"
 )
 
+# google/gemma-3-1b-it tokenizer_config.json's chat_template
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] "
+    "is string -%}\n        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n    "
+    "{%- else -%}\n        {%- set first_user_prefix = messages[0]['content'][0]['text'] + "
+    "'\\n\\n' -%}\n    {%- endif -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n    {%- set loop_messages = messages -%}\n{%- endif '
+    "-%}\n{%- for message in loop_messages -%}\n    {%- if (message['role'] == 'user') != "
+    '(loop.index0 % 2 == 0) -%}\n        {{ raise_exception("Conversation roles must alternate '
+    "user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n    {%- if (message['role'] == "
+    "'assistant') -%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n        {%- set "
+    "role = message['role'] -%}\n    {%- endif -%}\n    {{ '<start_of_turn>' + role + '\\n' + "
+    "(first_user_prefix if loop.first else \"\") }}\n    {%- if message['content'] is string -%}"
+    "\n        {{ message['content'] | trim }}\n    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n            {%- if item['type'] == 'image' "
+    "-%}\n                {{ '<start_of_image>' }}\n            {%- elif item['type'] == 'text' "
+    "-%}\n                {{ item['text'] | trim }}\n            {%- endif -%}\n        {%- endfor "
+    '-%}\n    {%- else -%}\n        {{ raise_exception("Invalid content type") }}\n    {%- endif '
+    "-%}\n    {{ '<end_of_turn>\\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    "
+    "{{'<start_of_turn>model\\n'}}\n{%- endif -%}\n"
+)
+
 FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": {
         "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
@@ -130,6 +153,20 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "pad": "<|end_of_text|>",
         "template": LLAMA32_TEMPLATE,
     },
+    "gemma3": {  # Gemma's own ids: <pad> 0, <eos> 1, <bos> 2
+        "specials": ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
+        "bos": "<bos>",
+        "eos": "<eos>",
+        "pad": "<pad>",
+        "template": GEMMA3_TEMPLATE,
+    },
+}
+# Gemma 3's published RoPE (google/gemma-3-1b-it): base 1e6 for full attention, 1e4 for the
+# sliding-window layers; six layers hold one full-attention layer, and a window shorter than
+# the test's sequences makes the sliding layers' masks matter
+GEMMA3_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
 }
 # Llama 3.2's published scaling, with a short original context so that a tiny test's positions
 # reach the scaled band (the published 8192 would leave it unobservable at test lengths)
@@ -176,10 +213,17 @@ def write_tokenizer(family: str, directory: Path, vocab_size: int = 384) -> Any:
 
 
 def write_checkpoint(family: str, directory: Path, seed: int = 0) -> Path:
-    """A tiny random Qwen3ForCausalLM / LlamaForCausalLM (rope_scaling llama3) with its
-    tokenizer, saved by save_pretrained into `directory`."""
+    """A tiny random Qwen3ForCausalLM / LlamaForCausalLM (rope_scaling llama3) /
+    Gemma3ForCausalLM with its tokenizer, saved by save_pretrained into `directory`."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     fast = write_tokenizer(family, directory)
@@ -202,7 +246,12 @@ def write_checkpoint(family: str, directory: Path, seed: int = 0) -> Path:
     if family == "qwen3":
         rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
         model: Any = Qwen3ForCausalLM(Qwen3Config(**shapes, rope_parameters=rope))
-    else:
+    elif family == "llama3":
         model = LlamaForCausalLM(LlamaConfig(**shapes, rope_parameters=dict(LLAMA3_ROPE)))
+    else:
+        gemma = {"num_hidden_layers": 6, "query_pre_attn_scalar": 16, "sliding_window": 8}
+        rope = {kind: dict(entry) for kind, entry in GEMMA3_ROPE.items()}
+        config = Gemma3TextConfig(**shapes | gemma, rope_parameters=rope)
+        model = Gemma3ForCausalLM(config)
     model.save_pretrained(directory)
     return directory

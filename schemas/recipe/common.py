@@ -111,7 +111,7 @@ Preset = Literal["gemma3_270m", "gemma3_1b", "gemma3_4b", "gemma2_2b", "qwen3_0p
 # What each family in stages/modeling/families/ declares, mirrored here because schemas import
 # nothing of stages (tests/unit/test_family_dispatch.py checks the two agree): the families
 # whose checkpoints describe themselves by config.json, and those `source: gguf` converts to.
-CONFIG_JSON_FAMILIES: tuple[str, ...] = ("qwen3", "llama3")
+CONFIG_JSON_FAMILIES: tuple[str, ...] = ("gemma3", "qwen3", "llama3")
 GGUF_FAMILIES: tuple[str, ...] = ("gemma3",)
 
 
@@ -133,7 +133,8 @@ class ModelSpec(Frozen):
     """The weights' location for gguf (a file), safetensors (a directory) or hub (a repo id)."""
     preset: Preset | None = None
     """A named architecture of real weights, e.g. gemma3_270m; exclusive with architecture.
-    Qwen 3 and Llama 3 checkpoints may omit both: their config.json is read."""
+    Gemma 3, Qwen 3 and Llama 3 checkpoints may omit both: their config.json is read (given
+    beside one, it must agree with config.json, else the run is refused)."""
     architecture: Architecture | None = None
     """Explicit shapes, for random-init models; exclusive with preset."""
     tokenizer: Literal["bytes", "sentencepiece"] = "bytes"

@@ -39,6 +39,14 @@ def rope(theta: float, factor: float = 1.0) -> dict[str, Any]:
     return {"rope_type": "linear", "rope_theta": float(theta), "factor": float(factor)}
 
 
+def gemma3_layer_types(num_layers: int) -> list[str]:
+    """Gemma 3's attention type per layer, as Tunix's network computes them."""
+    return [
+        "full_attention" if (i + 1) % GLOBAL_ATTENTION_EVERY == 0 else "sliding_attention"
+        for i in range(num_layers)
+    ]
+
+
 def gemma3_text_config(shape: Gemma3TextShape) -> dict[str, Any]:
     """A transformers Gemma3ForCausalLM (model_type gemma3_text) config, f32 weights."""
     return {
@@ -52,10 +60,7 @@ def gemma3_text_config(shape: Gemma3TextShape) -> dict[str, Any]:
         "head_dim": shape.head_dim,
         "query_pre_attn_scalar": shape.head_dim,
         "sliding_window": shape.sliding_window,
-        "layer_types": [
-            "full_attention" if (i + 1) % GLOBAL_ATTENTION_EVERY == 0 else "sliding_attention"
-            for i in range(shape.num_layers)
-        ],
+        "layer_types": gemma3_layer_types(shape.num_layers),
         "max_position_embeddings": shape.max_position_embeddings,
         "rms_norm_eps": shape.rms_norm_eps,
         "rope_parameters": {

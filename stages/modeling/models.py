@@ -28,6 +28,9 @@ from stages.modeling import families, weight_sources
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+CONFIG_JSON_SOURCES = ("safetensors", "hub")
+"""Sources whose checkpoint's config.json a preset or architecture must agree with (a GGUF
+file's config.json is written by FAR from the file)."""
 
 
 def build_mesh(spec: MeshSpec) -> Mesh:
@@ -76,6 +79,9 @@ def build_base_model(spec: ModelSpec, mesh: Mesh, cache_dir: str) -> nnx.Module:
         return family.init_random(network)
     directory = weight_sources.resolve(spec, cache_dir)
     family.check_checkpoint(directory)
+    if spec.source in CONFIG_JSON_SOURCES and (spec.preset or spec.architecture):
+        named = f"model.preset {spec.preset!r}" if spec.preset else "model.architecture"
+        family.check_given_config(config, directory, named)
     with mesh:
         return from_safetensors(directory, config, mesh=mesh, dtype=dtype)
 

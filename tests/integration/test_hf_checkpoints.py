@@ -1,6 +1,6 @@
-"""Real-layout Qwen 3 and Llama 3.2 checkpoints (saved by transformers, tokenizer.json and the
-family's chat template, Llama's rope_scaling llama3) load in FAR as transformers loads them:
-the same config, token ids, rendered chat and logits."""
+"""Real-layout Qwen 3, Llama 3.2 and Gemma 3 checkpoints (saved by transformers, tokenizer.json
+and the family's chat template, Llama's rope_scaling llama3, Gemma 3's two RoPE bases) load in
+FAR as transformers loads them: the same config, token ids, rendered chat and logits."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ ATOL = 1e-4
 TEXT = "What is 3 + 4? <reasoning>3 plus 4 is 7.</reasoning><answer>7</answer> and more words"
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama3"])
+@pytest.fixture(scope="module", params=["qwen3", "llama3", "gemma3"])
 def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     family = request.param
     return family, write_checkpoint(family, tmp_path_factory.mktemp(family))
@@ -80,6 +80,15 @@ def test_llama3_logits_need_the_checkpoint_rope(tmp_path: Path) -> None:
     assert gap > 1e-2
 
 
+def test_gemma3_reads_both_rope_bases_from_config_json(tmp_path: Path) -> None:
+    """Gemma 3's config is its config.json's: the full-attention base 1e6 and the sliding
+    base 1e4 (Tunix's defaults are 1e4 for both, which an `architecture` block would get)."""
+    directory = write_checkpoint("gemma3", tmp_path / "gemma")
+    config = models.tunix_config(_spec("gemma3", directory), str(tmp_path))
+    assert (config.global_base_frequency, config.local_base_frequency) == (1_000_000, 10_000)
+    assert (config.num_layers, config.sliding_window_size, config.head_dim) == (6, 8, 16)
+
+
 def test_tokenizer_json_ids_and_chat_template_equal_transformers(
     checkpoint: tuple[str, Path], tmp_path: Path
 ) -> None:
@@ -92,7 +101,7 @@ def test_tokenizer_json_ids_and_chat_template_equal_transformers(
     assert tokenizer.decode(tokenizer.encode(TEXT)) == TEXT
     assert tokenizer.eos_id() == theirs.eos_token_id
     assert tokenizer.end_of_turn_id() == theirs.convert_tokens_to_ids(
-        {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}[family]
+        {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "gemma3": "<end_of_turn>"}[family]
     )
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     ours = tokenizers.apply_chat_template(tokenizer, messages, add_generation_prompt=True)
@@ -116,6 +125,7 @@ def test_template_tokenizer_prompt_and_target_use_the_family_markup(
     marker, close = {
         "qwen3": ("<|im_start|>assistant\n", "<|im_end|>"),
         "llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+        "gemma3": ("<start_of_turn>model\n", "<end_of_turn>"),
     }[family]
     assert opened.endswith(marker)
     assert close in target and "<answer>7</answer>" in target

@@ -13,8 +13,12 @@ from pydantic import ValidationError
 from schemas.recipe import ModelSpec
 from stages.core.errors import InputError
 from stages.modeling import families, models
+from stages.modeling.families import decoder
 
-CONFIG_JSON_FAMILIES = [n for n, f in families.REGISTRY.items() if f.reads_config_json]
+# the families whose RoPE FAR adapts (Gemma 3's config.json: tests/unit/test_gemma3_config.py)
+CONFIG_JSON_FAMILIES = [
+    n for n, f in families.REGISTRY.items() if isinstance(f, decoder.DecoderFamily)
+]
 
 
 def _config_dir(tmp_path: Path, config: dict[str, object]) -> str:
@@ -77,4 +81,44 @@ def test_qwen3_presets_are_the_published_sizes() -> None:
             uri="x/y",
             preset="qwen3_0p6b",
             tokenizer="sentencepiece",
+        )
+
+
+@pytest.mark.parametrize("family", CONFIG_JSON_FAMILIES)
+def test_an_architecture_disagreeing_with_config_json_is_refused(
+    tmp_path: Path, family: str
+) -> None:
+    """An architecture block's network rotates with Tunix's base (1e6): beside a checkpoint
+    whose config.json says 5e6 it would load and compute other logits, silently."""
+    from schemas.recipe import Architecture
+
+    arch = Architecture(
+        num_layers=2,
+        num_embed=300,
+        embed_dim=64,
+        hidden_dim=128,
+        num_heads=4,
+        head_dim=16,
+        num_kv_heads=2,
+    )
+    shapes = {
+        "num_hidden_layers": 2,
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    }
+    given = families.get(family).tiny_config(arch, None)
+    agreeing = tmp_path / "agreeing"
+    agreeing.mkdir()
+    families.get(family).check_given_config(
+        given, _config_dir(agreeing, shapes | {"rope_theta": 1_000_000}), "model.architecture"
+    )
+    with pytest.raises(InputError, match=r"rope_theta is 1000000 in model.architecture, 5000000"):
+        families.get(family).check_given_config(
+            given, _config_dir(tmp_path, shapes | {"rope_theta": 5_000_000}), "model.architecture"
         )

@@ -45,8 +45,11 @@ BAD_SPECS: list[tuple[dict[str, Any], str]] = [
         "is not a 'gemma3' model",
     ),
     ({"source": "random", "architecture": {**TINY, "num_embed": 100}}, "num_embed must be >= 272"),
-    # only Qwen 3 / Llama 3 checkpoints are described by their config.json
-    ({"source": "safetensors", "uri": "/m", "tokenizer": "sentencepiece"}, "exactly one"),
+    # only Gemma 3 / Qwen 3 / Llama 3 checkpoints are described by their config.json
+    (
+        {"family": "gemma2", "source": "safetensors", "uri": "/m", "tokenizer": "sentencepiece"},
+        "exactly one",
+    ),
     ({"family": "qwen3", "source": "random"}, "exactly one of preset and architecture"),
 ]
 

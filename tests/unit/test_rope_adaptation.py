@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 from stages.modeling import families, rope_adaptation
+from stages.modeling.families import decoder
 
-CONFIG_JSON_FAMILIES = [n for n, f in families.REGISTRY.items() if f.reads_config_json]
+# the families whose RoPE FAR adapts (Gemma 3's config.json: tests/unit/test_gemma3_config.py)
+CONFIG_JSON_FAMILIES = [
+    n for n, f in families.REGISTRY.items() if isinstance(f, decoder.DecoderFamily)
+]
 
 SCALING = {
     "factor": 32.0,

@@ -15,6 +15,7 @@ no Gemma run should pay for.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -53,6 +54,10 @@ class ModelFamily(ABC):
     reads_config_json: ClassVar[bool] = False
     """Whether a checkpoint without preset or architecture is described by its config.json
     (schemas.recipe.CONFIG_JSON_FAMILIES lists the same names)."""
+    network_fields: ClassVar[Mapping[str, str]] = {}
+    """Tunix ModelConfig field -> its config.json key, for each field that changes the
+    network: a preset or architecture given with a checkpoint that has a config.json must
+    agree with it on each (`check_given_config`); empty: not checked."""
     reads_gguf: ClassVar[bool] = False
     """Whether `source: gguf` converts to this family (schemas.recipe.GGUF_FAMILIES)."""
 
@@ -101,6 +106,27 @@ class ModelFamily(ABC):
     def check_checkpoint(self, directory: str) -> None:  # noqa: B027 (a hook)
         """Refuse a checkpoint directory this family would load but compute wrongly."""
 
+    def check_given_config(self, given: Any, directory: str, named: str) -> None:
+        """Refuse a preset's or architecture's config (`named` says which) that disagrees with
+        the checkpoint's config.json on a `network_fields` field: the weights would load into
+        another network and compute other logits, silently."""
+        path = os.path.join(directory, "config.json")
+        if not (self.reads_config_json and self.network_fields and os.path.exists(path)):
+            return
+        found = self.checkpoint_config(directory, getattr(given, "param_dtype", None))
+        differ = [
+            f"{field} is {_shown(getattr(given, field, None))} in {named}, "
+            f"{_shown(getattr(found, field, None))} in config.json ({key})"
+            for field, key in self.network_fields.items()
+            if getattr(given, field, None) != getattr(found, field, None)
+        ]
+        if differ:
+            raise InputError(
+                f"model: {named} disagrees with {path}: {'; '.join(differ)}. Remove "
+                f"model.preset and model.architecture (config.json then describes the network), "
+                f"or use a checkpoint of that architecture"
+            )
+
     def init_random(self, network: Any) -> Any:
         """Fix up a network Tunix's dummy creator drew (every parameter N(0, 0.02))."""
         return network
@@ -122,6 +148,11 @@ class ModelFamily(ABC):
     @abstractmethod
     def hf_config(self, config: Any) -> dict[str, Any]:
         """transformers' config.json for a Tunix ModelConfig of this family."""
+
+
+def _shown(value: Any) -> str:
+    """A config value in an error message (an enum by its name)."""
+    return str(getattr(value, "name", value))
 
 
 def arr(param: Any) -> np.ndarray:

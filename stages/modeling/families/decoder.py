@@ -23,6 +23,7 @@ import inspect
 import json
 import os
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,6 +69,18 @@ class DecoderFamily(ModelFamily):
     lora_targets = LORA_TARGETS
     lora_hf_modules = HF_MODULES
     reads_config_json = True
+    network_fields: ClassVar[Mapping[str, str]] = {
+        "num_layers": "num_hidden_layers",
+        "vocab_size": "vocab_size",
+        "embed_dim": "hidden_size",
+        "hidden_dim": "intermediate_size",
+        "num_heads": "num_attention_heads",
+        "head_dim": "head_dim",
+        "num_kv_heads": "num_key_value_heads",
+        "rope_theta": "rope_theta",
+        "rope_scaling": "the llama3 rope_scaling",
+        "norm_eps": "rms_norm_eps",
+    }
     rope_types: ClassVar[tuple[str, ...]] = ("default",)
     """The config.json rope types the adapted network applies (any rope_theta)."""
 

@@ -3,7 +3,8 @@ scaling (rope_type 'llama3', applied by rope_adaptation)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from stages.modeling import hf_config as hf
 from stages.modeling.families.decoder import DecoderFamily
@@ -14,6 +15,10 @@ class Llama3Family(DecoderFamily):
     tunix_package = "tunix.models.llama3"
     network_class_name = "Llama3"
     end_of_turn = "<|eot_id|>"
+    network_fields: ClassVar[Mapping[str, str]] = {
+        **DecoderFamily.network_fields,
+        "weight_tying": "tie_word_embeddings",
+    }
     rope_types = ("default", "llama3")
 
     def build_config(self, shapes: dict[str, Any], tie: bool, dtype: Any) -> Any:

@@ -19,6 +19,10 @@ class Qwen3Family(DecoderFamily):
     # only sizes whose published rope_theta is the base Tunix applies (applied_rope_theta)
     presets: ClassVar[Mapping[str, str]] = {"qwen3_0p6b": "qwen3_0p6b", "qwen3_1p7b": "qwen3_1p7b"}
     end_of_turn = "<|im_end|>"
+    network_fields: ClassVar[Mapping[str, str]] = {
+        **DecoderFamily.network_fields,
+        "use_tied_embedding": "tie_word_embeddings",
+    }
 
     def build_config(self, shapes: dict[str, Any], tie: bool, dtype: Any) -> Any:
         config_class = self.tunix_module().ModelConfig
