@@ -22,7 +22,7 @@ import pytest
 from pipeline import lease
 from pipeline.manifest import read_manifest
 from schemas.record import LeaseHolder
-from stages.core import runner, storage
+from stages.core import records, storage
 from tests.conftest import REPO
 
 HOLDER_TTL = 3.0  # seconds: renewed every second while the holder lives
@@ -272,9 +272,9 @@ def test_a_holder_stopped_before_a_save_writes_nothing_into_the_stage_its_succes
     assert "lost the run lease" in stale_err, stale_err
     assert tree_digest(stage) == committed  # not one file written, changed or deleted
     for record_uri in sorted(str(p) for p in Path(run_uri).glob("*/stage.json")):
-        record = runner.read_record(record_uri)  # the audit's checks of a stage: seal, files
+        record = records.read_record(record_uri)  # the audit's checks of a stage: seal, files
         assert record is not None
-        runner.verify_before_reuse(record_uri, record)
+        records.verify_before_reuse(record_uri, record)
 
 
 def wait_until_stopped(proc: subprocess.Popen[str]) -> None:
