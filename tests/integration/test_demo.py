@@ -60,8 +60,8 @@ def test_demo_runs_all_stages_on_the_real_model(demo_run: RunSummary) -> None:
 
 
 # The checkpoint a demo user exports (the summary's "Next:" line). SFT's checkpoint layout is
-# exported by `far export` on the tiny model (test_evaluate::test_far_export_cli_on_the_tiny_checkpoint),
-# and the real model's checks (tokenizer, RoPE layout, chat template) are the same for both.
+# exported by `far export` on the tiny model (test_evaluate's CLI export test), and the real
+# model's checks (tokenizer, RoPE layout, chat template) are the same for both.
 @pytest.mark.parametrize("stage", ["grpo"])
 def test_export_loads_in_transformers_with_matching_logits(
     demo_run: RunSummary, stage: str, model_cache: str, tmp_path: Path
