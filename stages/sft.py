@@ -29,7 +29,7 @@ from tunix.sft import metrics_logger, peft_trainer
 
 from schemas.artifacts import Artifact, CheckpointArtifact, DatasetArtifact
 from schemas.recipe import MeshSpec, ModelSpec, SFTConfig
-from stages.core import metrics_logging, sessions, storage
+from stages.core import metrics_logging, storage
 from stages.core.datasets import check_dataset, in_memory_stream, load_sft_arrays
 from stages.core.errors import InputError
 from stages.core.metrics_logging import DEFAULT_SINKS, MetricsSinks
@@ -192,7 +192,7 @@ def _train(
     stage_level = ("tokens_per_second", "useful_token_fraction", "train_step_compilations")
     far_metrics = {f"far/{n}": metrics[n] for n in stage_level}
     sinks.log_once(dirs.local_logs, trainer.train_steps, far_metrics)
-    storage.publish_local_directory(dirs.local_logs, dirs.log_uri, sessions.check_writes)
+    storage.publish_local_directory(dirs.local_logs, dirs.log_uri)
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
     return artifact, metrics, tail.curves("loss", "learning_rate")

@@ -14,7 +14,7 @@ import numpy as np
 
 from schemas.artifacts import CheckpointArtifact
 from schemas.recipe import LoraSpec, ModelSpec
-from stages.core import sessions, storage
+from stages.core import storage
 from stages.core.runner import NoProgress, SessionExpired
 
 
@@ -30,9 +30,8 @@ def publish_session(
 ) -> None:
     """Publish checkpoints and logs (also when stopping); raise SessionExpired when short,
     NoProgress when this session (which began at `start_step`) took no step at all."""
-    # each file is fenced: a session that lost its lease uploads nothing into the stage
-    storage.publish_tree(local_ckpt, ckpt_uri, sessions.check_writes)
-    storage.publish_local_directory(local_logs, log_uri, sessions.check_writes)  # curves so far
+    storage.publish_tree(local_ckpt, ckpt_uri)
+    storage.publish_local_directory(local_logs, log_uri)  # curves so far, even when stopping
     if steps_done < max_steps and steps_done == start_step:
         raise NoProgress(
             f"{what} stopped at step {steps_done} of {max_steps} without taking a step in "

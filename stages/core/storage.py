@@ -446,32 +446,25 @@ def local_directory(uri: str) -> str:
     return path
 
 
-def publish_local_directory(
-    local_dir: str, uri: str, before_each: Callable[[], None] | None = None
-) -> None:
+def publish_local_directory(local_dir: str, uri: str) -> None:
     """Copy a local mirror (see local_directory) to `uri`; nothing when `uri` is that directory.
-
-    `before_each` is called before each file is written (a stage's write fence, which raises
-    once the session may no longer write its stage)."""
+    Each file is a write through this module, so a stage's write guard (`guarding`) asks its
+    fence before each."""
     if local_dir != normalize(uri):
-        upload_tree(local_dir, uri, before_each)
+        upload_tree(local_dir, uri)
 
 
-def upload_tree(local_dir: str, uri: str, before_each: Callable[[], None] | None = None) -> None:
-    """Copy every file under a local directory to the same relative paths under `uri`,
-    calling `before_each` (when given) before each write."""
+def upload_tree(local_dir: str, uri: str) -> None:
+    """Copy every file under a local directory to the same relative paths under `uri`."""
     for rel in list_files(local_dir):
-        if before_each is not None:
-            before_each()
         with open(os.path.join(local_dir, rel), "rb") as f:
             write_bytes(join(uri, rel), f.read())
 
 
-def publish_tree(local_dir: str, uri: str, before_each: Callable[[], None] | None = None) -> None:
-    """Copy a checkpoint's local mirror to `uri` (no-op when Orbax wrote `uri` directly),
-    calling `before_each` (when given) before each file."""
+def publish_tree(local_dir: str, uri: str) -> None:
+    """Copy a checkpoint's local mirror to `uri` (no-op when Orbax wrote `uri` directly)."""
     if orbax_directory(uri) != uri:
-        upload_tree(local_dir, uri, before_each)
+        upload_tree(local_dir, uri)
 
 
 def fetch_tree(uri: str) -> str:

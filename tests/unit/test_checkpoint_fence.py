@@ -188,8 +188,9 @@ def test_a_damaged_step_is_said_in_one_line_without_orbax_tracebacks(
 
 def test_a_mirror_published_after_the_lease_is_lost_uploads_nothing(tmp_path: Path) -> None:
     """A remote stage (gs://; memory:// here) gets its logs, and on other protocols its
-    checkpoints, from a local mirror uploaded at the end of a session: each file asks the
-    fence first, so a holder that lost its lease mid-upload writes no more files."""
+    checkpoints, from a local mirror uploaded at the end of a session: each file is a write
+    under the stage directory, which asks the stage's guard (storage.guarding, as run_stage
+    sets it) first, so a holder that lost its lease mid-upload writes no more files."""
     from stages.core import checkpoints, storage
 
     mirror = tmp_path / "mirror"
@@ -204,9 +205,10 @@ def test_a_mirror_published_after_the_lease_is_lost_uploads_nothing(tmp_path: Pa
         writes.append("checked")
         lease.lost = len(writes) == 2  # lost while the second file is written
 
-    uri = "memory://fence-test/run/sft-0123456789ab/logs"
-    with sessions.fencing(check), pytest.raises(LeaseLost):
+    stage = "memory://fence-test/run/sft-0123456789ab"
+    uri = f"{stage}/logs"
+    with storage.guarding(stage, check), pytest.raises(LeaseLost):
         checkpoints.publish_session(
-            "SFT", 2, 2, str(mirror / "ck"), "memory://fence-test/ck", str(mirror / "logs"), uri
+            "SFT", 2, 2, str(mirror / "ck"), f"{stage}/ck", str(mirror / "logs"), uri
         )
     assert len(storage.list_files(uri)) == 2  # the third file was never written
