@@ -129,3 +129,46 @@ def test_template_tokenizer_prompt_and_target_use_the_family_markup(
     }[family]
     assert opened.endswith(marker)
     assert close in target and "<answer>7</answer>" in target
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_the_checkpoint_from_gcs_and_from_the_hub_cache_loads_as_the_local_one(
+    family: str, fake_gcs: str, tmp_path: Path
+) -> None:
+    """`source: safetensors` on a gs:// URI (a local GCS API) and `source: hub` (files laid
+    out as huggingface_hub's cache keeps them, offline) read the same config.json, weights,
+    tokenizer.json and chat template as the local directory: equal ids, chat and logits."""
+    from stages.core import storage
+
+    directory = write_checkpoint(family, tmp_path / "local")
+    remote = f"gs://{fake_gcs}/checkpoints/{family}"
+    for path in sorted(directory.iterdir()):
+        storage.write_bytes(storage.join(remote, path.name), path.read_bytes())
+    revision = "1" * 40
+    repo = tmp_path / "hub-cache" / "hub" / f"models--far-test--tiny-{family}"
+    (repo / "snapshots").mkdir(parents=True)
+    (repo / "snapshots" / revision).symlink_to(directory)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    local = _spec(family, directory)
+    specs = {
+        "gcs": (local.model_copy(update={"uri": remote}), str(tmp_path / "gcs-cache")),
+        "hub": (
+            local.model_copy(update={"source": "hub", "uri": f"far-test/tiny-{family}"}),
+            str(tmp_path / "hub-cache"),
+        ),
+    }
+    messages = [{"role": "user", "content": "2+2?"}]
+    mesh = models.build_mesh(MeshSpec())
+    seen = {}
+    for name, (spec, cache) in {"local": (local, str(tmp_path / "c")), **specs}.items():
+        tokenizer = tokenizers.build_tokenizer(spec, cache)
+        ids = [tokenizer.bos_id(), *tokenizer.encode(TEXT)]
+        chat = tokenizers.apply_chat_template(tokenizer, messages, add_generation_prompt=True)
+        network = models.build_base_model(spec, mesh, cache)
+        seen[name] = (ids, chat, _far_logits(network, ids))
+    ids, chat, logits = seen["local"]
+    assert "<|im_start|>" in chat or "<|start_header_id|>" in chat  # the family's own template
+    for name in specs:
+        assert seen[name][:2] == (ids, chat), name
+        np.testing.assert_array_equal(seen[name][2], logits)
