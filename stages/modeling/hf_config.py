@@ -30,6 +30,9 @@ class Gemma3TextShape:
     bos_token_id: int = 2
     eos_token_id: int = 1
     pad_token_id: int = 0
+    query_pre_attn_scalar: int | None = None
+    """Queries are scaled by this ** -0.5; None: head_dim (Gemma 3 up to 12B; 27B uses
+    hidden_size // num_heads)."""
 
 
 def rope(theta: float, factor: float = 1.0) -> dict[str, Any]:
@@ -58,7 +61,7 @@ def gemma3_text_config(shape: Gemma3TextShape) -> dict[str, Any]:
         "num_attention_heads": shape.num_heads,
         "num_key_value_heads": shape.num_kv_heads,
         "head_dim": shape.head_dim,
-        "query_pre_attn_scalar": shape.head_dim,
+        "query_pre_attn_scalar": shape.query_pre_attn_scalar or shape.head_dim,
         "sliding_window": shape.sliding_window,
         "layer_types": gemma3_layer_types(shape.num_layers),
         "max_position_embeddings": shape.max_position_embeddings,

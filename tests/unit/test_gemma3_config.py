@@ -147,3 +147,16 @@ def test_a_gguf_files_float32_epsilon_passes(tmp_path: Path) -> None:
     """The GGUF conversion writes the epsilon it stores as float32 (9.99999997e-07)."""
     directory = _checkpoint(tmp_path, _config(rms_norm_eps=float(np.float32(1e-6))))
     families.get("gemma3").check_checkpoint(str(directory))
+
+
+@pytest.mark.parametrize("scalar", [16, 16 * 2])  # head_dim (up to 12B), hidden // heads (27B)
+def test_the_exported_config_json_keeps_the_query_scaling_the_checkpoint_had(
+    tmp_path: Path, scalar: int
+) -> None:
+    """Gemma 3 27B scales queries by (hidden_size // heads) ** -0.5, not head_dim ** -0.5:
+    an export that wrote head_dim back would load in transformers with other logits."""
+    config = _config(hidden_size=128, query_pre_attn_scalar=scalar)
+    directory = _checkpoint(tmp_path, config)
+    family = families.get("gemma3")
+    tunix_config = family.checkpoint_config(str(directory), np.float32)
+    assert family.hf_config(tunix_config)["query_pre_attn_scalar"] == scalar

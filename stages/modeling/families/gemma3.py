@@ -244,8 +244,15 @@ class Gemma3Family(GemmaFamily):
             vocab_size=config.num_embed,
             full_rope=hf.rope(config.global_base_frequency, config.global_scale_factor),
             sliding_rope=hf.rope(config.local_base_frequency, config.local_scale_factor),
+            query_pre_attn_scalar=self._query_scalar(config),
         )
         return hf.gemma3_text_config(shape)
+
+    @staticmethod
+    def _query_scalar(config: Any) -> int:
+        """The config.json value `_query_norm` reads back: head_dim, or hidden // heads."""
+        per_head = config.query_pre_attn_norm.name == "BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS"
+        return config.embed_dim // config.num_heads if per_head else config.head_dim
 
 
 FAMILY = Gemma3Family()
