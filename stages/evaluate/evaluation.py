@@ -69,7 +69,9 @@ log = logging.getLogger(__name__)
 #    correlated: version 5's intervals were too narrow)
 # 7: format_strict wants each tag once and nothing after the answer but the end-of-turn
 #    marker (version 6 credited a second <answer> after the first, or a stray </reasoning>)
-STAGE_VERSION = 7
+# 8: a text answer is compared as text (version 7 sent it to math-verify, which read a word as
+#    a product of letters and graded its anagrams correct); numeric answers grade as before
+STAGE_VERSION = 8
 
 
 def generate(
