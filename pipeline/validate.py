@@ -322,11 +322,12 @@ def check_prompt_templates(recipe: Recipe, cache_dir: str) -> None:
 def check_sft_targets(recipe: Recipe, cache_dir: str) -> None:
     """SFT targets against the smallest generation budget of the DAG (`max_generation_tokens`
     of its grpo, evaluate and self_teach nodes): a model trained to write a longer target is
-    cut off before its answer closes and scores format 0 with no other sign. When no target
-    fits, the recipe is refused with the token counts; when some do not, one warning line
-    names the longest. One read of each data_prep node's sft sources: the rows data_prep
-    writes (in the prompt format it settles on, so answer-only rows count as their answer),
-    tokenized as SFT trains on them; rows over max_seq_len are left out (data_prep
+    cut off before its answer closes and scores format 0 with no other sign. A recipe whose
+    longest target does not fit is refused with the token counts, unless it sets
+    `allow_long_sft_targets` (then one warning line names the longest); when no target fits
+    it is refused either way. One read of each data_prep node's sft sources: the rows
+    data_prep writes (in the prompt format it settles on, so answer-only rows count as their
+    answer), tokenized as SFT trains on them; rows over max_seq_len are left out (data_prep
     quarantines them). Hub sources are left to the run (reading them needs the network)."""
     explicit = recipe.pipeline is not None
     budgets = []
@@ -342,27 +343,35 @@ def check_sft_targets(recipe: Recipe, cache_dir: str) -> None:
     for node in build_dag(recipe).nodes:
         config = node_config(recipe, node)
         if isinstance(config, DataPrepConfig):
-            _check_targets(sft_target_lengths(config, recipe.model, cache_dir), limit, field)
+            targets = sft_target_lengths(config, recipe.model, cache_dir)
+            _check_targets(targets, limit, field, recipe.allow_long_sft_targets)
 
 
-def _check_targets(targets: list[tuple[int, Example]], limit: int, field: str) -> None:
+def _check_targets(
+    targets: list[tuple[int, Example]], limit: int, field: str, allowed: bool
+) -> None:
     over = [(tokens, example) for tokens, example in targets if tokens > limit]
     if not over:
         return
-    pick = min if len(over) == len(targets) else max
-    tokens, example = pick(over, key=lambda t: t[0])
+    every = len(over) == len(targets)
+    tokens, example = (min if every else max)(over, key=lambda t: t[0])
     said = (
         f"{field}: {limit} tokens; {len(over)} of {len(targets)} SFT targets are longer (the "
-        f"{'shortest' if len(over) == len(targets) else 'longest'}: {tokens} tokens, row "
+        f"{'shortest' if every else 'longest'}: {tokens} tokens, row "
         f"{example.id}, {example.prompt[:40]!r})"
     )
-    if len(over) < len(targets):
-        log.warning("%s; a model trained on them is cut off before their answers close", said)
+    if allowed and not every:
+        log.warning(
+            "%s; a model trained on them is cut off before their answers close "
+            "(allow_long_sft_targets: true)",
+            said,
+        )
         return
+    accept = "" if every else ", or allow_long_sft_targets: true to train on them anyway"
     raise InputError(
         f"{said}: a model trained on them is cut off before its answer closes and scores "
         f"format 0. Expected max_generation_tokens >= {tokens}, or shorter targets (shorter "
-        f"reasoning, no filler, or answer_format: answer)"
+        f"reasoning, no filler, or answer_format: answer){accept}"
     )
 
 

@@ -59,6 +59,12 @@ class Recipe(Frozen):
     """The stages and their inputs as a DAG; None: data_prep -> sft -> grpo -> evaluate."""
     allow_negative_reward_weights: bool = False
     """A negative reward weight turns a reward into a penalty; refused unless said here."""
+    allow_long_sft_targets: bool = False
+    """An SFT target longer than the smallest `max_generation_tokens` of the run teaches the
+    model an answer that generation cuts off before it closes (format 0 for that row), so
+    `far validate` and `far run` refuse such a recipe, with the token counts; true accepts it
+    (a few long rows among many), with one warning naming the longest. Not drift, and in no
+    stage hash."""
     plugins: list[str] = Field(default_factory=list)
     """Python modules imported before the rest of the recipe is read, as `--plugin MODULE`
     does: each registers stage kinds and/or rewards the recipe names (docs/your-own-task.md),

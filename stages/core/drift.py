@@ -29,8 +29,17 @@ from stages.core.errors import InputError
 
 # Settings that say where or for how long a run happens, never what it computes (`plugins`
 # says which modules are imported; a stage using a plugin's reward hashes its code itself;
-# `logging` where the curves go).
-NOT_DRIFT = ("storage_root", "name", "session_budget", "mesh", "sandbox", "logging", "plugins")
+# `logging` where the curves go; `allow_long_sft_targets` what `far validate` accepts).
+NOT_DRIFT = (
+    "storage_root",
+    "name",
+    "session_budget",
+    "mesh",
+    "sandbox",
+    "logging",
+    "plugins",
+    "allow_long_sft_targets",
+)
 # Changes after which a training stage can continue from its previous checkpoints.
 CONTINUABLE = (
     "max_steps",

@@ -167,3 +167,24 @@ def test_validate_refuses_targets_that_no_generation_budget_holds(tmp_path: Path
         check_sft_targets(long, str(tmp_path / "cache"))
     answer_only = _recipe(tmp_path, _words(20), {"prompt": "q", "answer": "a"})
     check_sft_targets(answer_only, str(tmp_path / "cache"))  # `<answer>dro0w</answer>` fits
+
+
+def test_validate_refuses_a_longest_target_over_the_budget_unless_the_recipe_accepts_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some targets over the smallest max_generation_tokens: refused naming the longest and
+    the opt-out; `allow_long_sft_targets: true` turns that into one warning line."""
+    from pipeline.validate import check_sft_targets
+
+    rows = _words(20)
+    rows[3]["a"] = "x" * 40  # `<answer>` + 40 bytes + `</answer>`: over 32 tokens
+    recipe = _recipe(tmp_path, rows, {"prompt": "q", "answer": "a"})
+    cache = str(tmp_path / "cache")
+    with pytest.raises(InputError) as refused:
+        check_sft_targets(recipe, cache)
+    message = str(refused.value)
+    assert "SFT targets are longer (the longest: " in message and "of 20 SFT" in message
+    assert "allow_long_sft_targets: true" in message
+    accepted = recipe.model_copy(update={"allow_long_sft_targets": True})
+    check_sft_targets(accepted, cache)
+    assert "(the longest: " in caplog.text and "allow_long_sft_targets: true" in caplog.text
