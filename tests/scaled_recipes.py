@@ -29,6 +29,24 @@ TPU_RECIPES = ("tpu-gemma3-1b-v5e8", "tpu-gemma3-1b-v5e16-multihost", "kaggle-ge
 # they differ in name and mesh.fsdp only): the v5e16 run trains its Gemma 3 settings at fsdp 16,
 # the Kaggle run trains fsdp 8, so a third run would repeat them (~80 s of the suite).
 TRAINED_RECIPES = ("tpu-gemma3-1b-v5e16-multihost", "kaggle-gemma2-2b-v5e8")
+# The recipe the stop and kill tests resume, and what each trained recipe's full run changes
+# on top of the scaling (tests/unit/test_scaled_recipes.py pins these fields and no others):
+# - the Kaggle run's GRPO takes num_iterations 2, the kill test's setting, so its GRPO record is
+#   the uninterrupted run a killed one must resume to (the recipe's 1 is the v5e16 run's);
+# - the v5e16 run keeps what its mesh needs checked: two SFT updates (the second window's
+#   micro-batches run the step after an update, where a changed sharding would recompile it),
+#   two GRPO steps, and one LoRA model evaluated. The Kaggle run evaluates every model (base,
+#   its 3-shot row, sft, grpo: each program once), takes the third updates the stop test
+#   resumes across, and checkpoints GRPO's third step the kill test waits past.
+STOP_RECIPE = "kaggle-gemma2-2b-v5e8"
+FULL_RUN_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
+    STOP_RECIPE: {"grpo": {"num_iterations": 2}},
+    "tpu-gemma3-1b-v5e16-multihost": {
+        "sft": {"max_steps": 2},
+        "grpo": {"max_steps": 2},
+        "eval": {"models": ["grpo"]},
+    },
+}
 
 # Dotted paths the scaling replaces (a path covers everything below it).
 SCALED = (
@@ -90,6 +108,19 @@ def scaled_data(name: str, root: str, **changes: dict[str, Any]) -> dict[str, An
 def scaled(name: str, root: str, **changes: dict[str, Any]) -> Recipe:
     """The scaled recipe, validated like any other."""
     return parse_recipe(scaled_data(name, root, **changes), f"{name} (scaled to the tiny model)")
+
+
+def full_run(name: str, root: str) -> Recipe:
+    """The scaled recipe a trained recipe's full run takes (with its FULL_RUN_CHANGES)."""
+    return scaled(name, root, **FULL_RUN_CHANGES.get(name, {}))
+
+
+def evaluated_rows(recipe: Recipe) -> list[str]:
+    """The report rows the recipe's evaluation gives (the base model adds its k-shot row)."""
+    rows = list(recipe.eval.models)
+    if "base" in rows and recipe.eval.base_shots:
+        rows.insert(rows.index("base") + 1, f"base-{recipe.eval.base_shots}shot")
+    return rows
 
 
 def devices_needed(name: str) -> int:

@@ -27,14 +27,16 @@ def main(port: int, process_id: int, root: str, stage: str, max_steps: int) -> i
     from stages.data_prep import build as data_prep
     from stages.evaluate import evaluation as evaluate
     from stages.grpo import training as grpo
-    from tests.conftest import recipe_with
+    from tests.conftest import recipe_with, use_session_compile_cache
+
+    use_session_compile_cache()  # the resumed session loads what the stopped one compiled
 
     steps = abs(max_steps)
     recipe = recipe_with(
         root,
         mesh={"fsdp": 2},
         sft={"max_steps": steps, "checkpoint_every_steps": 3, "save_margin_seconds": 0.0},
-        grpo={"max_steps": 2},
+        grpo={"max_steps": 2, "max_generation_tokens": 8},
         eval={"models": ["sft", "grpo"], "max_generation_tokens": 8},
     )
     stop = StopAfterSteps(3) if max_steps < 0 and process_id == 1 else StopFlag()

@@ -4,7 +4,8 @@ give it a mesh, stop it, or kill it.
 
 usage: python -m tests.integration._tpu_recipe_child MODE NAME ROOT XLA_CACHE [options]
 
-  full                          data_prep -> sft -> grpo -> evaluate
+  full                          data_prep -> sft -> grpo -> evaluate (the recipe's full run:
+                                tests/scaled_recipes.py's FULL_RUN_CHANGES)
   sft DATASET_RECORD [--stop-after N]
                                 SFT on a prepared dataset; --stop-after requests a stop (as
                                 SIGTERM does) when micro-batch N+1 is read, after N were
@@ -30,7 +31,7 @@ from stages.data_prep import build as data_prep
 from stages.evaluate import evaluation as evaluate
 from stages.grpo import training as grpo
 from stages.modeling import compile_cache
-from tests.scaled_recipes import scaled
+from tests.scaled_recipes import full_run, scaled
 
 EXIT_SESSION_ENDED = 3
 RUN = "child"
@@ -41,7 +42,7 @@ def output_of(record_uri: str) -> Any:
 
 
 def full(name: str, root: str) -> None:
-    recipe = scaled(name, root)
+    recipe = full_run(name, root)
     ctx = RunContext(root=root, run=RUN)
     prepared = data_prep.prepare(recipe.data, recipe.model, ctx)
     print(f"RECORD data_prep {prepared.record_uri}", flush=True)

@@ -9,7 +9,9 @@ tests/unit/test_scaled_recipes.py, so it is not trained a third time). Checked: 
 stage completes; the SFT train step, the GRPO train step and rollout sampler, and the
 evaluation sampler of each model compile exactly once per session, a resumed session
 included; a stop requested inside an accumulation window, and a kill -9 in GRPO with
-num_iterations 2, each resume to bitwise the parameters of an uninterrupted run.
+num_iterations 2, each resume to bitwise the parameters of an uninterrupted run (the Kaggle
+full run's: its GRPO takes num_iterations 2; FULL_RUN_CHANGES says what each full run changes
+on top of the scaling, and why).
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ from tests.integration.test_sft_full import lora_leaves
 from tests.scaled_recipes import (
     SFT_CHECKPOINT_EVERY,
     SFT_STEPS,
+    STOP_RECIPE,
     TRAINED_RECIPES,
     devices_needed,
+    evaluated_rows,
 )
+from tests.scaled_recipes import full_run as scaled_full_run
 
 pytestmark = pytest.mark.slow
-KAGGLE = "kaggle-gemma2-2b-v5e8"  # the stop and kill tests' recipe
+KAGGLE = STOP_RECIPE  # the stop and kill tests' recipe
+PARTS = ("prefill", "decode")
 TIMEOUT = 900  # seconds per child; a full run takes ~2-4 min on 2 busy cores
 
 Records = dict[str, str]  # stage -> its record's URI
@@ -154,12 +160,12 @@ def test_a_stop_inside_an_accumulation_window_resumes_bitwise(
 def test_kill_9_in_grpo_with_two_iterations_resumes_bitwise(
     tmp_path: Path, full_run: Callable[[str], tuple[Records, Path]], compilation_cache: str
 ) -> None:
-    reference, _ = full_run(KAGGLE)
+    reference, _ = full_run(KAGGLE)  # its GRPO: num_iterations 2, uninterrupted
+    uninterrupted = read(reference["grpo"])
+    assert uninterrupted.config["grpo"]["num_iterations"] == 2
     args = (reference["data_prep"], reference["sft"], "--num-iterations", "2")
-    straight = start_child(KAGGLE, tmp_path / "straight", compilation_cache, "grpo", *args)
-    uninterrupted = read(finish(straight)["grpo"])
-    victim = start_child(KAGGLE, tmp_path / "killed", compilation_cache, "grpo", *args)
-    actor = tmp_path / "killed" / "child"
+    victim = start_child(KAGGLE, tmp_path, compilation_cache, "grpo", *args)
+    actor = tmp_path / "child"
     deadline = time.time() + TIMEOUT
     # Tunix numbers checkpoints by optimizer update: update 2 ends GRPO step 1 of 3
     while not list(actor.glob("grpo-*/checkpoints/actor/2")):
@@ -169,8 +175,9 @@ def test_kill_9_in_grpo_with_two_iterations_resumes_bitwise(
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not list(actor.glob("grpo-*/stage.json"))  # not committed
-    resumed = start_child(KAGGLE, tmp_path / "killed", compilation_cache, "grpo", *args)
+    resumed = start_child(KAGGLE, tmp_path, compilation_cache, "grpo", *args)
     record = read(finish(resumed)["grpo"])
+    assert record.stage_hash == uninterrupted.stage_hash  # the same stage, settings and inputs
     assert 1 <= record.metrics["resumed_from_step"] < 3
     assert record.metrics["train_step_compilations"] == 1  # the resumed session compiled once
     assert record.metrics["rollout_decode_compilations"] == 1
@@ -202,6 +209,7 @@ def test_a_tpu_recipe_runs_all_four_stages_compiling_each_step_once(
     assert sft["train_step_compilations"] == 1
     assert grpo["train_step_compilations"] == 1
     assert grpo["rollout_prefill_compilations"] == grpo["rollout_decode_compilations"] == 1
-    for model in ("base", "base-3shot", "sft", "grpo"):
-        for part in ("prefill", "decode"):
-            assert evaluation[f"{model}/sampler_{part}_compilations"] == 1, (model, part)
+    rows = evaluated_rows(scaled_full_run(name, "/unused"))
+    assert rows == (["base", "base-3shot", "sft", "grpo"] if name == KAGGLE else ["grpo"])
+    compiled = {k: v for k, v in evaluation.items() if "/sampler_" in k}
+    assert compiled == {f"{row}/sampler_{part}_compilations": 1 for row in rows for part in PARTS}

@@ -9,10 +9,14 @@ import pytest
 
 from pipeline.recipes import parse_recipe
 from tests.scaled_recipes import (
+    FULL_RUN_CHANGES,
     SCALED,
+    STOP_RECIPE,
     TPU_RECIPES,
     TRAINED_RECIPES,
     devices_needed,
+    evaluated_rows,
+    full_run,
     recipe_data,
     scaled,
 )
@@ -70,3 +74,26 @@ def test_the_untrained_tpu_recipe_is_a_trained_one_on_another_mesh() -> None:
     changed = {p for p in v5e8.keys() | v5e16.keys() if v5e8.get(p) != v5e16.get(p)}
     assert changed == {"name", "mesh.fsdp"}, changed
     assert {scaled(name, "/tmp/unused").mesh.fsdp for name in TRAINED_RECIPES} == {8, 16}
+
+
+def test_the_full_runs_change_only_their_listed_settings() -> None:
+    """Each trained recipe's full run is its scaled recipe with FULL_RUN_CHANGES' fields only:
+    the Kaggle run evaluates every model and trains the steps the stop and kill tests resume
+    across; the v5e16 run still spans an SFT update and a GRPO step, and evaluates a model."""
+    assert set(FULL_RUN_CHANGES) == set(TRAINED_RECIPES)
+    for name in TRAINED_RECIPES:
+        small = leaves(scaled(name, "/tmp/unused").model_dump(mode="json"))
+        run = leaves(full_run(name, "/tmp/unused").model_dump(mode="json"))
+        changed = {p for p in small.keys() | run.keys() if small.get(p) != run.get(p)}
+        listed = {
+            f"{section}.{field}"
+            for section, fields in FULL_RUN_CHANGES[name].items()
+            for field in fields
+        }
+        assert changed == listed, name
+    kaggle = full_run(STOP_RECIPE, "/tmp/unused")
+    assert kaggle.grpo.num_iterations == 2 and kaggle.sft == scaled(STOP_RECIPE, "/x").sft
+    assert evaluated_rows(kaggle) == ["base", "base-3shot", "sft", "grpo"]
+    v5e16 = full_run("tpu-gemma3-1b-v5e16-multihost", "/tmp/unused")
+    assert v5e16.sft.max_steps == 2 and v5e16.grpo.max_steps == 2
+    assert v5e16.grpo.num_iterations == 1 and evaluated_rows(v5e16) == ["grpo"]
