@@ -6,8 +6,9 @@ deploy/gke/base-job-template.json, so the server checks the far-gke deployment's
 variables against it), `prefect deploy --all` from deploy/prefect.yaml as the README says, a
 real `prefect worker start --type process` subprocess. Then on the smoke recipe, one storage
 root: deploy/kaggle/run_session.sh with the smallest budget `far run` accepts (exit 3 with
-data-prep committed and the run unfinished; the smoke recipe with SFT long enough that no
-machine finishes the run inside that budget: the plain smoke run fits in it on an idle one),
+data-prep committed and the run unfinished; the smoke recipe with longer SFT, each batch
+of that session paced by a sleep (tests/e2e/_paced), so that no machine finishes the run
+inside that budget and the wait costs no CPU: the plain smoke run fits in it on an idle one),
 a far-tpu-vm run through the worker (CPU, through a job-variable override) that skips what
 the session committed and ends COMPLETED with every record on storage, and run_session.sh
 again (exit 0, all skipped). The three share one run to stay in the CI time budget (each
@@ -42,9 +43,13 @@ PREFECT = str(BIN / "prefect")
 DEPLOY = REPO / "deploy"
 KAGGLE = DEPLOY / "kaggle" / "run_session.sh"
 RUN_TIMEOUT_S = 600  # the worker's smoke run took up to ~250 s here under heavy load
-# The smallest budget leaves STARTUP_AND_STEP_SECONDS (60 s) for start-up and training; the
-# smoke SFT takes ~0.09 s a step on 2 idle cores, so 1,200 steps need ~2x the time there is.
-LONG_SFT_STEPS = 1200
+# The smallest budget leaves STARTUP_AND_STEP_SECONDS (60 s) for start-up and training. The
+# first session's `far` sleeps STEP_PACE_S before each SFT batch (tests/e2e/_paced), so its
+# LONG_SFT_STEPS steps need more than that in sleep alone on any machine, at no CPU; the
+# deployment's run (unpaced) trains the rest at full speed.
+PACED = Path(__file__).parent / "_paced"
+STEP_PACE_S = 0.4
+LONG_SFT_STEPS = 200
 
 
 @contextmanager
@@ -181,11 +186,15 @@ def kaggle_first_session(deployed: dict[str, Any], long_smoke: Path) -> tuple[in
     recipe = load_recipe(str(REPO / "recipes" / "smoke.yaml"))
     margin = max(recipe.sft.save_margin_seconds, recipe.grpo.save_margin_seconds)
     budget = f"{math.ceil(margin + STARTUP_AND_STEP_SECONDS)}s"
-    return _kaggle_session(budget, deployed, long_smoke)
+    assert LONG_SFT_STEPS * STEP_PACE_S > STARTUP_AND_STEP_SECONDS  # SFT cannot finish in it
+    pace = {"PYTHONPATH": f"{PACED}:{REPO}", "FAR_TEST_STEP_PACE_S": str(STEP_PACE_S)}
+    return _kaggle_session(budget, deployed, long_smoke, pace)
 
 
-def _kaggle_session(budget: str, deployed: dict[str, Any], recipe: Path) -> tuple[int, str]:
-    env = dict(deployed["env"], FAR_VENV=str(BIN.parent))
+def _kaggle_session(
+    budget: str, deployed: dict[str, Any], recipe: Path, pace: dict[str, str] | None = None
+) -> tuple[int, str]:
+    env = dict(deployed["env"], FAR_VENV=str(BIN.parent), **(pace or {}))
     done = subprocess.run(
         ["bash", str(KAGGLE), str(recipe), str(deployed["run_root"]), budget],
         env=env,

@@ -15,7 +15,9 @@ from pipeline.dag import build_dag
 from stages.core import storage
 from tests.scaled_recipes import scaled_generalize
 
-pytestmark = pytest.mark.slow
+# the session's Prefect API (an in-process harness the other flow tests share), not a
+# temporary server of its own
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 ARMS = ("control", "self", "orpo", "grpo", "random")
 
