@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -130,12 +132,26 @@ def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: P
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
+# The deadline test's SFT: its first session is paced (a sleep before every batch) so that
+# DEADLINE_STEPS steps take longer than its DEADLINE_S however fast the machine or warm the
+# compile cache: the deadline falls mid-training after a few dozen steps of compute
+DEADLINE_S, DEADLINE_STEPS, DEADLINE_PACE_S = 25, 60, 0.5
+
+
 def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path: Path) -> None:
-    # No periodic checkpoint before step 1000: the only one the first session leaves is the
-    # save its deadline stop made, and the second session (the rest of the 1000 steps)
-    # writes one checkpoint, not one every 5 steps
-    cadence = ("--checkpoint-every", "1000")
-    first = run_child(tmp_path / "sessions", 1000, "25", *cadence)  # a 25-second session
+    # No periodic checkpoint before the last step: the only one the first session leaves is
+    # the save its deadline stop made, and the second session (the rest of the steps, not
+    # paced) writes one checkpoint, not one every 5 steps
+    cadence = ("--checkpoint-every", str(DEADLINE_STEPS))
+    assert DEADLINE_STEPS * DEADLINE_PACE_S > DEADLINE_S  # the first session cannot finish
+    first = run_child(
+        tmp_path / "sessions",
+        DEADLINE_STEPS,
+        str(DEADLINE_S),
+        *cadence,
+        "--pace",
+        str(DEADLINE_PACE_S),
+    )
     output = first.communicate(timeout=300)[0]
     assert first.returncode == EXIT_SESSION_ENDED, output
     assert "SESSION ENDED" in output
@@ -144,26 +160,37 @@ def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path
         for p in (tmp_path / "sessions").glob("child/sft-*/checkpoints/*")
         if p.name.isdigit()
     )
-    assert len(saved) == 1 and 0 < saved[0] < 1000, saved
-    second = run_child(tmp_path / "sessions", 1000, *cadence)
+    assert len(saved) == 1 and 0 < saved[0] < DEADLINE_STEPS, saved
+    second = run_child(tmp_path / "sessions", DEADLINE_STEPS, *cadence)
     assert second.wait(timeout=600) == 0
     assert record_of(tmp_path / "sessions").metrics["resumed_from_step"] == saved[0]
 
 
-def test_stop_flag_saves_and_stops(tmp_path: Path) -> None:
+def stop_requested_after(batches: int, flag: StopFlag) -> Callable[[Any], Iterator[Any]]:
+    """SFT's batch stream; once it has handed out `batches` batches, another thread requests
+    the stop (as a signal handler does): the stop lands mid-training after a few steps,
+    however long the stage took to start."""
+    stream = sft.in_memory_stream
+
+    def stopping(dataset: Any) -> Iterator[Any]:
+        for handed_out, item in enumerate(stream(dataset)):
+            if handed_out == batches:
+                threading.Thread(target=flag.request, args=("received signal SIGTERM",)).start()
+            yield item
+
+    return stopping
+
+
+def test_stop_flag_saves_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     recipe = recipe_with(str(tmp_path), sft={"max_steps": 2000, "checkpoint_every_steps": 1000})
     flag = StopFlag()
     ctx = RunContext(str(tmp_path), "r", stop=flag)
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
-    timer = threading.Timer(15.0, flag.request, args=("received signal SIGTERM",))
-    timer.start()
-    try:
-        with pytest.raises(SessionExpired, match=r"SFT stopped at step \d+ of 2000"):
-            sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
-    finally:
-        timer.cancel()
+    monkeypatch.setattr(sft, "in_memory_stream", stop_requested_after(3, flag))
+    with pytest.raises(SessionExpired, match=r"SFT stopped at step \d+ of 2000"):
+        sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     steps = [int(p.name) for p in tmp_path.glob("r/sft-*/checkpoints/*") if p.name.isdigit()]
-    assert steps and max(steps) < 2000  # saved where it stopped, not only at step 1000
+    assert steps and max(steps) < 1000  # saved where it stopped: no periodic save before 1000
     with pytest.raises(SessionExpired, match="SIGTERM before stage sft"):
         sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
 
