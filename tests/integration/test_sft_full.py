@@ -60,13 +60,14 @@ def lora_leaves(checkpoint: CheckpointArtifact) -> list[np.ndarray]:
 
 def test_sft_learns_and_records_its_metrics(tmp_path: Path) -> None:
     recipe = recipe_with(
-        str(tmp_path), sft={"max_steps": 150, "warmup_steps": 10, "lr_schedule": "warmup_cosine"}
+        str(tmp_path), sft={"max_steps": 60, "warmup_steps": 10, "lr_schedule": "warmup_cosine"}
     )
     ctx = RunContext(str(tmp_path), "r")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     metrics = StageRecord.model_validate(storage.read_json(outcome.record_uri)).metrics
-    # 6.29 (= ln 512, uniform) -> ~4.45: the format tokens are learned; the arithmetic is not
+    # 6.29 (= ln 512, uniform) -> ~4.5 (after 60 steps as after 150): the format tokens are
+    # learned; the arithmetic is not
     assert metrics["final_loss"] < 0.8 * metrics["first_loss"]
     assert metrics["train_step_compilations"] == 1
     assert metrics["tokens_per_second"] > 0 and 0 < metrics["useful_token_fraction"] <= 1
@@ -100,10 +101,14 @@ def test_full_weights_sft_trains_and_restores(tmp_path: Path) -> None:
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+KILL_STEPS = 30  # checkpoints every 5: killed after 10, torn at 30 (the final save), 25 kept
+
+
 def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: Path) -> None:
-    straight = run_child(tmp_path / "straight", 60)
+    straight = run_child(tmp_path / "straight", KILL_STEPS)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()  # type: ignore[union-attr]
-    victim = run_child(tmp_path / "killed", 60)
+    # paced (a sleep before every batch): the steps after checkpoint 10 outlast the polling
+    victim = run_child(tmp_path / "killed", KILL_STEPS, "--pace", "0.2")
     checkpoints = tmp_path / "killed" / "child"
     deadline = time.time() + 240
     while not list(checkpoints.glob("sft-*/checkpoints/10")):
@@ -114,14 +119,14 @@ def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: P
     victim.wait()
     assert not list(checkpoints.glob("sft-*/stage.json"))  # not committed
     # the second session dies in the middle of writing checkpoint 30: a torn save
-    torn = run_child(tmp_path / "killed", 60, "--die-in-save", "30")
+    torn = run_child(tmp_path / "killed", KILL_STEPS, "--die-in-save", "30")
     output = torn.communicate(timeout=300)[0]
     assert torn.returncode == -signal.SIGKILL, output
     assert "KILLING MYSELF while saving step 30" in output
     saved = [p.name for p in checkpoints.glob("sft-*/checkpoints/*")]
     assert "25" in saved and "30" not in saved
     assert any(name.startswith("30.orbax-checkpoint-tmp") for name in saved), saved
-    resumed = run_child(tmp_path / "killed", 60)
+    resumed = run_child(tmp_path / "killed", KILL_STEPS)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
     record = record_of(tmp_path / "killed")
