@@ -1,7 +1,7 @@
 """Run the SFT stage of a small recipe in its own process (tests kill it with SIGKILL).
 
 usage: python -m tests.integration._sft_child ROOT MAX_STEPS [DEADLINE_SECONDS] [--die-in-save STEP]
-    [--checkpoint-every STEPS] [--die-before-record]
+    [--checkpoint-every STEPS] [--die-before-record] [--pace SECONDS]
 
 --die-in-save STEP is fault injection: the process SIGKILLs itself after Orbax has written
 checkpoint STEP into its temporary directory and before the rename that commits it, the
@@ -9,6 +9,8 @@ torn save a preemption during a checkpoint write leaves behind. --checkpoint-eve
 recipe's cadence of 5 (every session of one run must pass the same: it is in the stage's hash).
 --die-before-record: the process SIGKILLs itself once SFT saved and published its final
 checkpoint, just before it writes the stage's record (a kill between the two).
+--pace SECONDS: SFT's batch stream sleeps that long before every batch (`pace_sft`), so that
+a deadline falls mid-training after a few steps instead of hundreds (a sleep costs no CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from stages import sft
@@ -36,6 +39,28 @@ def child_recipe(root: str, max_steps: int, checkpoint_every: int = 5) -> object
             "save_margin_seconds": 0.5,
         },
     )
+
+
+def paced_stream(seconds: float) -> Callable[[Any], Iterator[Any]]:
+    """SFT's batch stream (stages.sft.in_memory_stream), sleeping `seconds` before each batch.
+
+    Test-only pacing: a wall-clock deadline or a stop request then lands mid-training with a
+    few steps of compute instead of hundreds. The batches and their order are unchanged, so
+    a paced session trains exactly what an unpaced one does; the sleep lies inside the
+    step time the session's deadline guard measures, as a slow step's would."""
+    stream = sft.in_memory_stream
+
+    def paced(dataset: Any) -> Iterator[Any]:
+        for item in stream(dataset):
+            time.sleep(seconds)
+            yield item
+
+    return paced
+
+
+def pace_sft(seconds: float) -> None:
+    """Pace this process's SFT stages (`paced_stream`); tests in-process use monkeypatch."""
+    sft.in_memory_stream = paced_stream(seconds)
 
 
 def die_in_save(step: int) -> None:
@@ -74,6 +99,10 @@ def main(argv: list[str]) -> int:
     if "--die-in-save" in argv:
         at = argv.index("--die-in-save")
         die_in_save(int(argv[at + 1]))
+        argv = argv[:at] + argv[at + 2 :]
+    if "--pace" in argv:
+        at = argv.index("--pace")
+        pace_sft(float(argv[at + 1]))
         argv = argv[:at] + argv[at + 2 :]
     checkpoint_every = 5
     if "--checkpoint-every" in argv:

@@ -36,9 +36,9 @@ def far_job(*args: str, home: Path) -> subprocess.Popen[str]:
     )
 
 
-def long_sft_recipe(tmp_path: Path) -> Path:
+def long_sft_recipe(tmp_path: Path, max_steps: int = 200) -> Path:
     data = smoke_data()
-    data["sft"].update(max_steps=200, checkpoint_every_steps=10)
+    data["sft"].update(max_steps=max_steps, checkpoint_every_steps=10)
     data["grpo"].update(max_steps=2, checkpoint_every_steps=1)
     data["eval"]["models"] = ["sft"]
     recipe = tmp_path / "recipe.yaml"

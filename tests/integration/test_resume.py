@@ -36,6 +36,7 @@ from stages.data_prep import build as data_prep
 from stages.grpo import training as grpo
 from stages.modeling import models
 from tests.conftest import recipe_with
+from tests.integration._sft_child import paced_stream
 
 pytestmark = pytest.mark.slow
 
@@ -292,14 +293,24 @@ def task_runs_of(flow_run_id: Any) -> dict[str, Any]:
     return {run.name.rsplit("-", 1)[0]: run for run in found}  # task runs are named "{task}-xyz"
 
 
+# A short session's SFT batches are paced (a sleep before each, tests/integration/_sft_child.py)
+# so that it takes at most SESSION_STEPS steps whatever its budget: the two short sessions
+# together cannot finish SESSION_SFT_STEPS, on an idle machine with a warm compile cache or a
+# loaded one that doubled the budget, and the steps cost little CPU (the last session, unpaced,
+# trains the rest)
+SESSION_STEPS = 25
+SESSION_SFT_STEPS = 60
+
+
 def test_short_sessions_reach_the_same_result_as_one(prefect_server: None, tmp_path: Path) -> None:
     changes = {
-        # long enough that no session whose budget was just doubled (to reach SFT at all on a
-        # loaded machine) can also finish it: with 60 steps a warm compile cache let the
-        # first session that reached SFT complete it, and no session was ever stopped. No
-        # periodic saves: a stopped session saves its last step (Tunix's forced final save),
-        # which is what the next one resumes from; 30 saves per run were a third of its cost
-        "sft": {"max_steps": 600, "checkpoint_every_steps": 600, "save_margin_seconds": 0.5},
+        # No periodic saves: a stopped session saves its last step (Tunix's forced final save),
+        # which is what the next one resumes from
+        "sft": {
+            "max_steps": SESSION_SFT_STEPS,
+            "checkpoint_every_steps": SESSION_SFT_STEPS,
+            "save_margin_seconds": 0.5,
+        },
         "eval": {"models": ["sft"]},
     }
     one = run_flow(small_recipe(str(tmp_path / "one"), **changes))
@@ -313,12 +324,14 @@ def test_short_sessions_reach_the_same_result_as_one(prefect_server: None, tmp_p
         # short sessions until SFT has been stopped twice, then one session to the end; a
         # session too short to reach SFT's first step (a loaded machine) doubles the budget
         stopped = stopped_sft_sessions(run_uri)
-        summary = run_flow(recipe, deadline=time.time() + (budget if stopped < 2 else 900))
+        with pytest.MonkeyPatch.context() as patch:
+            if stopped < 2:  # paced: a short session trains at most budget / pace steps
+                patch.setattr(sft, "in_memory_stream", paced_stream(budget / SESSION_STEPS))
+            summary = run_flow(recipe, deadline=time.time() + (budget if stopped < 2 else 900))
         if stopped_sft_sessions(run_uri) == stopped:
             budget *= 2
     sft_record = record(next(s.output_uri for s in summary.stages if s.stage == "sft"))
-    # a loaded machine doubles the budget until a session reaches SFT, and a doubled budget
-    # can finish SFT in its second session: at least one stop, then complete
+    # paced, the two short sessions cannot finish SFT together: each stops, the last completes
     outcomes = [s.outcome for s in sft_record.sessions]
     assert len(outcomes) >= 2 and set(outcomes[:-1]) == {"stopped"} and outcomes[-1] == "complete"
     assert sft_record.metrics["resumed_from_step"] > 0

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -58,13 +60,14 @@ def lora_leaves(checkpoint: CheckpointArtifact) -> list[np.ndarray]:
 
 def test_sft_learns_and_records_its_metrics(tmp_path: Path) -> None:
     recipe = recipe_with(
-        str(tmp_path), sft={"max_steps": 150, "warmup_steps": 10, "lr_schedule": "warmup_cosine"}
+        str(tmp_path), sft={"max_steps": 60, "warmup_steps": 10, "lr_schedule": "warmup_cosine"}
     )
     ctx = RunContext(str(tmp_path), "r")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
     outcome = sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     metrics = StageRecord.model_validate(storage.read_json(outcome.record_uri)).metrics
-    # 6.29 (= ln 512, uniform) -> ~4.45: the format tokens are learned; the arithmetic is not
+    # 6.29 (= ln 512, uniform) -> ~4.5 (after 60 steps as after 150): the format tokens are
+    # learned; the arithmetic is not
     assert metrics["final_loss"] < 0.8 * metrics["first_loss"]
     assert metrics["train_step_compilations"] == 1
     assert metrics["tokens_per_second"] > 0 and 0 < metrics["useful_token_fraction"] <= 1
@@ -98,10 +101,14 @@ def test_full_weights_sft_trains_and_restores(tmp_path: Path) -> None:
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+KILL_STEPS = 30  # checkpoints every 5: killed after 10, torn at 30 (the final save), 25 kept
+
+
 def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: Path) -> None:
-    straight = run_child(tmp_path / "straight", 60)
+    straight = run_child(tmp_path / "straight", KILL_STEPS)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()  # type: ignore[union-attr]
-    victim = run_child(tmp_path / "killed", 60)
+    # paced (a sleep before every batch): the steps after checkpoint 10 outlast the polling
+    victim = run_child(tmp_path / "killed", KILL_STEPS, "--pace", "0.2")
     checkpoints = tmp_path / "killed" / "child"
     deadline = time.time() + 240
     while not list(checkpoints.glob("sft-*/checkpoints/10")):
@@ -112,14 +119,14 @@ def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: P
     victim.wait()
     assert not list(checkpoints.glob("sft-*/stage.json"))  # not committed
     # the second session dies in the middle of writing checkpoint 30: a torn save
-    torn = run_child(tmp_path / "killed", 60, "--die-in-save", "30")
+    torn = run_child(tmp_path / "killed", KILL_STEPS, "--die-in-save", "30")
     output = torn.communicate(timeout=300)[0]
     assert torn.returncode == -signal.SIGKILL, output
     assert "KILLING MYSELF while saving step 30" in output
     saved = [p.name for p in checkpoints.glob("sft-*/checkpoints/*")]
     assert "25" in saved and "30" not in saved
     assert any(name.startswith("30.orbax-checkpoint-tmp") for name in saved), saved
-    resumed = run_child(tmp_path / "killed", 60)
+    resumed = run_child(tmp_path / "killed", KILL_STEPS)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
     record = record_of(tmp_path / "killed")
@@ -130,12 +137,26 @@ def test_kill_9_twice_once_mid_checkpoint_write_equals_uninterrupted(tmp_path: P
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
+# The deadline test's SFT: its first session is paced (a sleep before every batch) so that
+# DEADLINE_STEPS steps take longer than its DEADLINE_S however fast the machine or warm the
+# compile cache: the deadline falls mid-training after a few dozen steps of compute
+DEADLINE_S, DEADLINE_STEPS, DEADLINE_PACE_S = 25, 60, 0.5
+
+
 def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path: Path) -> None:
-    # No periodic checkpoint before step 1000: the only one the first session leaves is the
-    # save its deadline stop made, and the second session (the rest of the 1000 steps)
-    # writes one checkpoint, not one every 5 steps
-    cadence = ("--checkpoint-every", "1000")
-    first = run_child(tmp_path / "sessions", 1000, "25", *cadence)  # a 25-second session
+    # No periodic checkpoint before the last step: the only one the first session leaves is
+    # the save its deadline stop made, and the second session (the rest of the steps, not
+    # paced) writes one checkpoint, not one every 5 steps
+    cadence = ("--checkpoint-every", str(DEADLINE_STEPS))
+    assert DEADLINE_STEPS * DEADLINE_PACE_S > DEADLINE_S  # the first session cannot finish
+    first = run_child(
+        tmp_path / "sessions",
+        DEADLINE_STEPS,
+        str(DEADLINE_S),
+        *cadence,
+        "--pace",
+        str(DEADLINE_PACE_S),
+    )
     output = first.communicate(timeout=300)[0]
     assert first.returncode == EXIT_SESSION_ENDED, output
     assert "SESSION ENDED" in output
@@ -144,26 +165,37 @@ def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path
         for p in (tmp_path / "sessions").glob("child/sft-*/checkpoints/*")
         if p.name.isdigit()
     )
-    assert len(saved) == 1 and 0 < saved[0] < 1000, saved
-    second = run_child(tmp_path / "sessions", 1000, *cadence)
+    assert len(saved) == 1 and 0 < saved[0] < DEADLINE_STEPS, saved
+    second = run_child(tmp_path / "sessions", DEADLINE_STEPS, *cadence)
     assert second.wait(timeout=600) == 0
     assert record_of(tmp_path / "sessions").metrics["resumed_from_step"] == saved[0]
 
 
-def test_stop_flag_saves_and_stops(tmp_path: Path) -> None:
+def stop_requested_after(batches: int, flag: StopFlag) -> Callable[[Any], Iterator[Any]]:
+    """SFT's batch stream; once it has handed out `batches` batches, another thread requests
+    the stop (as a signal handler does): the stop lands mid-training after a few steps,
+    however long the stage took to start."""
+    stream = sft.in_memory_stream
+
+    def stopping(dataset: Any) -> Iterator[Any]:
+        for handed_out, item in enumerate(stream(dataset)):
+            if handed_out == batches:
+                threading.Thread(target=flag.request, args=("received signal SIGTERM",)).start()
+            yield item
+
+    return stopping
+
+
+def test_stop_flag_saves_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     recipe = recipe_with(str(tmp_path), sft={"max_steps": 2000, "checkpoint_every_steps": 1000})
     flag = StopFlag()
     ctx = RunContext(str(tmp_path), "r", stop=flag)
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
-    timer = threading.Timer(15.0, flag.request, args=("received signal SIGTERM",))
-    timer.start()
-    try:
-        with pytest.raises(SessionExpired, match=r"SFT stopped at step \d+ of 2000"):
-            sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
-    finally:
-        timer.cancel()
+    monkeypatch.setattr(sft, "in_memory_stream", stop_requested_after(3, flag))
+    with pytest.raises(SessionExpired, match=r"SFT stopped at step \d+ of 2000"):
+        sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
     steps = [int(p.name) for p in tmp_path.glob("r/sft-*/checkpoints/*") if p.name.isdigit()]
-    assert steps and max(steps) < 2000  # saved where it stopped, not only at step 1000
+    assert steps and max(steps) < 1000  # saved where it stopped: no periodic save before 1000
     with pytest.raises(SessionExpired, match="SIGTERM before stage sft"):
         sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
 
