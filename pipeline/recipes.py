@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from pipeline import plugins
 from pipeline.dag import DagError, build_dag
 from schemas.recipe import Recipe
 from stages.core import storage
-from stages.core.errors import InputError, MissingInput
+from stages.core.errors import InputError, MissingInput, closest
 
 
 class RecipeError(InputError):
@@ -77,8 +76,8 @@ def _did_you_mean(loc: tuple[int | str, ...]) -> str:
         if owners:  # else a list index or a node's kind tag: the same sections
             models = {n for m in owners for n in _models_in(m.model_fields[str(key)].annotation)}
     names = sorted({name for m in models for name in m.model_fields})
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-    return f"; did you mean {close[0]}?" if close else ""
+    close = closest(str(loc[-1]), names)
+    return f"; did you mean {close}?" if close else ""
 
 
 def _models_in(annotation: Any) -> set[type[BaseModel]]:
@@ -215,15 +214,13 @@ def _recipe_hint(uri: str) -> str:
     else the closest bundled recipe's name; and where the bundled ones are listed."""
     parent, _, base = storage.normalize(uri).rpartition("/")
     near = [n for n in storage.list_names(parent) if n.endswith((".yaml", ".yml"))]
-    close = difflib.get_close_matches(base, near, n=1)
+    close = closest(base, near)
     if close:
         shown = uri.rpartition("/")[0]
-        return f"; did you mean {shown + '/' if shown else ''}{close[0]}?"
+        return f"; did you mean {shown + '/' if shown else ''}{close}?"
     names = list(bundled_recipes()) if storage.is_dir(BUNDLED) else []
-    close = difflib.get_close_matches(base.removesuffix(".yaml"), names, n=1)
-    named = (
-        f"; did you mean the bundled recipe {close[0]!r} (`far run {close[0]}`)?" if close else ""
-    )
+    close = closest(base.removesuffix(".yaml"), names)
+    named = f"; did you mean the bundled recipe {close!r} (`far run {close}`)?" if close else ""
     return named + " (`far recipes` lists the bundled recipes)"
 
 
@@ -233,8 +230,8 @@ def copy_bundled(name: str, dest: str, folder: str = BUNDLED) -> str:
     known = bundled_recipes(folder)
     name = name.removesuffix(".yaml")
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
+        close = closest(name, known)
+        hint = f"did you mean {close}? " if close else ""
         raise UnknownRecipe(
             f"no bundled recipe {name!r}; {hint}recipes: {', '.join(known)} (`far recipes` "
             f"lists them)"

@@ -28,7 +28,6 @@ declares what else sits under stages/.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,7 +44,7 @@ from schemas.recipe.kinds import ArtifactKind as ArtifactKind
 from schemas.recipe.kinds import Port as Port
 from schemas.recipe.kinds import Section as Section
 from schemas.recipe.kinds import StageSpec
-from stages.core.errors import InputError
+from stages.core.errors import InputError, closest
 
 
 class UnknownStageKind(InputError):
@@ -106,8 +105,8 @@ def spec(kind: str) -> StageSpec:
     """The registration of `kind`; UnknownStageKind names the registered ones."""
     found = REGISTRY.get(kind)
     if found is None:
-        close = difflib.get_close_matches(kind, sorted(REGISTRY), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest(kind, REGISTRY)
+        hint = f"; did you mean {close!r}?" if close else ""
         raise UnknownStageKind(
             f"no stage kind {kind!r} is registered; kinds: {sorted(REGISTRY)}{hint}"
         )

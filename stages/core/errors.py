@@ -8,6 +8,9 @@ was raised; every other exception is a defect or an outage and keeps its traceba
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class InputError(ValueError):
     """An input or configuration the user must fix; the message names it and what was expected."""
@@ -35,3 +38,10 @@ def is_input_error(error: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The one of `known` closest to `name` (difflib's ratio of at least 0.6), or None: what a
+    "did you mean ...?" in an error message offers. Each message words the hint itself."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return close[0] if close else None

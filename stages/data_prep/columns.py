@@ -7,13 +7,12 @@ compute.
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Callable, Collection
 from typing import Any
 
 from schemas.recipe import PRESET_COLUMNS, SourceSpec
-from stages.core.errors import InputError
+from stages.core.errors import InputError, closest
 from stages.data_prep.adapters import ADAPTERS, PRESETS, RENAMED, Example, adapt_reasoning_gym_steps
 
 
@@ -79,8 +78,8 @@ def check_columns(spec: SourceSpec, have: Collection[str], where: str) -> None:
     the columns there are (`where`: whose columns they are)."""
     for column, what in required_columns(spec).items():
         if column not in have:
-            close = difflib.get_close_matches(column, sorted(have), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest(column, have)
+            hint = f"; did you mean {close!r}?" if close else ""
             raise InputError(
                 f"data source {spec.name} has no column {column!r} ({what}); {where} has "
                 f"columns {sorted(have)}{hint}"

@@ -12,7 +12,6 @@ enters the identity of a stage that uses it (`reward_sources`).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
 import sys
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stages.core.errors import InputError
+from stages.core.errors import InputError, closest
 from stages.core.identity import REWARD_SOURCE, SOURCE_PREFIX
 from stages.rewards.guard import call_within, checked_scores, form_of
 from stages.rewards.references import Reference
@@ -175,8 +174,8 @@ def get_reward(name: str) -> Reward:
     """The reward registered as `name`; UnknownReward names the registered ones."""
     found = REGISTRY.get(name)
     if found is None:
-        close = difflib.get_close_matches(name, sorted(REGISTRY), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        close = closest(name, REGISTRY)
+        hint = f"did you mean {close!r}? " if close else ""
         raise UnknownReward(
             f"unknown reward {name!r}; registered rewards: {sorted(REGISTRY)}; {hint}a reward "
             f"of your own is registered by a module named by --plugin MODULE or the recipe's "
