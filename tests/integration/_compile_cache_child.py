@@ -25,7 +25,7 @@ from tests.integration.test_sft_full import lora_leaves
 def main(argv: list[str]) -> int:
     root, cache_root = argv
     directory = compile_cache.enable(cache_root)  # this process's entry point
-    recipe = recipe_with(root, sft={"max_steps": 4})
+    recipe = recipe_with(root, sft={"max_steps": 2}, model={"architecture": {"num_layers": 1}})
     ctx = RunContext(root=root, run="cached")
     with compile_cache.counting_cache_use() as stats:
         dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output

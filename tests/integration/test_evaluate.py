@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -345,17 +346,25 @@ def check_card(card: str, recipe: Recipe, checkpoint: CheckpointArtifact, run_ur
 
 
 def test_checkpoints_also_on_a_timer(tmp_path: Path) -> None:
+    """Each step is followed by a CPU-free pause (the stage's progress callback runs between
+    steps), so the 1-second timer fires several times within a few steps on any machine."""
+    steps_total = 16
     recipe = recipe_with(
         str(tmp_path),
-        sft={"max_steps": 150, "checkpoint_every_steps": 1000, "checkpoint_every_seconds": 1.0},
+        sft={
+            "max_steps": steps_total,
+            "checkpoint_every_steps": 1000,
+            "checkpoint_every_seconds": 1.0,
+        },
     )
     ctx = RunContext(str(tmp_path), "timer")
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
-    sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, ctx)
+    paced = dataclasses.replace(ctx, progress=lambda _: time.sleep(0.25))  # >= 4 s of steps
+    sft.train(dataset, recipe.sft, recipe.model, recipe.mesh, paced)
     directory = next(Path(tmp_path, "timer").glob("sft-*/checkpoints"))
     # step 1000 never comes: every checkpoint but the final one was the 1-second timer's
     steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-    assert steps[-1] == 150 and len(steps) >= 2 and steps[0] < 150
+    assert steps[-1] == steps_total and len(steps) >= 2 and steps[0] < steps_total
 
 
 class SigtermAfterBatches(StopFlag):
