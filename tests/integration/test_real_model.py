@@ -133,8 +133,8 @@ def test_safetensors_source_local_and_gcs(
     local_net = models.build_base_model(local, mesh, model_cache)
     np.testing.assert_array_equal(logits(local_net, mesh, ids), reference)
     remote_uri = f"gs://{fake_gcs}/models/gemma3-270m"
-    for name in GEMMA_FILES:  # each in one request: the emulator copies a resumable upload's
-        # whole body again at every chunk, which cost more than the rest of the test
+    for name in GEMMA_FILES:  # each in one request: fake-gcs-server spends far more CPU on
+        # gcsfs's resumable upload in chunks (the default for a large file) than on this
         data = Path(hf_dir, name).read_bytes()
         fs, path = fsspec.core.url_to_fs(storage.join(remote_uri, name))
         fs.pipe_file(path, data, chunksize=len(data) + 1)
