@@ -27,8 +27,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def trained() -> tuple[Recipe, RunContext, DatasetArtifact, CheckpointArtifact]:
     root = f"memory://far-bad-inputs-{uuid.uuid4().hex[:8]}"
+    # two SFT steps and a checkpoint; GRPO's rollouts as short as test_shared_weights' (the
+    # same compiled programs)
     recipe = recipe_with(
-        root, sft={"max_steps": 4, "checkpoint_every_steps": 2}, grpo={"max_steps": 1}
+        root,
+        sft={"max_steps": 2, "checkpoint_every_steps": 2},
+        grpo={"max_steps": 1, "max_generation_tokens": 8},
     )
     ctx = RunContext(root=root, run=recipe.name)
     dataset = data_prep.prepare(recipe.data, recipe.model, ctx).output
@@ -85,7 +89,7 @@ def test_checkpoint_of_another_model_config(trained) -> None:
 def test_checkpoint_uri_that_does_not_exist(trained) -> None:
     recipe, ctx, dataset, checkpoint = trained
     gone = checkpoint.model_copy(update={"uri": f"{ctx.run_uri}/sft-ffffffffffff/checkpoints"})
-    with pytest.raises(FileNotFoundError, match=r"sft-ffffffffffff.*no committed step 4"):
+    with pytest.raises(FileNotFoundError, match=r"sft-ffffffffffff.*no committed step 2"):
         grpo.reinforce(dataset, gone, recipe.grpo, recipe.model, recipe.mesh, ctx)
 
 

@@ -28,7 +28,15 @@ def test_storage_roundtrip_on_gcs(fake_gcs: str) -> None:
 
 def test_smoke_recipe_on_gcs_runs_then_skips(fake_gcs: str) -> None:
     root = f"gs://{fake_gcs}/far"
-    recipe = recipe_with(root)
+    # the smoke recipe's stages at a few steps each (test_shared_weights' sizes: the same
+    # compiled programs), every checkpoint written to gs:// and restored from it
+    recipe = recipe_with(
+        root,
+        data={"eval": {"size": 8}, "grpo": {"size": 4}, "sft": {"size": 32}},
+        sft={"max_steps": 4, "checkpoint_every_steps": 2},
+        grpo={"max_steps": 2, "checkpoint_every_steps": 2, "max_generation_tokens": 8},
+        eval={"max_generation_tokens": 8},
+    )
     first = format_align_reinforce(recipe, root)
     assert first.complete and not any(s.skipped for s in first.stages)
     for line in first.stages:

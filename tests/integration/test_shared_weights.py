@@ -35,7 +35,7 @@ def _recipe(root: str) -> Recipe:
     return recipe_with(
         root,
         data={"eval": {"size": 8}, "grpo": {"size": 4}, "sft": {"size": 32}},
-        sft={"max_steps": 4, "checkpoint_every_steps": 2},
+        sft={"max_steps": 2, "checkpoint_every_steps": 1},
         grpo={"max_steps": 2, "checkpoint_every_steps": 2, "max_generation_tokens": 8},
         eval={"max_generation_tokens": 8},
     )
