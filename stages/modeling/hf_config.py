@@ -42,11 +42,11 @@ def rope(theta: float, factor: float = 1.0) -> dict[str, Any]:
     return {"rope_type": "linear", "rope_theta": float(theta), "factor": float(factor)}
 
 
-def gemma3_layer_types(num_layers: int) -> list[str]:
-    """Gemma 3's attention type per layer, as Tunix's network computes them."""
+def gemma3_layer_types(num_layers: int, every: int = GLOBAL_ATTENTION_EVERY) -> list[str]:
+    """Gemma 3's attention type per layer: a full-attention layer after each `every - 1`
+    sliding-window ones (Tunix's network computes the default pattern only)."""
     return [
-        "full_attention" if (i + 1) % GLOBAL_ATTENTION_EVERY == 0 else "sliding_attention"
-        for i in range(num_layers)
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)
     ]
 
 

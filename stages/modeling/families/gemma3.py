@@ -108,9 +108,7 @@ def layer_types(config: dict[str, Any]) -> list[str]:
         return list(config["layer_types"])
     every = int(config.get("sliding_window_pattern") or HF_DEFAULTS["sliding_window_pattern"])
     layers = int(config.get("num_hidden_layers", HF_DEFAULTS["num_hidden_layers"]))
-    return [
-        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)
-    ]
+    return hf.gemma3_layer_types(layers, every)
 
 
 def _same(found: Any, expected: Any) -> bool:
@@ -129,10 +127,11 @@ def check_fixed(config: dict[str, Any], directory: str) -> None:
         if not _same(found, expected):
             raise _refuse(directory, f"{key} is {found!r}", f"{key} {expected!r} only")
     layers = int(config.get("num_hidden_layers", HF_DEFAULTS["num_hidden_layers"]))
-    if layer_types(config) != hf.gemma3_layer_types(layers):
+    found = layer_types(config)
+    if found != hf.gemma3_layer_types(layers):
         raise _refuse(
             directory,
-            f"layer_types is {layer_types(config)}",
+            f"layer_types is {found}",
             "five sliding-window layers, then one full-attention layer, repeated",
         )
 
