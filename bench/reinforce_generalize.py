@@ -9,7 +9,8 @@ the exact McNemar comparison with the control (continued SFT on the pool prompts
 chains) and with the starting SFT policy. The `k2_sampled` node (8 samples at T 1.0 on the
 first k2 prompts) adds each arm's sampled pass@1 (paired sign-flip test) and pass@8 (a prompt
 solved by any of its 8 samples; exact McNemar). The pick's choice on k+1 validation, the
-pool's size and each node's seconds come with them:
+pool's size, each node's seconds and each GRPO arm's completions per second (its steps after
+the first, which compiles; bench/grpo_phases.py) come with them:
 
     python -m bench.reinforce_generalize --runs RUN_DIR [RUN_DIR ...] \
         --out docs/results/reinforce-generalize.json
@@ -20,9 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from bench import reinforce_mode
+from bench import grpo_phases, reinforce_mode
 from stages.core import stats
 
 LEVELS = ("k2", "k1", "le_k")
@@ -65,6 +67,14 @@ def per_prompt(node_dir: str) -> dict[str, dict[str, float]]:
     return reinforce_mode.greedy_outcomes(node_dir, "correct")
 
 
+def grpo_throughput(record: dict[str, Any]) -> dict[str, Any]:
+    """A GRPO arm's seconds a step and completions per second, from its record's phase timing."""
+    config = SimpleNamespace(**record["config"])
+    arm = grpo_phases.arm_summary(record["history"], config, bool(config.skip_flat_groups))
+    keys = ("step_seconds", "completions_per_s", "trained_completions_per_s", "median_step_seconds")
+    return {key: round(arm[key], 3) for key in keys}
+
+
 def summary(run: Path) -> dict[str, Any] | None:
     """One run's results, or None when its primary node (k2) has not committed yet."""
     nodes = reinforce_mode.records(run)
@@ -83,6 +93,9 @@ def summary(run: Path) -> dict[str, Any] | None:
             "validation": {c["name"]: round(c["accuracy"], 4) for c in choice["candidates"]},
         },
         "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},
+        "grpo_throughput": {
+            node: grpo_throughput(r) for node, r in sorted(nodes.items()) if r["stage"] == "grpo"
+        },
         "levels": {
             level: reinforce_mode.arms(nodes[level]["_dir"]) for level in LEVELS if level in nodes
         },

@@ -1,7 +1,8 @@
 """recipes/reinforce-generalize.yaml's DAG on the tiny model (tests/scaled_recipes.py
 `scaled_generalize`), end to end through the flow: every node commits, in particular every
 arm's; the control trained on the pool's gold rows; and the results file's tables
-(bench/reinforce_generalize.py) build from the run's records, per level and for pass@8."""
+(bench/reinforce_generalize.py) build from the run's records, per level and for pass@8, with
+each GRPO arm's completions per second."""
 
 from __future__ import annotations
 
@@ -46,3 +47,6 @@ def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> No
         "random",
     ]
     assert "| grpo |" in reinforce_generalize.pass_table(result)
+    throughput = result["grpo_throughput"]
+    assert set(throughput) == {"grpo", "random"}
+    assert all(arm["completions_per_s"] > 0 for arm in throughput.values()), throughput
