@@ -19,12 +19,13 @@ the first, which compiles; bench/grpo_phases.py) come with them:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from bench import grpo_phases, reinforce_mode
+from schemas.recipe.grpo import GRPOConfig
 from stages.core import stats
 
 LEVELS = ("k2", "k1", "le_k")
@@ -69,8 +70,8 @@ def per_prompt(node_dir: str) -> dict[str, dict[str, float]]:
 
 def grpo_throughput(record: dict[str, Any]) -> dict[str, Any]:
     """A GRPO arm's seconds a step and completions per second, from its record's phase timing."""
-    config = SimpleNamespace(**record["config"])
-    arm = grpo_phases.arm_summary(record["history"], config, bool(config.skip_flat_groups))
+    config = GRPOConfig.model_validate(record["config"]["grpo"])  # with the defaults it omits
+    arm = grpo_phases.arm_summary(record["history"], config, config.skip_flat_groups)
     keys = ("step_seconds", "completions_per_s", "trained_completions_per_s", "median_step_seconds")
     return {key: round(arm[key], 3) for key in keys}
 
@@ -113,25 +114,33 @@ def summary(run: Path) -> dict[str, Any] | None:
     }
 
 
-def table(result: dict[str, Any], level: str) -> str:
-    """One run's greedy rows at one level as a markdown table."""
-    return reinforce_mode.table({"held_out": result["levels"][level]})
+LEVEL_TITLES = {
+    "k2": "k+2, never trained on (the primary endpoint): greedy, exact McNemar",
+    "k1": "k+1, the pool's level: greedy, exact McNemar",
+    "le_k": "levels <= k, SFT's own (retention): greedy, exact McNemar",
+}
+GREEDY_HEAD = ["greedy [95% CI]", "vs control (won/lost, p)", "vs sft (won/lost, p)"]
 
 
-def pass_table(result: dict[str, Any]) -> str:
-    """One run's pass@n rows at k+2 as a markdown table."""
-    lines = [
-        "| model | pass@n [95% CI] | vs control (won/lost, p) | vs sft (won/lost, p) |",
-        "|---|---:|---:|---:|",
-    ]
-    for r in result["sampled_pass_at_n"]:
-        c, s = r["vs_control"], r["vs_sft"]
-        lines.append(
-            f"| {r['model']} | {r['pass_at_n']:.3f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | "
-            f"{c['difference']:+.3f} ({c['wins']}/{c['losses']}, {c['p_value']:.2g}) | "
-            f"{s['difference']:+.3f} ({s['wins']}/{s['losses']}, {s['p_value']:.2g}) |"
+def page(results: list[dict[str, Any]]) -> str:
+    """Every run's tables side by side, one seed's columns after another's: greedy at each
+    level, then sampled pass@1 and pass@n at k+2 (the results page shows exactly these)."""
+    parts = []
+    for level, title in LEVEL_TITLES.items():
+        rows = [{**r, level: r["levels"][level]} for r in results]
+        table = reinforce_mode.side_by_side(rows, level, GREEDY_HEAD, reinforce_mode.cells)
+        parts.append(f"**{title}**\n\n{table}")
+    if all("sampled_pass_at_1" in r for r in results):
+        head = ["pass@1 [95% CI]", "vs control [95% CI] (p)", "vs sft"]
+        table = reinforce_mode.side_by_side(
+            results, "sampled_pass_at_1", head, reinforce_mode.sampled_cells
         )
-    return "\n".join(lines)
+        parts.append(f"**k+2, sampled at T 1.0: pass@1, paired sign-flip test**\n\n{table}")
+        head = ["pass@n [95% CI]", "vs control (won/lost, p)", "vs sft (won/lost, p)"]
+        pass_cells = functools.partial(reinforce_mode.cells, value="pass_at_n")
+        table = reinforce_mode.side_by_side(results, "sampled_pass_at_n", head, pass_cells)
+        parts.append(f"**k+2, sampled at T 1.0: pass@n, exact McNemar**\n\n{table}")
+    return "\n\n".join(parts)
 
 
 def main() -> None:
@@ -141,9 +150,8 @@ def main() -> None:
     args = parser.parse_args()
     results = [r for r in (summary(run) for run in args.runs) if r is not None]
     args.out.write_text(json.dumps({"runs": results}, indent=1) + "\n")
-    for result in results:
-        for level in result["levels"]:
-            print(f"\n{result['run']} {level}\n{table(result, level)}")
+    if results:
+        print(page(results))
 
 
 if __name__ == "__main__":

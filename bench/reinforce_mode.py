@@ -257,11 +257,12 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cells(row: dict[str, Any]) -> list[str]:
-    """One model's held-out cells of one run: greedy [CI], vs control, vs sft."""
+def cells(row: dict[str, Any], value: str = "greedy_accuracy") -> list[str]:
+    """One model's held-out cells of one run: its `value` (greedy accuracy, or another rate
+    with a McNemar comparison) [CI], vs control, vs sft."""
     c, s = row["vs_control"], row["vs_sft"]
     return [
-        f"{row['greedy_accuracy']:.3f} [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}]",
+        f"{row[value]:.3f} [{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}]",
         f"{c['difference']:+.3f} ({c['wins']}/{c['losses']}, {c['p_value']:.2g})",
         f"{s['difference']:+.3f} ({s['wins']}/{s['losses']}, {s['p_value']:.2g})",
     ]

@@ -1,8 +1,8 @@
 """recipes/reinforce-generalize.yaml's DAG on the tiny model (tests/scaled_recipes.py
 `scaled_generalize`), end to end through the flow: every node commits, in particular every
-arm's; the control trained on the pool's gold rows; and the results file's tables
-(bench/reinforce_generalize.py) build from the run's records, per level and for pass@8, with
-each GRPO arm's completions per second."""
+arm's; the control trained on the pool's gold rows; and the results page's tables
+(bench/reinforce_generalize.py) build from the run's records, per level and sampled at k+2,
+with each GRPO arm's completions per second."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.scaled_recipes import scaled_generalize
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 ARMS = ("control", "self", "orpo", "grpo", "random")
+SAMPLED = ["control", "sft", "self", "orpo", "grpo", "random"]  # the k2_sampled node's order
 
 
 def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> None:
@@ -34,19 +35,13 @@ def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> No
     assert pool["gold_rows"] + pool["gold_rows_too_long"] == pool["prompts_kept"] > 0
     result = reinforce_generalize.summary(tmp_path / recipe.name)
     assert result is not None
+    page = reinforce_generalize.page([result])
     for level in reinforce_generalize.LEVELS:
-        table = reinforce_generalize.table(result, level)
-        assert all(f"| {arm} |" in table for arm in ("sft", *ARMS, "chosen")), table
-        assert set(result["per_prompt"][level]) == {"sft", *ARMS, "chosen"}
-    assert [r["model"] for r in result["sampled_pass_at_n"]] == [
-        "control",
-        "sft",
-        "self",
-        "orpo",
-        "grpo",
-        "random",
-    ]
-    assert "| grpo |" in reinforce_generalize.pass_table(result)
+        assert set(result["per_prompt"][level]) == {"sft", *ARMS, "chosen", "control_wall"}
+        assert [r["model"] for r in result["levels"][level]] == [*SAMPLED, "chosen", "control_wall"]
+    for arm in ("sft", *ARMS, "chosen", "control_wall"):  # three greedy tables, two sampled
+        assert page.count(f"| {arm} |") == (3 if arm in ("chosen", "control_wall") else 5), page
+    assert [r["model"] for r in result["sampled_pass_at_n"]] == SAMPLED
     throughput = result["grpo_throughput"]
     assert set(throughput) == {"grpo", "random"}
     assert all(arm["completions_per_s"] > 0 for arm in throughput.values()), throughput
