@@ -12,7 +12,13 @@ import subprocess
 from pathlib import Path
 
 from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterName,
+    FlowRunFilterTags,
+)
 
 from flows.far_flow import format_align_reinforce, recipe_hash, session_name
 from flows.ui_artifacts import run_id
@@ -34,11 +40,18 @@ def test_runs_under_two_roots_have_their_own_names_tags_and_artifacts(
             summaries[root] = format_align_reinforce(
                 recipe, root, recipe_source="recipes/smoke.yaml"
             )
+    # filtered on the server: the session's server holds every test's runs and artifacts, and
+    # an unfiltered read returns only the API's default page of them (200, in id order)
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["far", "recipe:smoke"]))
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=["far", "recipe:smoke"]),
+                name=FlowRunFilterName(like_="findable-"),
+            )
         )
-        artifacts = client.read_artifacts()
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="far-findable-%"))
+        )
     (one_hash,) = hashes  # the same recipe under two roots: one hash
     ours = [r for r in runs if r.name.startswith("findable-")]
     ids = [run_id(storage.join(root, "findable")) for root in roots]
