@@ -28,7 +28,12 @@ from bench import grpo_phases, reinforce_mode
 from schemas.recipe.grpo import GRPOConfig
 from stages.core import stats
 
-LEVELS = ("k2", "k1", "le_k")
+LEVEL_TITLES = {
+    "k2": "k+2, never trained on (the primary endpoint): greedy, exact McNemar",
+    "k1": "k+1, the pool's level: greedy, exact McNemar",
+    "le_k": "levels <= k, SFT's own (retention): greedy, exact McNemar",
+}
+LEVELS = tuple(LEVEL_TITLES)
 SAMPLED = "k2_sampled"
 CONTROL, START = reinforce_mode.CONTROL, reinforce_mode.START
 
@@ -114,11 +119,6 @@ def summary(run: Path) -> dict[str, Any] | None:
     }
 
 
-LEVEL_TITLES = {
-    "k2": "k+2, never trained on (the primary endpoint): greedy, exact McNemar",
-    "k1": "k+1, the pool's level: greedy, exact McNemar",
-    "le_k": "levels <= k, SFT's own (retention): greedy, exact McNemar",
-}
 GREEDY_HEAD = ["greedy [95% CI]", "vs control (won/lost, p)", "vs sft (won/lost, p)"]
 
 
