@@ -154,7 +154,9 @@ def scaled_generalize(root: str) -> Recipe:
     data["data"]["grpo"] = {"size": 8, "sources": [_tiny_level(3, 80)]}
     data["data"]["sft"] = {"size": 32, "sources": [_tiny_level(2, 200)]}
     data["sft"].update(max_steps=SFT_STEPS, checkpoint_every_steps=SFT_CHECKPOINT_EVERY)
-    small = {"max_steps": 2, "checkpoint_every_steps": 1}
+    # saved at step 2 only: step 1, which the GRPO and DPO arms also save (Orbax's first
+    # save), is off the grid, and validation's `steps: saved` must not score it
+    small = {"max_steps": 2, "checkpoint_every_steps": 2}
     tokens = {"max_generation_tokens": GENERATION_TOKENS}
     data["grpo"].update(**small, **tokens)
     data["eval"].update(**tokens)

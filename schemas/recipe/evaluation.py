@@ -58,8 +58,10 @@ class EvalConfig(Frozen):
     """Seeds sampling (0 to 2**31 - 1: Grain and NumPy refuse a negative seed)."""
     steps: Literal["last", "saved"] = "last"
     """last: each checkpoint at the step its stage committed; saved: also every earlier step
-    its stage kept (`keep_checkpoints`), a row `<model>@step<N>` each, so a pick node can
-    choose the best step (the committed one stays the row `<model>`)."""
+    its stage kept (`keep_checkpoints`) on its save grid (multiples of its
+    `checkpoint_every_steps`; not a save a session's stop forced, nor the first step Orbax
+    saves), a row `<model>@step<N>` each, so a pick node can choose the best step (the
+    committed one stays the row `<model>`)."""
     split: Literal["eval", "grpo_train", "validation"] = "eval"
     """The prompts scored: eval (held out), grpo_train (for hard_subset), or validation (for
     a pick node's choice between policies)."""

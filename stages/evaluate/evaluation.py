@@ -71,7 +71,9 @@ log = logging.getLogger(__name__)
 #    marker (version 6 credited a second <answer> after the first, or a stray </reasoning>)
 # 8: a text answer is compared as text (version 7 sent it to math-verify, which read a word as
 #    a product of letters and graded its anagrams correct); numeric answers grade as before
-STAGE_VERSION = 8
+# 9: `steps: saved` scores the earlier steps on the stage's save grid only (version 8 also
+#    scored a save a session's stop forced, and GRPO's and DPO's first step)
+STAGE_VERSION = 9
 
 
 def generate(
@@ -507,26 +509,54 @@ def resolve_checkpoints(
 
 
 def with_saved_steps(
-    config: EvalConfig, checkpoints: dict[str, CheckpointArtifact]
+    config: EvalConfig,
+    checkpoints: dict[str, CheckpointArtifact],
+    grid: Callable[[CheckpointArtifact], int | None] | None = None,
 ) -> tuple[EvalConfig, dict[str, CheckpointArtifact]]:
-    """With `steps: saved`, each checkpoint's earlier saved steps become models of their own,
-    `<name>@step<N>`, listed before it (oldest first): the report compares each step with the
-    one before it and a pick node can choose any of them."""
+    """With `steps: saved`, each checkpoint's earlier saved steps on its stage's save grid
+    become models of their own, `<name>@step<N>`, listed before it (oldest first): the report
+    compares each step with the one before it and a pick node can choose any of them.
+
+    The grid (`grid`, by default the interval in the stage's record: save_grid) keeps the
+    candidates the recipe's: a save a session's stop forced, or Orbax's save of a stage's first
+    step, is left out, so where sessions ended never changes what a pick can choose, and arms
+    with the same `checkpoint_every_steps` offer the same steps."""
     if config.steps == "last":
         return config, checkpoints
+    grid_of = grid or save_grid
     names: list[str] = []
     expanded: dict[str, CheckpointArtifact] = {}
     for name in config.models:
         artifact = checkpoints.get(name)
         if artifact is not None:
-            for step in saved_steps(artifact.uri):
-                if step < artifact.step:
-                    label = f"{name}{STEP_SUFFIX}{step}"
-                    names.append(label)
-                    expanded[label] = artifact.model_copy(update={"step": step})
+            earlier = [step for step in saved_steps(artifact.uri) if step < artifact.step]
+            every = grid_of(artifact) if earlier else None
+            off_grid = [step for step in earlier if every is not None and step % every]
+            if off_grid:
+                log.info(
+                    "%s: saved steps %s are off its %d-step grid: not scored", name, off_grid, every
+                )
+            for step in (step for step in earlier if step not in off_grid):
+                label = f"{name}{STEP_SUFFIX}{step}"
+                names.append(label)
+                expanded[label] = artifact.model_copy(update={"step": step})
             expanded[name] = artifact
         names.append(name)
     return config.model_copy(update={"models": names}), expanded
+
+
+def save_grid(artifact: CheckpointArtifact) -> int | None:
+    """The step interval `artifact`'s stage saved on by its committed config, in the steps
+    its checkpoint directories count (`checkpoint_every_steps`, times GRPO's
+    `num_iterations`); None when the stage also saved on a clock (`checkpoint_every_seconds`)
+    or names no interval: then every saved step is on it."""
+    _, record = find_checkpoint_record(artifact.uri)
+    for section in record.config.values():
+        if isinstance(section, dict) and "checkpoint_every_steps" in section:
+            if section.get("checkpoint_every_seconds") is not None:
+                return None
+            return int(section["checkpoint_every_steps"]) * int(section.get("num_iterations", 1))
+    return None
 
 
 @fast_paths.scoped("lora_backward", "prefill_last_position", "draw")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import reinforce_generalize
+from bench import reinforce_generalize, reinforce_mode
 from flows.far_flow import format_align_reinforce
 from pipeline.dag import build_dag
 from stages.core import storage
-from tests.scaled_recipes import scaled_generalize
+from tests.scaled_recipes import SFT_CHECKPOINT_EVERY, SFT_STEPS, scaled_generalize
 
 # the session's Prefect API (an in-process harness the other flow tests share), not a
 # temporary server of its own
@@ -22,6 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
 ARMS = ("control", "self", "orpo", "grpo", "random")
 SAMPLED = ["control", "sft", "self", "orpo", "grpo", "random"]  # the k2_sampled node's order
+
+
+def validation_dir(run: Path) -> str:
+    """The validation node's directory in `run`."""
+    return str(reinforce_mode.records(run)["validation"]["_dir"])
 
 
 def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> None:
@@ -33,6 +38,11 @@ def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> No
     assert {n: r["status"] for n, r in records.items()} == dict.fromkeys(records, "complete")
     pool = records["pool"]["metrics"]
     assert pool["gold_rows"] + pool["gold_rows_too_long"] == pool["prompts_kept"] > 0
+    validated = reinforce_mode.greedy_outcomes(validation_dir(tmp_path / recipe.name), "correct")
+    # every arm offers the pick the same steps: its grid's (every 2 steps), never Orbax's
+    # save of a GRPO or DPO arm's first step; SFT's earlier grid steps stay candidates
+    earlier = range(SFT_CHECKPOINT_EVERY, SFT_STEPS, SFT_CHECKPOINT_EVERY)
+    assert sorted(validated) == sorted(["sft", *ARMS, *(f"sft@step{s}" for s in earlier)])
     result = reinforce_generalize.summary(tmp_path / recipe.name)
     assert result is not None
     page = reinforce_generalize.page([result])

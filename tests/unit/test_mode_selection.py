@@ -279,7 +279,7 @@ def test_steps_saved_scores_every_earlier_step_before_the_committed_one(tmp_path
     last = EvalConfig(models=["base", "grpo"])
     assert evaluation.with_saved_steps(last, {"grpo": grpo}) == (last, {"grpo": grpo})
     config, checkpoints = evaluation.with_saved_steps(
-        last.model_copy(update={"steps": "saved"}), {"grpo": grpo}
+        last.model_copy(update={"steps": "saved"}), {"grpo": grpo}, grid=lambda _: 2
     )
     assert config.models == ["base", "grpo@step2", "grpo@step4", "grpo"]
     assert {n: (a.uri, a.step) for n, a in checkpoints.items()} == {
@@ -287,6 +287,21 @@ def test_steps_saved_scores_every_earlier_step_before_the_committed_one(tmp_path
         "grpo@step4": (grpo.uri, 4),
         "grpo": (grpo.uri, 6),
     }
+
+
+def test_steps_saved_leaves_out_saves_off_the_stages_grid(tmp_path: Any) -> None:
+    """A GRPO arm saved step 1 (Orbax's first save) and step 7 (its session stopped there)
+    besides its 12-step grid: only 12 is a candidate, as for an arm whose sessions never
+    stopped; a stage that also saved on a clock (grid None) has every save scored."""
+    for step in (1, 7, 12, 24):
+        (tmp_path / "grpo" / str(step)).mkdir(parents=True)
+        (tmp_path / "grpo" / str(step) / "w").write_text("x")
+    grpo = CheckpointArtifact.model_construct(uri=str(tmp_path / "grpo"), step=24)
+    saved = EvalConfig(models=["grpo"], steps="saved")
+    on_grid, _ = evaluation.with_saved_steps(saved, {"grpo": grpo}, grid=lambda _: 12)
+    assert on_grid.models == ["grpo@step12", "grpo"]
+    clocked, _ = evaluation.with_saved_steps(saved, {"grpo": grpo}, grid=lambda _: None)
+    assert clocked.models == ["grpo@step1", "grpo@step7", "grpo@step12", "grpo"]
 
 
 def test_pick_chooses_among_every_scored_step_of_the_arms_not_the_incumbents() -> None:
