@@ -335,6 +335,17 @@ def _variant_labels(name: str, config: EvalConfig) -> list[Variant]:
     return variants
 
 
+def batches_to_decode(config: EvalConfig, prompts: int, copies: Mapping[str, str]) -> int:
+    """The batches the progress bar counts: every row's, but a model that copies another's
+    completions (`copies`: same_checkpoint_as) decodes none."""
+    return sum(
+        v.batches(prompts)
+        for m in config.models
+        if m not in copies
+        for v in _variant_labels(m, config)
+    )
+
+
 def _variants(
     name: str,
     prompts: list[str],
@@ -370,8 +381,8 @@ def _evaluate(
     rows = tagged(load_prompts(dataset, config.split), config.tag)[: config.max_prompts]
     prompts = [r["prompt"] for r in rows]
     progress: dict[str, EvalProgress] = {}
-    total = sum(v.batches(len(rows)) for m in config.models for v in _variant_labels(m, config))
-    tally = BatchTally(ctx.progress, total)
+    copies = same_checkpoint_as(config.models, checkpoints)
+    tally = BatchTally(ctx.progress, batches_to_decode(config, len(rows), copies))
 
     def progress_of(label: str) -> EvalProgress:
         if label not in progress:
@@ -386,7 +397,6 @@ def _evaluate(
 
     all_scores, all_samples = [], []
     compilations: dict[str, float] = {}
-    copies = same_checkpoint_as(config.models, checkpoints)
     decoded: dict[tuple[str, int], list[str]] = {}  # (copied model, variant) -> completions
     with mesh:
         for name, artifact, network in _networks(

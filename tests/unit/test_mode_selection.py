@@ -337,7 +337,12 @@ def test_a_model_with_an_earlier_models_checkpoint_and_step_is_a_copy() -> None:
         "again": CheckpointArtifact.model_construct(uri="/r/sft", step=640),
     }
     names = ["base", "sft", "grpo", "grpo_step10", "chosen", "again"]
-    assert evaluation.same_checkpoint_as(names, checkpoints) == {"chosen": "grpo", "again": "sft"}
+    copies = evaluation.same_checkpoint_as(names, checkpoints)
+    assert copies == {"chosen": "grpo", "again": "sft"}
+    # the progress bar counts the batches decoded: 4 models (base twice: its k-shot row) of
+    # 10 prompts at 4 a batch; the copies decode none
+    config = EvalConfig(models=names, batch_size=4)
+    assert evaluation.batches_to_decode(config, 10, copies) == 5 * 3
 
 
 def test_holm_keeps_out_a_choice_that_passes_max_p_only_on_its_own() -> None:
