@@ -13,7 +13,9 @@ grpo 5 -> 6, evaluate 6 -> 7 and self_teach 1 -> 2 (format_strict wants each tag
 nothing after the answer but the end-of-turn marker); grpo by recipes/smoke.yaml's
 rollouts at temperature 0.3 and 32 tokens instead of 0.9 and 24 (at 0.9 the tiny model samples
 random bytes, so every reward was 0); evaluate and dag.evaluate_train by evaluate 7 -> 8 (a
-text answer compared as text, not by math-verify, which graded a word's anagrams correct).
+text answer compared as text, not by math-verify, which graded a word's anagrams correct);
+evaluate and dag.evaluate_train by evaluate 8 -> 9 (`steps: saved` scores the steps on each
+stage's save grid only).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
     "sft": "8564c99b166313142789fd809f7f6517c3d68a3f1c7fc709be785c8521364d71",
     "grpo": "0858915d044739c99aaae3c0970adcfa7d942d8a984b24db12fb1d5472abcd9b",
-    "evaluate": "c7761071ffda87ce36246db870ce1118a4c6aa82df266815e9e3c00d7ff11e6b",
-    "dag.evaluate_train": "0d88ed0ca43dc3466d8d4d16dcb2afa8888f69de9b6d2ee5ac27147f1237e270",
+    "evaluate": "30491d9897e07c94130c8a87749b8fd9ed5e9bde4aaadd32ec3d4cee16404446",
+    "dag.evaluate_train": "d3cb03d2b408f3e5de077763a18d89663dc6acc061b1b6184cf235b98edffbb4",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
     "dag.self_teach": "53353562115d04e8c43d40cbee9748c1db5d95f92dab105f2e74e0bfb2f612d4",
     "dag.sft_self": "3b994e5073483090633d1bc76ac74eb817c62a73073f95eee6efbb5d6aa58c10",
