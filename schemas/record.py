@@ -83,7 +83,9 @@ class StageRecord(Frozen):
     finished_at: datetime
     seconds: float
     metrics: dict[str, float]
-    history: dict[str, list[float]] = Field(default_factory=dict)  # per-step curves
+    # per-step curves of every session (metrics: history_from_step, 0 unless a session was
+    # killed before it could keep its curves)
+    history: dict[str, list[float]] = Field(default_factory=dict)
     flow_run_id: str | None = None
     # Only in records committed before evaluations got their own write-once files
     # (<stage dir>/evaluations/); no record is rewritten after its commit any more.

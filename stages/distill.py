@@ -45,7 +45,7 @@ from stages.core.runner import (
 from stages.modeling import fast_paths, models
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.training_tail import (
-    CHECKPOINT_DIR,
+    CARRY_OVER,
     TrainingTail,
     replayed_batches,
     session_dirs,
@@ -146,15 +146,20 @@ def _distill(
         "distill", trainer, dirs, config.max_steps, config.save_margin_seconds
     )
     stream = in_memory_stream(batches(load_sft_arrays(dataset), config.batch_size, config.seed))
-    artifact = tail.run(stream, ctx, mesh, student_spec, teacher.tokenizer, config.lora)
-    losses = tail.curves("loss")["loss"]
+    curves = lambda: tail.curves("loss")  # noqa: E731
+    artifact = tail.run(
+        stream, ctx, mesh, student_spec, teacher.tokenizer, config.lora, curves=curves
+    )
+    losses = curves()["loss"]
     metrics = {
         "first_loss": losses[0] if losses else float("nan"),  # none: no step this session
         "final_loss": losses[-1] if losses else float("nan"),
         "resumed_from_step": float(tail.start_step),
         "student_params_bytes": float(models.param_bytes(base)),
     }
-    return artifact, metrics, {"loss": losses}
+    history, first_step = tail.whole_history({"loss": losses})
+    metrics["history_from_step"] = float(first_step)
+    return artifact, metrics, history
 
 
 def identity(
@@ -190,7 +195,7 @@ def distill(
         identity(config, student, dataset.fingerprint, teacher.fingerprint),
         {"dataset": dataset, "teacher": teacher},
         lambda directory: _distill(directory, dataset, teacher, config, student, mesh, ctx),
-        carry_over=(CHECKPOINT_DIR,),
+        carry_over=CARRY_OVER,
     )
 
 

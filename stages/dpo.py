@@ -43,7 +43,7 @@ from stages.core.runner import (
 from stages.modeling import fast_paths, models, preference_loss
 from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.modeling.training_tail import (
-    CHECKPOINT_DIR,
+    CARRY_OVER,
     TrainingTail,
     replayed_batches,
     session_dirs,
@@ -149,8 +149,11 @@ def _optimize(
         config.algorithm, trainer, dirs, config.max_steps, config.save_margin_seconds
     )
     stream = in_memory_stream(batches(records, config.batch_size, config.seed))
-    artifact = tail.run(stream, ctx, mesh, spec, tokenizer.name, policy.lora)
-    return artifact, _metrics(tail, len(pairs)), _history(tail)
+    curves = lambda: _history(tail)  # noqa: E731
+    artifact = tail.run(stream, ctx, mesh, spec, tokenizer.name, policy.lora, curves=curves)
+    history, first_step = tail.whole_history(curves())
+    metrics = {**_metrics(tail, len(pairs)), "history_from_step": float(first_step)}
+    return artifact, metrics, history
 
 
 def _history(tail: TrainingTail) -> dict[str, list[float]]:
@@ -193,7 +196,7 @@ def optimize(
         identity(config, model, policy.fingerprint, preferences.fingerprint),
         {"policy": policy, "preferences": preferences},
         lambda directory: _optimize(directory, policy, preferences, config, model, mesh, ctx),
-        carry_over=(CHECKPOINT_DIR,),
+        carry_over=CARRY_OVER,
     )
 
 

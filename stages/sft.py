@@ -47,7 +47,7 @@ from stages.modeling import fast_paths, models, optim, tunix_compat
 from stages.modeling.compilations import TRAIN_STEP
 from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.training_tail import (
-    CHECKPOINT_DIR,
+    CARRY_OVER,
     TrainingTail,
     replayed_batches,
     session_dirs,
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 # 3: those positions' log-probs through the fused projection (stages/modeling/projection):
 #    the same loss and gradients up to the order of float sums, faster on CPU
 STAGE_VERSION = 3
+CURVES = ("loss", "learning_rate")  # the record's history
 
 
 def batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.MapDataset:
@@ -175,6 +176,7 @@ def _train(
         spec,
         tokenizer.name,
         config.lora,
+        curves=lambda: tail.curves(*CURVES),
         items_per_step=accumulate,
         report=lambda guarded_stream: reporting(
             guarded_stream,
@@ -195,7 +197,9 @@ def _train(
     storage.publish_local_directory(dirs.local_logs, dirs.log_uri)
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
-    return artifact, metrics, tail.curves("loss", "learning_rate")
+    history, first_step = tail.whole_history(tail.curves(*CURVES))
+    metrics["history_from_step"] = float(first_step)
+    return artifact, metrics, history
 
 
 def starting_model(
@@ -232,7 +236,7 @@ def training_metrics(
     tail: TrainingTail, config: SFTConfig, arrays: dict[str, np.ndarray]
 ) -> dict[str, float]:
     """Loss, learning rate, throughput and compilations of this session's training."""
-    curves = tail.curves("loss", "learning_rate")
+    curves = tail.curves(*CURVES)
     losses = curves["loss"] or [float("nan")]  # none: no step
     rates = curves["learning_rate"] or [float("nan")]
     rows_per_step = config.batch_size * config.gradient_accumulation_steps
@@ -290,7 +294,7 @@ def train(
         identity(config, model, dataset.fingerprint, fingerprint),
         artifacts,
         lambda directory: _train(directory, dataset, config, model, mesh, ctx, policy),
-        carry_over=(CHECKPOINT_DIR,),
+        carry_over=CARRY_OVER,
     )
 
 

@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 # 6: format_strict (reward and format-rate metric) wants each tag once and nothing after the
 #    answer but the end-of-turn marker (version 5 paid for trailing junk after </answer>)
 STAGE_VERSION = 6
-CHECKPOINT_DIR = training_tail.CHECKPOINT_DIR
 SAMPLES_FILE = "samples.jsonl"
 ACTOR_SUBDIR = "actor"  # where Tunix's RLCluster puts the trained policy's checkpoints
 
@@ -455,9 +454,13 @@ def _reinforce(
             history.latest_reward(),
         )
     save_samples(storage.join(directory, SAMPLES_FILE), session.observer.samples, start_step)
-    tail.publish(tunix_compat.cluster_metrics_loggers(session.cluster))
-    artifact, scalars, curves = _results(session, config, spec, sft, history, tail)
-    return artifact, {**scalars, **compilation_metrics(tail.compiles)}, curves
+    curves = lambda: history.curves(actor_kl(session.cluster))  # noqa: E731
+    loggers = tunix_compat.cluster_metrics_loggers(session.cluster)
+    tail.publish(loggers, curves=curves, primary=ctx.primary)
+    artifact, scalars = _results(session, config, spec, sft, history, tail)
+    whole, first_step = tail.whole_history(curves())
+    scalars["history_from_step"] = float(first_step)
+    return artifact, {**scalars, **compilation_metrics(tail.compiles)}, whole
 
 
 def _learn(learner: grpo_learner.GRPOLearner, stream: Iterator[Any]) -> None:
@@ -484,7 +487,7 @@ def _results(
     sft: CheckpointArtifact,
     history: metrics.MetricsHistory,
     tail: training_tail.TrainingTail,
-) -> tuple[CheckpointArtifact, dict[str, float], dict[str, list[float]]]:
+) -> tuple[CheckpointArtifact, dict[str, float]]:
     artifact = tail.commit(
         spec,
         session.tokenizer_name,
@@ -500,7 +503,7 @@ def _results(
         "sandbox_failures": float(session.sandbox.failures),
         **rewards.isolation_metrics(session.sandbox),
     }
-    return artifact, scalars, history.curves(actor_kl(session.cluster))
+    return artifact, scalars
 
 
 def actor_kl(cluster: tunix_api.RLEngine) -> list[float]:
@@ -551,7 +554,7 @@ def reinforce(
         identity(config, model, dataset.fingerprint, sft.fingerprint),
         {"dataset": dataset, "sft": sft},
         lambda directory: _reinforce(directory, dataset, sft, config, model, mesh, ctx),
-        carry_over=(CHECKPOINT_DIR,),
+        carry_over=training_tail.CARRY_OVER,
     )
 
 

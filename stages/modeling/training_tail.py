@@ -6,6 +6,10 @@ save failed), train on the mesh, detach the closed metrics loggers from jax.moni
 publish the local checkpoints and logs (SessionExpired when short of `max_steps`), describe
 the committed checkpoint, and read the loss history. This is the resume and commit glue, so
 it lives here once: a stage keeps what differs, its trainer, its data and its metrics.
+
+A session that stops short keeps its curves in the stage's `history/` directory (one file per
+session, named by the steps it trained), so the committed record's history holds every
+session's steps, not only the last one's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from stages.modeling.compilations import CompileCounter, counting_compilations
 
 CHECKPOINT_DIR = "checkpoints"  # carried over from a stopped session's directory
 LOG_DIR = "tensorboard"
+HISTORY_DIR = "history"  # a stopped session's curves, carried over like its checkpoints
+CARRY_OVER = (CHECKPOINT_DIR, HISTORY_DIR)  # what a continuable change brings to its directory
+
+Curves = dict[str, list[float]]
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,8 @@ class SessionDirs:
     """The local directory Tunix saves checkpoints to (`ckpt_uri` itself when local)."""
     local_logs: str
     """The local directory Tunix writes its logs to (`log_uri` itself when local)."""
+    history_uri: str
+    """Where each stopped session's curves wait for the commit (one JSON file a session)."""
 
 
 def session_dirs(directory: str) -> SessionDirs:
@@ -55,7 +65,46 @@ def session_dirs(directory: str) -> SessionDirs:
     """
     ckpt_uri, log_uri = storage.join(directory, CHECKPOINT_DIR), storage.join(directory, LOG_DIR)
     local_ckpt, local_logs = storage.orbax_directory(ckpt_uri), storage.local_directory(log_uri)
-    return SessionDirs(ckpt_uri, log_uri, local_ckpt, local_logs)
+    history_uri = storage.join(directory, HISTORY_DIR)
+    return SessionDirs(ckpt_uri, log_uri, local_ckpt, local_logs, history_uri)
+
+
+def keep_curves(history_uri: str, start_step: int, end_step: int, curves: Curves) -> None:
+    """Keep a stopped session's curves (steps `start_step` to `end_step`) for the commit."""
+    name = f"{start_step:08d}-{end_step:08d}.json"
+    payload = {"start_step": start_step, "end_step": end_step, "curves": curves}
+    storage.write_json(storage.join(history_uri, name), payload)
+
+
+def earlier_curves(history_uri: str, start_step: int) -> tuple[list[Curves], int]:
+    """The kept curves of the sessions that led to `start_step`, oldest first, and the step
+    they begin at: 0 when every earlier session kept its curves; later when one did not (a
+    session killed before its stop), whose steps the history then lacks.
+
+    Args:
+        history_uri: the stage's history directory.
+        start_step: the step the committing session resumed at.
+
+    Returns:
+        The chain of curves ending at `start_step` (a part whose end is no later session's
+        start, from a session whose checkpoint was never published, is left out) and its
+        first step.
+    """
+    ends: dict[int, tuple[int, str]] = {}
+    for name in sorted(storage.list_files(history_uri)):
+        part = storage.read_json(storage.join(history_uri, name))
+        ends[int(part["end_step"])] = (int(part["start_step"]), name)
+    chain, step = [], start_step
+    while step > 0 and step in ends:
+        step, name = ends[step]
+        chain.append(storage.read_json(storage.join(history_uri, name))["curves"])
+    return chain[::-1], step
+
+
+def joined_curves(parts: Sequence[Curves]) -> Curves:
+    """Curves of consecutive sessions as one, each name's values in step order."""
+    names = dict.fromkeys(name for part in parts for name in part)
+    return {name: [v for part in parts for v in part.get(name, [])] for name in names}
 
 
 def replayed_batches(records: Sequence[Any], batch_size: int, seed: int) -> grain.MapDataset:
@@ -166,11 +215,20 @@ class TrainingTail:
             fit(stream if report is None else report(stream))
         self.compiles, self.finished = compiles, time.time()
 
-    def publish(self, loggers: Iterable[Any] | None = None) -> None:
-        """Detach the closed metrics loggers, then publish the checkpoints and logs.
+    def publish(
+        self,
+        loggers: Iterable[Any] | None = None,
+        curves: Callable[[], Curves] | None = None,
+        primary: bool = True,
+    ) -> None:
+        """Detach the closed metrics loggers, keep the curves of a session that stops short,
+        then publish the checkpoints and logs.
 
         Args:
             loggers: the Tunix MetricsLoggers the session wrote (None: the trainer's own).
+            curves: this session's curves, as the record's history holds them (None: none
+                kept; the record's history then holds the committing session's steps only).
+            primary: whether this process writes the stage's files (process 0).
 
         Raises:
             SessionExpired: the session stopped short of `max_steps` (it resumes from there).
@@ -178,6 +236,9 @@ class TrainingTail:
         """
         for logger in [self.trainer.metrics_logger] if loggers is None else loggers:
             tunix_compat.release_scalar_listeners(logger)  # else they write into this stage
+        steps = self.steps_done()
+        if curves is not None and primary and self.start_step < steps < self.max_steps:
+            keep_curves(self.dirs.history_uri, self.start_step, steps, curves())
         publish_session(
             self.what,
             self.steps_done(),
@@ -222,6 +283,7 @@ class TrainingTail:
         model: ModelSpec,
         tokenizer: str,
         lora: LoraSpec | None,
+        curves: Callable[[], Curves] | None = None,
         **train_options: Any,
     ) -> CheckpointArtifact:
         """`train` with the trainer's own `train`, then `publish` and `commit`.
@@ -233,13 +295,14 @@ class TrainingTail:
             model: the trained model's spec.
             tokenizer: the tokenizer's name.
             lora: the LoRA adapters' spec (None: full weights).
+            curves: this session's curves, kept if it stops short (see `publish`).
             train_options: `items_per_step` and `report`, as `train` takes them.
 
         Returns:
             The committed CheckpointArtifact (SessionExpired or NoProgress when short).
         """
         self.train(self.trainer.train, items, ctx, mesh, **train_options)
-        self.publish()
+        self.publish(curves=curves, primary=ctx.primary)
         return self.commit(model, tokenizer, lora)
 
     def curves(self, *names: str) -> dict[str, list[float]]:
@@ -252,3 +315,16 @@ class TrainingTail:
             Each name's values this session, in step order (empty when no step was taken).
         """
         return {name: train_curve(self.trainer.metrics_logger, name) for name in names}
+
+    def whole_history(self, session: Curves) -> tuple[Curves, int]:
+        """The record's history: the kept curves of the earlier sessions, then `session`'s.
+
+        Args:
+            session: this (the committing) session's curves.
+
+        Returns:
+            Every session's values in step order, and the step they begin at (0 unless an
+            earlier session was killed before it could keep its curves).
+        """
+        parts, first_step = earlier_curves(self.dirs.history_uri, self.start_step)
+        return joined_curves([*parts, session]), first_step

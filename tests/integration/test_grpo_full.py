@@ -97,6 +97,9 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(
     record, reference = grpo_record(tmp_path / "killed"), grpo_record(tmp_path / "straight")
     start = int(record.metrics["resumed_from_step"])
     assert 3 <= start < GRPO_STEPS
+    # the killed session kept no curves: the record's history begins where it resumed, and
+    # says so
+    assert record.metrics["history_from_step"] == start
     # some reward was earned, so the policy gradient was not zero everywhere
     assert max(reference.history["rewards/sum"]) > 0
     # the KL reference is the starting (SFT) policy: 0 at the first update (the actor still is

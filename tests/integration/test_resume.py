@@ -123,7 +123,11 @@ def test_raising_max_steps_continues_sft_from_its_checkpoint_then_status_lineage
     summary = run_flow(more, allow_changes=["sft.max_steps"])
     assert summary.complete
     sft_line = next(s for s in summary.stages if s.stage == "sft")
-    assert record(sft_line.output_uri).metrics["resumed_from_step"] == 20  # not from scratch
+    continued = record(sft_line.output_uri)
+    assert continued.metrics["resumed_from_step"] == 20  # not from scratch
+    # the superseded directory's curves stay in its own record: this history says where
+    # it begins
+    assert continued.metrics["history_from_step"] == 20 and len(continued.history["loss"]) == 10
     run_uri = storage.join(root, "smoke")
     states = {(s.stage, s.state) for s in manifest.run_status(run_uri)}
     assert ("sft", "superseded") in states and ("sft", "complete") in states
@@ -335,6 +339,10 @@ def test_short_sessions_reach_the_same_result_as_one(prefect_server: None, tmp_p
     outcomes = [s.outcome for s in sft_record.sessions]
     assert len(outcomes) >= 2 and set(outcomes[:-1]) == {"stopped"} and outcomes[-1] == "complete"
     assert sft_record.metrics["resumed_from_step"] > 0
+    # every session's curves, equal to one session's step by step (the losses of equal
+    # weights on the same batches)
+    one_sft = record(next(s.output_uri for s in one.stages if s.stage == "sft"))
+    assert sft_record.history == one_sft.history and sft_record.metrics["history_from_step"] == 0
     assert sessions >= 2 and len(manifest.read_manifest(run_uri).invocations) == sessions
     for stage in ("sft", "grpo"):
         expected = next(s.output_uri for s in one.stages if s.stage == stage)

@@ -168,7 +168,11 @@ def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path
     assert len(saved) == 1 and 0 < saved[0] < DEADLINE_STEPS, saved
     second = run_child(tmp_path / "sessions", DEADLINE_STEPS, *cadence)
     assert second.wait(timeout=600) == 0
-    assert record_of(tmp_path / "sessions").metrics["resumed_from_step"] == saved[0]
+    record = record_of(tmp_path / "sessions")
+    assert record.metrics["resumed_from_step"] == saved[0]
+    # the record's history holds both sessions' steps: the stopped one kept its curves
+    assert record.metrics["history_from_step"] == 0
+    assert len(record.history["loss"]) == len(record.history["learning_rate"]) == DEADLINE_STEPS
 
 
 def stop_requested_after(batches: int, flag: StopFlag) -> Callable[[Any], Iterator[Any]]:

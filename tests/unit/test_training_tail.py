@@ -25,6 +25,9 @@ from stages.core.sessions import StopFlag
 from stages.modeling import models
 from stages.modeling.training_tail import (
     TrainingTail,
+    earlier_curves,
+    joined_curves,
+    keep_curves,
     replayed_batches,
     session_dirs,
 )
@@ -78,7 +81,8 @@ def session(directory: Path, stop: StopFlag | None = None) -> tuple[TrainingTail
     ctx = RunContext(root=str(directory.parent), run="run", stop=stop)
     stream = in_memory_stream(replayed_batches(records(), 4, seed=3))
     mesh = models.build_mesh(MeshSpec())
-    return tail, tail.run(stream, ctx, mesh, MODEL, "toy-tokenizer", None)
+    curves = lambda: tail.curves("loss")  # noqa: E731
+    return tail, tail.run(stream, ctx, mesh, MODEL, "toy-tokenizer", None, curves=curves)
 
 
 def weights(tail: TrainingTail) -> list[np.ndarray]:
@@ -99,6 +103,34 @@ def test_a_stopped_session_resumes_to_the_uninterrupted_weights(tmp_path: Path) 
     assert again.step == MAX_STEPS
     for a, b in zip(weights(whole), weights(resumed), strict=True):
         np.testing.assert_array_equal(a, b)
+    # the record's history: the stopped session's kept curves, then this session's, equal to
+    # the uninterrupted session's losses step by step
+    history, first_step = resumed.whole_history(resumed.curves("loss"))
+    assert first_step == 0
+    assert history == whole.whole_history(whole.curves("loss"))[0] == whole.curves("loss")
+
+
+def test_the_history_chains_the_kept_curves_that_lead_to_the_resumed_step(
+    tmp_path: Path,
+) -> None:
+    """Steps 0-3 and 3-5 kept; 3-4 too, from a session whose checkpoint was never published
+    (the resume came from 3 again): the chain to step 5 is 0-3, 3-5. Without 0-3 (a session
+    killed before it could keep its curves) the history begins at step 3, and says so."""
+    uri = str(tmp_path / "history")
+    keep_curves(uri, 0, 3, {"loss": [3.0, 2.0, 1.0], "lr": [0.1] * 3})
+    keep_curves(uri, 3, 4, {"loss": [9.0], "lr": [0.1]})
+    keep_curves(uri, 3, 5, {"loss": [0.9, 0.8], "lr": [0.1] * 2})
+    parts, first_step = earlier_curves(uri, 5)
+    assert first_step == 0
+    assert joined_curves([*parts, {"loss": [0.7], "lr": [0.1]}]) == {
+        "loss": [3.0, 2.0, 1.0, 0.9, 0.8, 0.7],
+        "lr": [0.1] * 6,
+    }
+    assert earlier_curves(uri, 0) == ([], 0)  # a first session
+    (tmp_path / "history" / "00000000-00000003.json").unlink()
+    parts, first_step = earlier_curves(uri, 5)
+    assert first_step == 3 and parts == [{"loss": [0.9, 0.8], "lr": [0.1] * 2}]
+    assert earlier_curves(uri, 7) == ([], 7)  # nothing kept ends where the session began
 
 
 def test_a_session_with_no_time_for_a_step_is_no_progress(tmp_path: Path) -> None:
