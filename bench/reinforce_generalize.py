@@ -9,8 +9,9 @@ the exact McNemar comparison with the control (continued SFT on the pool prompts
 chains) and with the starting SFT policy. The `k2_sampled` node (8 samples at T 1.0 on the
 first k2 prompts) adds each arm's sampled pass@1 (paired sign-flip test) and pass@8 (a prompt
 solved by any of its 8 samples; exact McNemar). The pick's choice on k+1 validation, the
-pool's size, each node's seconds and each GRPO arm's completions per second (its steps after
-the first, which compiles; bench/grpo_phases.py) come with them:
+pool's size, each node's seconds (over the sessions of its directory) and each GRPO arm's
+completions per second (its steps after the first, which compiles; bench/grpo_phases.py)
+come with them:
 
     python -m bench.reinforce_generalize --runs RUN_DIR [RUN_DIR ...] \
         --out docs/results/reinforce-generalize.json
@@ -68,9 +69,22 @@ def pass_at_n(node_dir: str) -> list[dict[str, Any]]:
     return rows
 
 
-def per_prompt(node_dir: str) -> dict[str, dict[str, float]]:
-    """model -> prompt id -> greedy correctness: the outcomes a reviewer can re-test."""
-    return reinforce_mode.greedy_outcomes(node_dir, "correct")
+def per_prompt(node_dir: str) -> dict[str, Any]:
+    """The greedy outcomes a reviewer can re-test: the prompt ids once (`ids`), and each
+    model's correctness (`correct`: 1 or 0) in that order."""
+    outcomes = reinforce_mode.greedy_outcomes(node_dir, "correct")
+    ids = list(next(iter(outcomes.values())))
+    correct = {model: [round(by_id[i]) for i in ids] for model, by_id in outcomes.items()}
+    return {"ids": ids, "correct": correct}
+
+
+def outcomes_by_id(level: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """A results file's per-prompt level as model -> prompt id -> correctness."""
+    ids = level["ids"]
+    return {
+        model: dict(zip(ids, map(float, values), strict=True))
+        for model, values in level["correct"].items()
+    }
 
 
 def grpo_throughput(record: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +93,12 @@ def grpo_throughput(record: dict[str, Any]) -> dict[str, Any]:
     arm = grpo_phases.arm_summary(record["history"], config, config.skip_flat_groups)
     keys = ("step_seconds", "completions_per_s", "trained_completions_per_s", "median_step_seconds")
     return {key: round(arm[key], 3) for key in keys}
+
+
+def node_seconds(record: dict[str, Any]) -> float:
+    """A node's seconds over every session its directory saw (a stopped session's too)."""
+    sessions = record.get("sessions") or [record]
+    return round(sum(session["seconds"] for session in sessions), 1)
 
 
 def summary(run: Path) -> dict[str, Any] | None:
@@ -98,7 +118,7 @@ def summary(run: Path) -> dict[str, Any] | None:
             "chosen": choice["chosen"],
             "validation": {c["name"]: round(c["accuracy"], 4) for c in choice["candidates"]},
         },
-        "seconds": {node: round(r["seconds"], 1) for node, r in sorted(nodes.items())},
+        "seconds": {node: node_seconds(r) for node, r in sorted(nodes.items())},
         "grpo_throughput": {
             node: grpo_throughput(r) for node, r in sorted(nodes.items()) if r["stage"] == "grpo"
         },

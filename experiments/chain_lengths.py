@@ -8,6 +8,8 @@ prompt and target, which `data.max_seq_len` bounds. Rows are generated as the re
 seed draws them (duplicates included), nothing is trained.
 
     python -m experiments.chain_lengths recipes/reinforce-mode.yaml --rows 2000
+    python -m experiments.chain_lengths recipes/reinforce-generalize.yaml --rows 1010 \
+        --arg min_terms=5 --arg max_terms=5 --budget 80
 """
 
 from __future__ import annotations
@@ -88,10 +90,14 @@ def main() -> None:
         help="replace one of the generator's integer args, e.g. --arg max_terms=3",
     )
     parser.add_argument("--cache-dir", default=None, help="the model cache (default ~/.cache/far)")
+    parser.add_argument(
+        "--budget", type=int, default=None, help="the generation budget (default eval's)"
+    )
     args = parser.parse_args()
     recipe = load_recipe(args.recipe)
     cache = args.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "far")
     tokenizer = build_tokenizer(recipe.model, cache)
+    budget = args.budget or recipe.eval.max_generation_tokens
     source = recipe.data.sft.sources[0]
     changed = {key: int(value) for key, value in (a.split("=", 1) for a in args.arg)}
     source = source.model_copy(update={"size": args.rows, "args": {**source.args, **changed}})
@@ -107,7 +113,7 @@ def main() -> None:
             "quarantined": bad,
             "example": rows[0].reasoning,
             "steps": _step_counts(rows) if style == "steps" else None,
-            **lengths(rows, tokenizer, recipe.data.prompt, recipe.eval.max_generation_tokens),
+            **lengths(rows, tokenizer, recipe.data.prompt, budget),
         }
     print(json.dumps(report, indent=2))
 

@@ -47,7 +47,12 @@ def test_the_generalize_dag_runs_tiny_and_its_tables_build(tmp_path: Path) -> No
     assert result is not None
     page = reinforce_generalize.page([result])
     for level in reinforce_generalize.LEVELS:
-        assert set(result["per_prompt"][level]) == {"sft", *ARMS, "chosen", "control_wall"}
+        assert set(result["per_prompt"][level]["correct"]) == {
+            "sft",
+            *ARMS,
+            "chosen",
+            "control_wall",
+        }
         assert [r["model"] for r in result["levels"][level]] == [*SAMPLED, "chosen", "control_wall"]
     for arm in ("sft", *ARMS, "chosen", "control_wall"):  # three greedy tables, two sampled
         assert page.count(f"| {arm} |") == (3 if arm in ("chosen", "control_wall") else 5), page

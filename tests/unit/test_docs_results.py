@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench import reinforce_mode
+from bench import reinforce_generalize, reinforce_mode
 from tests.conftest import REPO
 
 RESULTS_PAGE = REPO / "docs" / "results.md"
@@ -154,6 +154,43 @@ def test_results_page_shows_the_reinforce_mode_tables_of_its_results_file() -> N
     assert f"self-teach: {trail} at steps 0, 20, 40" in flat
     first = next(r for r in results("reinforce-mode")["runs"] if r["data_seed"] == 0)
     assert f"(GRPO, {held_out(first, 'grpo')['difference']:+.3f} on seed 0)" in flat
+
+
+GENERALIZE = "reinforce-generalize"
+GENERALIZE_MODELS = {"control", "sft", "self", "orpo", "grpo", "random", "chosen", "control_wall"}
+
+
+def test_results_page_shows_the_reinforce_generalize_tables_of_its_results_file() -> None:
+    """recipes/reinforce-generalize.yaml's results as docs/results.md shows them: every line
+    of the tables bench/reinforce_generalize.py builds from
+    docs/results/reinforce-generalize.json, whose greedy rows are its own per-prompt outcomes
+    (each arm's accuracy and its McNemar test against the control recomputed from them), at
+    least 1,000 prompts at k+2 for every arm, and the sentences around the tables quote
+    the same file."""
+    runs = results(GENERALIZE)["runs"]
+    assert runs, f"{GENERALIZE}.json holds no run"
+    text = RESULTS_PAGE.read_text()
+    for line in reinforce_generalize.page(runs).splitlines():
+        assert line in text, f"docs/results.md should show {line!r} from {GENERALIZE}.json"
+    for run in runs:
+        assert len(run["per_prompt"]["k2"]["ids"]) >= 1000
+        for level in reinforce_generalize.LEVELS:
+            outcomes = reinforce_generalize.outcomes_by_id(run["per_prompt"][level])
+            assert set(outcomes) == GENERALIZE_MODELS, (run["run"], level)
+            for row in run["levels"][level]:
+                mine = outcomes[row["model"]]
+                assert row["prompts"] == len(mine)
+                assert row["greedy_accuracy"] == round(sum(mine.values()) / len(mine), 4)
+                paired = reinforce_mode.compare(outcomes["control"], mine, ("c", row["model"]))
+                assert row["vs_control"] == paired, (run["run"], level, row["model"])
+    flat = " ".join(text.split())
+    for run in runs:
+        pool = run["pool"]
+        kept = f"{pool['prompts_kept']:.0f} of the {pool['prompts_evaluated']:.0f} level-4"
+        assert kept in flat, f"docs/results.md should quote the pool: {kept!r}"
+        for arm, speed in run["grpo_throughput"].items():
+            quoted = f"{arm} {speed['completions_per_s']:.2f} completions/s"
+            assert quoted in flat, f"docs/results.md should quote {quoted!r}"
 
 
 SPEED_DIR = REPO / "bench" / "results"

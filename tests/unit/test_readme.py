@@ -171,6 +171,29 @@ def test_the_control_headline_is_the_results_files() -> None:
     assert "[the results](docs/results.md)" in flat
 
 
+def test_the_generalize_headline_is_the_results_files() -> None:
+    """The one sentence about Reinforce on harder problems: the k+2 prompts, GRPO's and the
+    control's greedy accuracy and McNemar p, the random-reward arm's and SFT's, as
+    docs/results/reinforce-generalize.json has them (seed 1), and the reviewer's command."""
+    path = REPO / "docs" / "results" / "reinforce-generalize.json"
+    runs = json.loads(path.read_text())["runs"]
+    seed1 = next(run for run in runs if run["data_seed"] == 1)
+    rows = {row["model"]: row for row in seed1["levels"]["k2"]}
+    grpo, control = rows["grpo"], rows["control"]
+    flat = " ".join(README.read_text().split())
+    assert f"{grpo['prompts']:,} held-out prompts, greedy" in flat
+    quoted = (
+        f"({grpo['greedy_accuracy']:.3f} against {control['greedy_accuracy']:.3f}, McNemar p "
+        f"{grpo['vs_control']['p_value']:.2f})"
+    )
+    assert quoted in flat, quoted
+    assert grpo["greedy_accuracy"] <= control["greedy_accuracy"]  # "did not beat"
+    random, sft = rows["random"]["greedy_accuracy"], rows["sft"]["greedy_accuracy"]
+    assert f"({random:.3f} against {sft:.3f})" in flat
+    assert rows["random"]["vs_sft"]["p_value"] > 0.05  # "scored as SFT"
+    assert "--name reinforce-generalize-d7 data.seed=7" in flat
+
+
 def test_each_comparison_row_links_its_page_and_has_a_test() -> None:
     text = README.read_text()
     table = table_after(text, "## Why FAR")
