@@ -90,14 +90,14 @@ def earlier_curves(history_uri: str, start_step: int) -> tuple[list[Curves], int
         start, from a session whose checkpoint was never published, is left out) and its
         first step.
     """
-    ends: dict[int, tuple[int, str]] = {}
+    ends: dict[int, tuple[int, Curves]] = {}  # end step -> (start step, curves), read once
     for name in sorted(storage.list_files(history_uri)):
         part = storage.read_json(storage.join(history_uri, name))
-        ends[int(part["end_step"])] = (int(part["start_step"]), name)
+        ends[int(part["end_step"])] = (int(part["start_step"]), part["curves"])
     chain, step = [], start_step
     while step > 0 and step in ends:
-        step, name = ends[step]
-        chain.append(storage.read_json(storage.join(history_uri, name))["curves"])
+        step, curves = ends[step]
+        chain.append(curves)
     return chain[::-1], step
 
 
