@@ -147,6 +147,10 @@ def page(results: list[dict[str, Any]]) -> str:
     level, then sampled pass@1 and pass@n at k+2 (the results page shows exactly these)."""
     parts = []
     for level, title in LEVEL_TITLES.items():
+        missing = [r["run"] for r in results if level not in r["levels"]]
+        if missing:  # an interim run: its node has not committed yet
+            parts.append(f"**{title}**\n\nnot measured yet in {', '.join(missing)}")
+            continue
         rows = [{**r, level: r["levels"][level]} for r in results]
         table = reinforce_mode.side_by_side(rows, level, GREEDY_HEAD, reinforce_mode.cells)
         parts.append(f"**{title}**\n\n{table}")

@@ -193,6 +193,21 @@ def test_results_page_shows_the_reinforce_generalize_tables_of_its_results_file(
             assert quoted in flat, f"docs/results.md should quote {quoted!r}"
 
 
+def test_the_generalize_page_puts_seeds_side_by_side_and_names_a_level_not_measured_yet() -> None:
+    """Two seeds' runs make one table a level, the second seed's columns after the first's; an
+    interim run whose k1 node has not committed still gets its other tables, and the page
+    names the run k1 is missing from (before, it raised KeyError)."""
+    first = results(GENERALIZE)["runs"][0]
+    second = {**first, "run": "reinforce-generalize-d2", "data_seed": 2}
+    interim = {**second, "levels": {k: v for k, v in second["levels"].items() if k != "k1"}}
+    both = reinforce_generalize.page([first, second])
+    assert f"| model | seed {first['data_seed']}: greedy [95% CI] |" in both
+    assert "| seed 2: greedy [95% CI] |" in both
+    partial = reinforce_generalize.page([first, interim])
+    assert "not measured yet in reinforce-generalize-d2" in partial
+    assert partial.count("| seed 2: greedy [95% CI] |") == len(reinforce_generalize.LEVELS) - 1
+
+
 SPEED_DIR = REPO / "bench" / "results"
 # the page's table
 SPEED_RESULTS = SPEED_DIR / "roofline-reinforce-headroom-40-steps-skip-flat.json"
