@@ -73,7 +73,10 @@ log = logging.getLogger(__name__)
 #    a product of letters and graded its anagrams correct); numeric answers grade as before
 # 9: `steps: saved` scores the earlier steps on the stage's save grid only (version 8 also
 #    scored a save a session's stop forced, and GRPO's and DPO's first step)
-STAGE_VERSION = 9
+# 10: greedy batches are made of prompts of like length (generation.length_order): the same
+#     completions, fewer decode steps; a session of version 9 numbered its kept batches in the
+#     split's order, so the two must not mix
+STAGE_VERSION = 10
 
 
 def generate(
@@ -107,6 +110,7 @@ def generate(
         seed=config.seed,
         store=progress,
         draw=config.draw,
+        by_length=not config.temperature,
     )
 
 

@@ -5,6 +5,12 @@ padded to the dataset's prompt length, each batch filled to `batch_size` with re
 last prompt (so one shape compiles once), and batch `n` samples with seed `seed + n`, so a
 re-run draws the same completions. A BatchStore (evaluation's progress on storage) lets a
 resumed session read back the batches an earlier one finished instead of generating them.
+
+A batch decodes until its longest completion ends, so greedy evaluation batches prompts by
+length (`by_length`): a prompt's length predicts its completion's, and like prompts stop
+together. A greedy row is computed apart from the other rows of its batch, so the order
+changes no completion; a sampled row's draws follow its batch's seed, so sampling keeps the
+given order.
 """
 
 from __future__ import annotations
@@ -64,14 +70,57 @@ def generate(
     seed: int,
     store: BatchStore | None = None,
     draw: str = "gumbel",
+    by_length: bool = False,
 ) -> list[str]:
-    """One completion per prompt; greedy when `temperature` is 0. Batch n uses seed + n;
-    sampled tokens are drawn by `draw` (tunix_compat.set_draw: gumbel or inverse_cdf; a sampler
-    keeps the draw it first sampled with, and refuses another).
+    """One completion per prompt, in the prompts' order; greedy when `temperature` is 0.
+    Batch n uses seed + n; sampled tokens are drawn by `draw` (tunix_compat.set_draw: gumbel
+    or inverse_cdf; a sampler keeps the draw it first sampled with, and refuses another).
 
     With `store`, the batches it holds are read back, each new one is saved as soon as it is
-    done; `sampler` may be None when the store holds every batch.
+    done; `sampler` may be None when the store holds every batch. With `by_length`, batches
+    are made of the prompts in `length_order` (the store numbers those batches).
     """
+    if by_length and temperature:
+        raise ValueError("by_length reorders batches, which moves a sampled prompt's draws")
+    order = length_order(tokenizer, prompts) if by_length else list(range(len(prompts)))
+    completions = _generate(
+        sampler,
+        tokenizer,
+        [prompts[i] for i in order],
+        prompt_len=prompt_len,
+        max_tokens=max_tokens,
+        batch_size=batch_size,
+        temperature=temperature,
+        seed=seed,
+        store=store,
+        draw=draw,
+    )
+    out = [""] * len(prompts)
+    for position, index in enumerate(order):
+        out[index] = completions[position]
+    return out
+
+
+def length_order(tokenizer: Tokenizer, prompts: Sequence[str]) -> list[int]:
+    """The prompts' indices by token count, shortest first; equal counts keep their order."""
+    lengths = [len(tokenizer.encode(p)) for p in prompts]
+    return sorted(range(len(prompts)), key=lengths.__getitem__)
+
+
+def _generate(
+    sampler: tunix_sampler.Sampler | None,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    *,
+    prompt_len: int,
+    max_tokens: int,
+    batch_size: int,
+    temperature: float,
+    seed: int,
+    store: BatchStore | None,
+    draw: str,
+) -> list[str]:
+    """`generate` in the given order."""
     sampling = {"temperature": temperature, "top_p": 1.0} if temperature else {}
     out: list[str] = []
     for number, start in enumerate(range(0, len(prompts), batch_size)):

@@ -15,7 +15,8 @@ rollouts at temperature 0.3 and 32 tokens instead of 0.9 and 24 (at 0.9 the tiny
 random bytes, so every reward was 0); evaluate and dag.evaluate_train by evaluate 7 -> 8 (a
 text answer compared as text, not by math-verify, which graded a word's anagrams correct);
 evaluate and dag.evaluate_train by evaluate 8 -> 9 (`steps: saved` scores the steps on each
-stage's save grid only).
+stage's save grid only), and by evaluate 9 -> 10 (greedy batches of like-length prompts: a
+kept batch of version 9 holds other prompts).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ PINNED = {
     "data_prep": "94166c1ee854d798ff30238aa7877aec2daffe444e2e7f8d7386888d3692021f",
     "sft": "8564c99b166313142789fd809f7f6517c3d68a3f1c7fc709be785c8521364d71",
     "grpo": "0858915d044739c99aaae3c0970adcfa7d942d8a984b24db12fb1d5472abcd9b",
-    "evaluate": "30491d9897e07c94130c8a87749b8fd9ed5e9bde4aaadd32ec3d4cee16404446",
-    "dag.evaluate_train": "d3cb03d2b408f3e5de077763a18d89663dc6acc061b1b6184cf235b98edffbb4",
+    "evaluate": "efba6c6bd6657d54f3d9daec3d2cf51c76790813f1a42c26debd63c5e519039c",
+    "dag.evaluate_train": "f0ef01c988a164fa3cc78136501248c0c6d372981d58e29aa3752cc920532d2a",
     "dag.hard": "1089d6b8dc56d0461984f78d1ddb3dd74967af7afc3ac9c51f3f96b528531bd5",
     "dag.self_teach": "53353562115d04e8c43d40cbee9748c1db5d95f92dab105f2e74e0bfb2f612d4",
     "dag.sft_self": "3b994e5073483090633d1bc76ac74eb817c62a73073f95eee6efbb5d6aa58c10",
