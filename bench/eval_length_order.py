@@ -14,6 +14,13 @@ loop ran, up to the re-encoding.
     flock /tmp/far-heavy.lock env JAX_PLATFORMS=cpu .venv/bin/python -m bench.eval_length_order \
         --run /work/exp/runs/reinforce-generalize --node k2 --model grpo --prompts 256 \
         --out bench/results/eval-length-order.json
+
+`--from-samples` decodes nothing: it counts the decode steps of every greedy evaluate node and
+model of the run from the completions the run kept (samples.jsonl), in both orders (the
+completions are the same in either; the test is tests/unit/test_generation_order.py):
+
+    .venv/bin/python -m bench.eval_length_order --run /work/exp/runs/reinforce-generalize \
+        --from-samples --out bench/results/eval-length-order-steps.json
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=1, help="timed rounds of both orders")
     parser.add_argument("--out", type=Path, help="also write the result here")
     parser.add_argument(
+        "--from-samples", action="store_true", help="count the kept completions' decode steps"
+    )
+    parser.add_argument(
         "--cache-dir", default=os.environ.get("FAR_CACHE_DIR", os.path.expanduser("~/.cache/far"))
     )
     return parser.parse_args()
@@ -61,8 +71,54 @@ def decode_steps(tokenizer: Tokenizer, completions: Sequence[str], batch: int, c
     return sum(max(lengths[i : i + batch]) for i in range(0, len(lengths), batch))
 
 
+def steps_from_samples(run: Path, cache_dir: str) -> dict[str, Any]:
+    """Per greedy evaluate node and model: the decode steps of its kept completions in the
+    split's order and in length order, and their ratio."""
+    nodes = reinforce_mode.records(run)
+    out: dict[str, Any] = {}
+    for node, record in sorted(nodes.items()):
+        eval_config = record["config"].get("eval") if record["stage"] == "evaluate" else None
+        if eval_config is None or eval_config.get("temperature"):
+            continue
+        config = EvalConfig.model_validate(eval_config)
+        tokenizer = build_tokenizer(ModelSpec.model_validate(record["config"]["model"]), cache_dir)
+        by_model: dict[str, list[str]] = {}
+        prompts: dict[str, list[str]] = {}
+        prompt_of = {r["id"]: r["prompt"] for r in _split_rows(run)}
+        for line in Path(record["_dir"], "samples.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            by_model.setdefault(row["model"], []).append(row["completion"])
+            prompts.setdefault(row["model"], []).append(prompt_of[row["id"]])
+        counts = {}
+        for model, completions in by_model.items():
+            order = generation.length_order(tokenizer, prompts[model])
+            cap, batch = config.max_generation_tokens, config.batch_size
+            given = decode_steps(tokenizer, completions, batch, cap)
+            length = decode_steps(tokenizer, [completions[i] for i in order], batch, cap)
+            counts[model] = {"given": given, "length": length, "ratio": round(given / length, 3)}
+        given = sum(c["given"] for c in counts.values())
+        length = sum(c["length"] for c in counts.values())
+        out[node] = {"models": counts, "ratio": round(given / length, 3)}
+    return out
+
+
+def _split_rows(run: Path) -> list[dict[str, Any]]:
+    """The data_prep eval split's rows (held-out and validation prompts alike)."""
+    rows = []
+    for name in ("eval_prompts.jsonl", "validation_prompts.jsonl"):
+        for path in run.glob(f"data_prep-*/{name}"):
+            rows += [json.loads(line) for line in path.read_text().splitlines()]
+    return rows
+
+
 def main() -> None:
     args = arguments()
+    if args.from_samples:
+        counted = {"run": args.run.name, "nodes": steps_from_samples(args.run, args.cache_dir)}
+        print(json.dumps(counted))
+        if args.out:
+            args.out.write_text(json.dumps(counted, indent=1) + "\n")
+        return
     nodes = reinforce_mode.records(args.run)
     config = EvalConfig.model_validate(nodes[args.node]["config"]["eval"])
     if config.temperature:
