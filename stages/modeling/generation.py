@@ -83,68 +83,63 @@ def generate(
     if by_length and temperature:
         raise ValueError("by_length reorders batches, which moves a sampled prompt's draws")
     order = length_order(tokenizer, prompts) if by_length else list(range(len(prompts)))
-    completions = _generate(
-        sampler,
-        tokenizer,
-        [prompts[i] for i in order],
-        prompt_len=prompt_len,
-        max_tokens=max_tokens,
-        batch_size=batch_size,
-        temperature=temperature,
-        seed=seed,
-        store=store,
-        draw=draw,
-    )
+    sampling = {"temperature": temperature, "top_p": 1.0} if temperature else {}
     out = [""] * len(prompts)
-    for position, index in enumerate(order):
-        out[index] = completions[position]
+    for number, start in enumerate(range(0, len(order), batch_size)):
+        indices = order[start : start + batch_size]
+        texts = None if store is None else store.load(number)
+        if texts is None:
+            if store is not None:
+                store.before_batch(number)
+            if sampler is None:
+                raise ValueError(
+                    f"batch {number} is not stored and no sampler was given to make it"
+                )
+            texts = _decode(
+                sampler,
+                tokenizer,
+                [prompts[i] for i in indices],
+                batch_size=batch_size,
+                prompt_len=prompt_len,
+                max_tokens=max_tokens,
+                seed=seed + number,
+                sampling=sampling,
+                draw=draw,
+            )
+            if store is not None:
+                store.save(number, texts)
+        for index, text in zip(indices, texts, strict=True):
+            out[index] = text
     return out
+
+
+def _decode(
+    sampler: tunix_sampler.Sampler,
+    tokenizer: Tokenizer,
+    batch: list[str],
+    *,
+    batch_size: int,
+    prompt_len: int,
+    max_tokens: int,
+    seed: int,
+    sampling: dict[str, float],
+    draw: str,
+) -> list[str]:
+    """One batch's completions, filled to `batch_size` with repeats of its last prompt."""
+    padded = batch + [batch[-1]] * (batch_size - len(batch))
+    tunix_compat.set_draw(sampler, draw)
+    result = sampler(
+        padded,
+        max_generation_steps=max_tokens,
+        max_prompt_length=prompt_len,
+        seed=seed,
+        eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
+        **sampling,
+    )
+    return list(result.text[: len(batch)])
 
 
 def length_order(tokenizer: Tokenizer, prompts: Sequence[str]) -> list[int]:
     """The prompts' indices by token count, shortest first; equal counts keep their order."""
     lengths = [len(tokenizer.encode(p)) for p in prompts]
     return sorted(range(len(prompts)), key=lengths.__getitem__)
-
-
-def _generate(
-    sampler: tunix_sampler.Sampler | None,
-    tokenizer: Tokenizer,
-    prompts: Sequence[str],
-    *,
-    prompt_len: int,
-    max_tokens: int,
-    batch_size: int,
-    temperature: float,
-    seed: int,
-    store: BatchStore | None,
-    draw: str,
-) -> list[str]:
-    """`generate` in the given order."""
-    sampling = {"temperature": temperature, "top_p": 1.0} if temperature else {}
-    out: list[str] = []
-    for number, start in enumerate(range(0, len(prompts), batch_size)):
-        done = None if store is None else store.load(number)
-        if done is not None:
-            out.extend(done)
-            continue
-        if store is not None:
-            store.before_batch(number)
-        if sampler is None:
-            raise ValueError(f"batch {number} is not stored and no sampler was given to make it")
-        batch = list(prompts[start : start + batch_size])
-        padded = batch + [batch[-1]] * (batch_size - len(batch))
-        tunix_compat.set_draw(sampler, draw)
-        result = sampler(
-            padded,
-            max_generation_steps=max_tokens,
-            max_prompt_length=prompt_len,
-            seed=seed + number,
-            eos_tokens=[tokenizer.eos_id(), tokenizer.end_of_turn_id()],
-            **sampling,
-        )
-        texts = list(result.text[: len(batch)])
-        if store is not None:
-            store.save(number, texts)
-        out.extend(texts)
-    return out
