@@ -21,8 +21,7 @@ import dataclasses
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -284,8 +283,10 @@ def restore_newest_intact() -> None:
     tried; with none left, DamagedCheckpoint names the step and Orbax's first line (the
     file). Nothing is updated before a restore succeeds, so a failed one leaves the model as
     it was. Orbax's failed read leaves TensorStore reads under way whose callbacks meet its
-    closed event loop; Python would print each as a traceback before FAR's line: they go to
-    the log at DEBUG instead (`_quiet_failed_reads`). Test: tests/integration/test_sft_full.py
+    closed event loop, and read coroutines that raise when they are collected, whenever
+    TensorStore's threads let go of them (after the restore returns, in some runs); Python
+    would print each as a traceback around FAR's line: from the first failed read on, they go
+    to the log at DEBUG instead (`quiet_failed_reads`). Test: tests/integration/test_sft_full.py
     (a deleted checkpoint file), tests/unit/test_checkpoint_fence.py (the quiet console)."""
     original = tunix_ckpt.CheckpointManager.maybe_restore
     if getattr(original, "_far_fallback", False):
@@ -296,19 +297,19 @@ def restore_newest_intact() -> None:
         manager = self._checkpoint_manager
         if manager is None or args[2:] or kwargs.get("step") is not None:
             return original(self, *args, **kwargs)
-        with _quiet_failed_reads():
-            while True:
-                step = manager.latest_step()
-                try:
-                    return original(self, *args, **kwargs)
-                except Exception as e:  # a stop, a lost lease or a network fault is no damage
-                    if (
-                        step is None
-                        or isinstance(e, sessions.LeaseLost | sessions.SaveFailed)
-                        or storage.is_transient(e)
-                    ):
-                        raise
-                    _set_aside(manager, step, e)
+        while True:
+            step = manager.latest_step()
+            try:
+                return original(self, *args, **kwargs)
+            except Exception as e:  # a stop, a lost lease or a network fault is no damage
+                if (
+                    step is None
+                    or isinstance(e, sessions.LeaseLost | sessions.SaveFailed)
+                    or storage.is_transient(e)
+                ):
+                    raise
+                quiet_failed_reads()
+                _set_aside(manager, step, e)
 
     maybe_restore._far_fallback = True  # type: ignore[attr-defined]
     tunix_ckpt.CheckpointManager.maybe_restore = maybe_restore
@@ -317,13 +318,14 @@ def restore_newest_intact() -> None:
 _FAILED_READ_NOISE = ("Event loop is closed", "Encountered error while reading array")
 
 
-@contextmanager
-def _quiet_failed_reads() -> Iterator[None]:
-    """Within the block, an unraisable exception left by a failed Orbax read (a TensorStore
-    callback meeting the closed event loop, or a read coroutine's own error when it is
-    collected) is logged at DEBUG with its traceback, not printed; any other goes to the hook
-    before."""
+def quiet_failed_reads() -> None:
+    """From now on in this process, an unraisable exception left by a failed Orbax read (a
+    TensorStore callback meeting the closed event loop, or a read coroutine's own error when
+    it is collected) is logged at DEBUG with its traceback, not printed; any other goes to the
+    hook before. Installed once; the leftovers come from other threads at any later time."""
     previous = sys.unraisablehook
+    if getattr(previous, "_far_failed_reads", False):
+        return
 
     def hook(unraisable: Any) -> None:
         if not str(unraisable.exc_value).startswith(_FAILED_READ_NOISE):
@@ -332,11 +334,8 @@ def _quiet_failed_reads() -> Iterator[None]:
         info = (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
         log.debug("a failed checkpoint read left: %s", unraisable.exc_value, exc_info=info)
 
+    hook._far_failed_reads = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        sys.unraisablehook = previous
 
 
 class DamagedCheckpoint(InputError):
