@@ -43,7 +43,9 @@ class Stopping:
         self.kept[number] = completions
 
 
-def greedy(sampler: Any, tokenizer: Any, by_length: bool, store: Any = None) -> list[str]:
+def decode(
+    sampler: Any, tokenizer: Any, by_length: bool, store: Any = None, temperature: float = 0.0
+) -> list[str]:
     return generation.generate(
         sampler,
         tokenizer,
@@ -51,7 +53,7 @@ def greedy(sampler: Any, tokenizer: Any, by_length: bool, store: Any = None) -> 
         prompt_len=64,
         max_tokens=12,
         batch_size=2,
-        temperature=0.0,
+        temperature=temperature,
         seed=0,
         store=store,
         by_length=by_length,
@@ -79,8 +81,8 @@ def test_the_length_order_gives_the_same_completions_in_the_prompts_order(
     sampler, tokenizer = sampler_and_tokenizer
     order = generation.length_order(tokenizer, PROMPTS)
     assert order != sorted(order)  # the batches hold other neighbours than in the given order
-    as_given = greedy(sampler, tokenizer, by_length=False)
-    assert greedy(sampler, tokenizer, by_length=True) == as_given
+    as_given = decode(sampler, tokenizer, by_length=False)
+    assert decode(sampler, tokenizer, by_length=True) == as_given
     assert len(set(as_given)) > 1  # not one text for every prompt
 
 
@@ -90,29 +92,19 @@ def test_a_stopped_session_resumes_its_length_ordered_batches(
     sampler, tokenizer = sampler_and_tokenizer
     kept: dict[int, list[str]] = {}
     with pytest.raises(TimeoutError):
-        greedy(sampler, tokenizer, True, Stopping(kept, stop_at=2))
+        decode(sampler, tokenizer, True, Stopping(kept, stop_at=2))
     assert sorted(kept) == [0, 1]
     shortest = generation.length_order(tokenizer, PROMPTS)[:2]
-    as_given = greedy(sampler, tokenizer, False)
+    as_given = decode(sampler, tokenizer, False)
     assert kept[0] == [as_given[i] for i in shortest]  # batches numbered in length order
-    assert greedy(sampler, tokenizer, True, Stopping(kept, stop_at=None)) == as_given
+    assert decode(sampler, tokenizer, True, Stopping(kept, stop_at=None)) == as_given
     assert sorted(kept) == [0, 1, 2]
     kept[0] = ["kept first", "kept second"]  # read back, not made again, and put in place
-    read_back = greedy(None, tokenizer, True, Stopping(kept, stop_at=None))
+    read_back = decode(None, tokenizer, True, Stopping(kept, stop_at=None))
     assert [read_back[i] for i in shortest] == kept[0]
 
 
 def test_a_sampled_call_keeps_the_given_order(sampler_and_tokenizer: tuple[Any, Any]) -> None:
     sampler, tokenizer = sampler_and_tokenizer
     with pytest.raises(ValueError, match="sampled prompt's draws"):
-        generation.generate(
-            sampler,
-            tokenizer,
-            PROMPTS,
-            prompt_len=32,
-            max_tokens=12,
-            batch_size=2,
-            temperature=1.0,
-            seed=0,
-            by_length=True,
-        )
+        decode(sampler, tokenizer, True, temperature=1.0)
