@@ -76,6 +76,7 @@ def steps_from_samples(run: Path, cache_dir: str) -> dict[str, Any]:
     split's order and in length order, and their ratio."""
     nodes = reinforce_mode.records(run)
     out: dict[str, Any] = {}
+    prompt_of = {r["id"]: r["prompt"] for r in _split_rows(run)}  # read once for every node
     for node, record in sorted(nodes.items()):
         eval_config = record["config"].get("eval") if record["stage"] == "evaluate" else None
         if eval_config is None or eval_config.get("temperature"):
@@ -84,7 +85,6 @@ def steps_from_samples(run: Path, cache_dir: str) -> dict[str, Any]:
         tokenizer = build_tokenizer(ModelSpec.model_validate(record["config"]["model"]), cache_dir)
         by_model: dict[str, list[str]] = {}
         prompts: dict[str, list[str]] = {}
-        prompt_of = {r["id"]: r["prompt"] for r in _split_rows(run)}
         for line in Path(record["_dir"], "samples.jsonl").read_text().splitlines():
             row = json.loads(line)
             by_model.setdefault(row["model"], []).append(row["completion"])
