@@ -284,10 +284,11 @@ def restore_newest_intact() -> None:
     file). Nothing is updated before a restore succeeds, so a failed one leaves the model as
     it was. Orbax's failed read leaves TensorStore reads under way whose callbacks meet its
     closed event loop, and read coroutines that raise when they are collected, whenever
-    TensorStore's threads let go of them (after the restore returns, in some runs); Python
-    would print each as a traceback around FAR's line: from the first failed read on, they go
-    to the log at DEBUG instead (`quiet_failed_reads`). Test: tests/integration/test_sft_full.py
-    (a deleted checkpoint file), tests/unit/test_checkpoint_fence.py (the quiet console)."""
+    TensorStore's threads let go of them (before the failed read raises, or after the
+    restore returns, in some runs); Python would print each as a traceback around FAR's line:
+    from the first restore on, they go to the log at DEBUG instead (`quiet_failed_reads`).
+    Test: tests/integration/test_sft_full.py (a deleted checkpoint file),
+    tests/unit/test_checkpoint_fence.py (the quiet console)."""
     original = tunix_ckpt.CheckpointManager.maybe_restore
     if getattr(original, "_far_fallback", False):
         return
@@ -297,6 +298,7 @@ def restore_newest_intact() -> None:
         manager = self._checkpoint_manager
         if manager is None or args[2:] or kwargs.get("step") is not None:
             return original(self, *args, **kwargs)
+        quiet_failed_reads()  # before the read: its leftovers may come before it raises
         while True:
             step = manager.latest_step()
             try:
@@ -308,7 +310,6 @@ def restore_newest_intact() -> None:
                     or storage.is_transient(e)
                 ):
                     raise
-                quiet_failed_reads()
                 _set_aside(manager, step, e)
 
     maybe_restore._far_fallback = True  # type: ignore[attr-defined]
@@ -322,7 +323,8 @@ def quiet_failed_reads() -> None:
     """From now on in this process, an unraisable exception left by a failed Orbax read (a
     TensorStore callback meeting the closed event loop, or a read coroutine's own error when
     it is collected) is logged at DEBUG with its traceback, not printed; any other goes to the
-    hook before. Installed once; the leftovers come from other threads at any later time."""
+    hook before. Installed once, before the first restore: the leftovers come from other
+    threads at any time, even before the failed read raises. A read that succeeds leaves none."""
     previous = sys.unraisablehook
     if getattr(previous, "_far_failed_reads", False):
         return

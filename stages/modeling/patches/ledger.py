@@ -281,7 +281,7 @@ LEDGER: tuple[Patch, ...] = (
             "traceback when that step is damaged (a file deleted or torn); FAR moves the "
             "step aside and falls back to the newest step that restores. The reads Orbax "
             "leaves under way then meet its closed event loop, which Python prints as "
-            "tracebacks: during the restore they go to the log at DEBUG."
+            "tracebacks, at any time: from the first restore on they go to the log at DEBUG."
         ),
         versions=TUNIX_ORBAX,
         remove_when="maybe_restore falls back to an earlier intact step (or takes an option to)",
