@@ -47,6 +47,7 @@ from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.training_tail import (
     CARRY_OVER,
     TrainingTail,
+    ends,
     replayed_batches,
     session_dirs,
 )
@@ -150,15 +151,15 @@ def _distill(
     artifact = tail.run(
         stream, ctx, mesh, student_spec, teacher.tokenizer, config.lora, curves=curves
     )
-    losses = curves()["loss"]
+    history, first_step = tail.whole_history(curves())
+    first_loss, final_loss = ends(history["loss"])  # over every session's steps
     metrics = {
-        "first_loss": losses[0] if losses else float("nan"),  # none: no step this session
-        "final_loss": losses[-1] if losses else float("nan"),
+        "first_loss": first_loss,
+        "final_loss": final_loss,
         "resumed_from_step": float(tail.start_step),
         "student_params_bytes": float(models.param_bytes(base)),
+        "history_from_step": float(first_step),
     }
-    history, first_step = tail.whole_history({"loss": losses})
-    metrics["history_from_step"] = float(first_step)
     return artifact, metrics, history
 
 

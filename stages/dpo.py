@@ -45,6 +45,7 @@ from stages.modeling.tokenizers import Tokenizer, build_tokenizer
 from stages.modeling.training_tail import (
     CARRY_OVER,
     TrainingTail,
+    ends,
     replayed_batches,
     session_dirs,
 )
@@ -152,7 +153,7 @@ def _optimize(
     curves = lambda: _history(tail)  # noqa: E731
     artifact = tail.run(stream, ctx, mesh, spec, tokenizer.name, policy.lora, curves=curves)
     history, first_step = tail.whole_history(curves())
-    metrics = {**_metrics(tail, len(pairs)), "history_from_step": float(first_step)}
+    metrics = {**_metrics(tail, len(pairs), history), "history_from_step": float(first_step)}
     return artifact, metrics, history
 
 
@@ -161,10 +162,11 @@ def _history(tail: TrainingTail) -> dict[str, list[float]]:
     return {name: values for name, values in curves.items() if values}  # those logged
 
 
-def _metrics(tail: TrainingTail, pairs: int) -> dict[str, float]:
+def _metrics(tail: TrainingTail, pairs: int, history: dict[str, list[float]]) -> dict[str, float]:
+    """The first and final value of each curve over `history` (every session's steps)."""
     metrics = {"pairs": float(pairs), "resumed_from_step": float(tail.start_step)}
-    for name, values in _history(tail).items():
-        metrics[f"first_{name}"], metrics[f"final_{name}"] = values[0], values[-1]
+    for name, values in history.items():
+        metrics[f"first_{name}"], metrics[f"final_{name}"] = ends(values)
     return metrics
 
 

@@ -49,6 +49,7 @@ from stages.modeling.tokenizers import build_tokenizer
 from stages.modeling.training_tail import (
     CARRY_OVER,
     TrainingTail,
+    ends,
     replayed_batches,
     session_dirs,
 )
@@ -190,14 +191,14 @@ def _train(
             skip=tail.start_step * accumulate,
         ),
     )
-    metrics = training_metrics(tail, config, arrays)
+    history, first_step = tail.whole_history(tail.curves(*CURVES))
+    metrics = training_metrics(tail, config, arrays, history)
     stage_level = ("tokens_per_second", "useful_token_fraction", "train_step_compilations")
     far_metrics = {f"far/{n}": metrics[n] for n in stage_level}
     sinks.log_once(dirs.local_logs, trainer.train_steps, far_metrics)
     storage.publish_local_directory(dirs.local_logs, dirs.log_uri)
     metrics["full_params_bytes"] = float(models.param_bytes(base))
     metrics["checkpoint_bytes"] = float(artifact.size_bytes)
-    history, first_step = tail.whole_history(tail.curves(*CURVES))
     metrics["history_from_step"] = float(first_step)
     return artifact, metrics, history
 
@@ -233,12 +234,14 @@ def latest_loss(trainer: peft_trainer.PeftTrainer) -> dict[str, float]:
 
 
 def training_metrics(
-    tail: TrainingTail, config: SFTConfig, arrays: dict[str, np.ndarray]
+    tail: TrainingTail,
+    config: SFTConfig,
+    arrays: dict[str, np.ndarray],
+    history: dict[str, list[float]],
 ) -> dict[str, float]:
-    """Loss, learning rate, throughput and compilations of this session's training."""
-    curves = tail.curves(*CURVES)
-    losses = curves["loss"] or [float("nan")]  # none: no step
-    rates = curves["learning_rate"] or [float("nan")]
+    """First and final loss and the final learning rate over `history` (every session's
+    steps); throughput and compilations of this session's training."""
+    first_loss, final_loss = ends(history["loss"])
     rows_per_step = config.batch_size * config.gradient_accumulation_steps
     useful = float((arrays["segment_ids"] > 0).mean())
     trained = tail.clock.times[tail.start_step * config.gradient_accumulation_steps :]
@@ -246,9 +249,9 @@ def training_metrics(
     seconds = tail.finished - trained[1] if len(trained) > 1 else float("nan")
     tokens = (len(trained) - 1) * config.batch_size * useful * arrays["input_tokens"].shape[1]
     return {
-        "first_loss": float(losses[0]),
-        "final_loss": float(losses[-1]),
-        "final_learning_rate": float(rates[-1]),
+        "first_loss": first_loss,
+        "final_loss": final_loss,
+        "final_learning_rate": ends(history["learning_rate"])[1],
         "resumed_from_step": float(tail.start_step),
         "steps_this_session": float(config.max_steps - tail.start_step),
         "tokens_per_second": tokens / seconds,

@@ -10,12 +10,13 @@ total Tunix logs as rewards/score/mean is R(sample) - R(greedy), so the observer
 the greedy completions' mean reward, the samples' own mean reward and the fraction of rows
 whose advantage is not 0 (the rows that move the policy), and each kept sample row carries
 its prompt's greedy completion and reward. `MetricsHistory` collects the per-step numbers
-through the cluster's external-logger hook for the stage record.
+through the cluster's external-logger hook for the stage record, and `summary` sums up the
+record's whole history (every session's steps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from schemas.recipe import AnswerFormat
 from stages import rewards
 from stages.grpo.baseline import GreedyBaseline
+from stages.modeling.training_tail import ends
 
 ZERO_VARIANCE = "far/zero_variance_groups"
 INFORMATIVE = "far/informative_groups"  # 1 - ZERO_VARIANCE: the groups that carry a gradient
@@ -135,17 +137,19 @@ class MetricsHistory:
         curves["kl"] = [float(x) for x in kl]
         return curves
 
-    def summary(self) -> dict[str, float]:
-        """First and last value of every reward metric and the format rate; the session's mean
-        informative-group fraction (and, baseline: greedy, its mean fraction of rows with a
-        non-zero advantage); its total seconds of each timed phase (far/seconds/<phase>,
-        stages/grpo/timing.py)."""
-        out: dict[str, float] = {}
-        for name, history in sorted(self.values.items()):
-            if name.startswith("rewards/") or name == FORMAT_RATE:
-                out[f"{name}/first"], out[f"{name}/last"] = history[0], history[-1]
-            elif name in (INFORMATIVE, NONZERO_ADVANTAGE):
-                out[f"{name}/mean"] = float(np.mean(history))
-            elif name.startswith(SECONDS_PREFIX):
-                out[f"{name}/total"] = float(sum(history))
-        return out
+
+def summary(curves: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """The record's summary of its history (every session's steps, from history_from_step):
+    first and last value of every reward metric and the format rate, the mean
+    informative-group fraction (and, baseline: greedy, the mean fraction of rows with a
+    non-zero advantage), and the total seconds of each timed phase (far/seconds/<phase>,
+    stages/grpo/timing.py)."""
+    out: dict[str, float] = {}
+    for name, values in sorted(curves.items()):
+        if name.startswith("rewards/") or name == FORMAT_RATE:
+            out[f"{name}/first"], out[f"{name}/last"] = ends(values)
+        elif name in (INFORMATIVE, NONZERO_ADVANTAGE) and values:
+            out[f"{name}/mean"] = float(np.mean(values))
+        elif name.startswith(SECONDS_PREFIX):
+            out[f"{name}/total"] = float(sum(values))
+    return out

@@ -457,8 +457,8 @@ def _reinforce(
     curves = lambda: history.curves(actor_kl(session.cluster))  # noqa: E731
     loggers = tunix_compat.cluster_metrics_loggers(session.cluster)
     tail.publish(loggers, curves=curves, primary=ctx.primary)
-    artifact, scalars = _results(session, config, spec, sft, history, tail)
     whole, first_step = tail.whole_history(curves())
+    artifact, scalars = _results(session, config, spec, sft, whole, tail)
     scalars["history_from_step"] = float(first_step)
     return artifact, {**scalars, **compilation_metrics(tail.compiles)}, whole
 
@@ -485,9 +485,11 @@ def _results(
     config: GRPOConfig,
     spec: ModelSpec,
     sft: CheckpointArtifact,
-    history: metrics.MetricsHistory,
+    history: Mapping[str, list[float]],
     tail: training_tail.TrainingTail,
 ) -> tuple[CheckpointArtifact, dict[str, float]]:
+    """The committed actor, and the record's scalars: `history` (every session's curves)
+    summed up, and this session's sandbox counts."""
     artifact = tail.commit(
         spec,
         session.tokenizer_name,
@@ -497,7 +499,7 @@ def _results(
         step=config.max_steps * config.num_iterations,
     )
     scalars = {
-        **history.summary(),
+        **metrics.summary(history),
         "resumed_from_step": float(tail.start_step),
         "sandbox_runs": float(session.sandbox.runs),
         "sandbox_failures": float(session.sandbox.failures),

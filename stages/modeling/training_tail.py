@@ -101,6 +101,12 @@ def earlier_curves(history_uri: str, start_step: int) -> tuple[list[Curves], int
     return chain[::-1], step
 
 
+def ends(values: Sequence[float]) -> tuple[float, float]:
+    """A curve's first and last values (NaN for a curve with none: a record committed by a
+    session that resumed at the last step, of a stage whose earlier sessions kept none)."""
+    return (float(values[0]), float(values[-1])) if values else (float("nan"), float("nan"))
+
+
 def joined_curves(parts: Sequence[Curves]) -> Curves:
     """Curves of consecutive sessions as one, each name's values in step order."""
     names = dict.fromkeys(name for part in parts for name in part)

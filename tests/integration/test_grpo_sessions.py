@@ -18,6 +18,7 @@ from stages.core import storage
 from stages.core.runner import RunContext, SessionExpired
 from stages.core.sessions import StopFlag
 from stages.data_prep import build as data_prep
+from stages.grpo import metrics
 from stages.grpo import training as grpo
 from tests.conftest import recipe_with
 from tests.integration.test_sft_full import lora_leaves
@@ -59,6 +60,12 @@ def test_grpo_stops_on_request_and_resumes_at_the_saved_step(tmp_path: Path) -> 
     outcome = grpo.reinforce(dataset, policy, recipe.grpo, recipe.model, recipe.mesh, ctx)
     record = StageRecord.model_validate(storage.read_json(outcome.record_uri))
     assert record.metrics["resumed_from_step"] == saved
+    # the record sums up both sessions' steps, not the resumed session's alone
+    assert record.metrics["history_from_step"] == 0
+    updates = record.history["far/seconds/actor_update"]
+    assert len(updates) == 6 and record.metrics["far/seconds/actor_update/total"] == sum(updates)
+    reward = record.history[metrics.TOTAL_REWARD]
+    assert record.metrics[f"{metrics.TOTAL_REWARD}/first"] == reward[0]
     assert outcome.output.step == 6  # num_iterations 1: one update per step
     assert any(f.startswith("6/") for f in storage.list_files(outcome.output.uri))
     # equality with an uninterrupted run (bitwise): test_grpo_full.py's kill -9 test

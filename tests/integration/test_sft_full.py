@@ -173,6 +173,7 @@ def test_deadline_stops_with_a_checkpoint_and_the_next_session_finishes(tmp_path
     # the record's history holds both sessions' steps: the stopped one kept its curves
     assert record.metrics["history_from_step"] == 0
     assert len(record.history["loss"]) == len(record.history["learning_rate"]) == DEADLINE_STEPS
+    assert record.metrics["first_loss"] == record.history["loss"][0]  # step 1's, not the resume's
 
 
 def stop_requested_after(batches: int, flag: StopFlag) -> Callable[[Any], Iterator[Any]]:
