@@ -80,10 +80,11 @@ def kind(row: dict, gold: list[Step]) -> tuple[str, float]:
 
 def read(run: Path, level: str) -> dict[str, dict[str, tuple[str, float]]]:
     """Each model's completions at `level`: prompt id -> (kind, chain fraction)."""
-    prompts = {}
-    for line in next(run.glob("data_prep-*/eval_prompts.jsonl")).open():
-        row = json.loads(line)
-        prompts[row["id"]] = row
+    prompts = {}  # the held-out split's prompts and the validation split's
+    for split in run.glob("data_prep-*/*_prompts.jsonl"):
+        for line in split.open():
+            row = json.loads(line)
+            prompts[row["id"]] = row
     out: dict[str, dict[str, tuple[str, float]]] = collections.defaultdict(dict)
     for line in next(run.glob(f"{level}-*/samples.jsonl")).open():
         row = json.loads(line)
