@@ -30,6 +30,7 @@ from stages.core.records import (
     read_record,
 )
 from stages.core.runner import RunContext
+from stages.evaluate.progress import PROGRESS_DIR
 
 MANIFEST_NAME = "run.json"
 
@@ -162,6 +163,7 @@ class StageState:
     directory: str | None = None
     step: int | None = None  # latest committed checkpoint step (training stages)
     max_steps: int | None = None
+    batches: int | None = None  # a partial evaluation's kept batches of completions
     sessions: int = 0  # sessions that worked on it (stopped, failed, or the completing one)
     seconds: float | None = None
     output_uri: str | None = None
@@ -221,14 +223,30 @@ def _directory_state(stage: str, directory: str) -> StageState:
             directory,
             step,
             max_steps,
-            len(record.sessions),
-            record.seconds,
-            located_output(record_uri, record).uri,
+            sessions=len(record.sessions),
+            seconds=record.seconds,
+            output_uri=located_output(record_uri, record).uri,
         )
     sessions = len(storage.list_files(storage.join(directory, SESSIONS_DIR)))
     return StageState(
-        stage, "partial", directory, latest_checkpoint_step(directory), max_steps, sessions
+        stage,
+        "partial",
+        directory,
+        latest_checkpoint_step(directory),
+        max_steps,
+        batches=kept_batches(directory),
+        sessions=sessions,
     )
+
+
+def kept_batches(directory: str) -> int | None:
+    """The batches of completions a partial evaluation has kept (stages/evaluate/progress.py
+    writes each as progress/<model>/batch-<n>.json), or None where it has kept none."""
+    folder = storage.join(directory, PROGRESS_DIR)
+    if not storage.exists(folder):
+        return None
+    names = [rel.rsplit("/", 1)[-1] for rel in storage.list_files(folder)]
+    return sum(name.startswith("batch-") and name.endswith(".json") for name in names) or None
 
 
 def max_steps_of(directory: str) -> int | None:

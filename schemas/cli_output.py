@@ -35,6 +35,9 @@ class StageStatus(Frozen):
     """The latest committed checkpoint step (training stages); null otherwise."""
     max_steps: int | None
     """The training stage's max_steps; null for other kinds."""
+    batches: int | None = None
+    """partial evaluations only: the batches of completions kept on storage so far (a later
+    session skips them); null otherwise."""
     sessions: int
     """Sessions that worked on this directory."""
     seconds: float | None

@@ -26,10 +26,11 @@ def add_command(commands: Any) -> None:
     status = commands.add_parser(
         "status",
         help="show each stage's state and progress",
-        description="Each stage of RUN: complete, partial (latest checkpoint step of max_steps,\n"
-        "sessions so far), not started, or superseded by an allowed change. A record the\n"
-        "ledger does not vouch for (with --expect-root: one after the root) is unverified,\n"
-        "never the current stage.",
+        description="Each stage of RUN: complete, partial (a training stage's latest checkpoint\n"
+        "step of max_steps, an evaluation's batches of completions kept; sessions so far),\n"
+        "not started, or superseded by an allowed change. A record the ledger does not\n"
+        "vouch for (with --expect-root: one after the root) is unverified, never the\n"
+        "current stage.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     status.add_argument("run_uri", help=RUN_URI_HELP)
@@ -68,19 +69,40 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"FAR run '{run_manifest.run}' at {run_uri} ({len(run_manifest.invocations)} session(s); "
         f"last: {last.outcome or 'running or crashed' if last else 'none'})"
     )
-    for s in states:
-        progress = ""
-        if s.max_steps is not None:
-            progress = f"step {s.step if s.step is not None else 0}/{s.max_steps}"
-        sessions = f"{s.sessions} session(s)" if s.sessions else ""
-        where = s.output_uri or s.directory or ""
-        print(f"  {s.stage:<10} {s.state:<12} {progress:<14} {sessions:<13} {where}")
-        if s.doubt:
-            print(f"  {'':<10} not used as the current stage: {s.doubt}")
+    _print_table(states)
     for line in found.checked + found.unchecked:
         print(line)
     print(lineage.coverage(args.audit_key, expect_root))
     return 0
+
+
+def _print_table(states: list[manifest.StageState]) -> None:
+    """One line a stage directory, each column as wide as its widest cell, and under an
+    unverified one the reason it is not the current stage."""
+    rows = [
+        (
+            s.stage,
+            s.state,
+            _progress(s),
+            f"{s.sessions} session(s)" if s.sessions else "",
+            s.output_uri or s.directory or "",
+        )
+        for s in states
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+    for state, row in zip(states, rows, strict=True):
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if state.doubt:
+            print(f"  {'':<{widths[0]}}  not used as the current stage: {state.doubt}")
+
+
+def _progress(state: manifest.StageState) -> str:
+    """A training stage's step of max_steps; a partial evaluation's batches kept so far."""
+    if state.max_steps is not None:
+        return f"step {state.step if state.step is not None else 0}/{state.max_steps}"
+    if state.batches:
+        return f"{state.batches} batch{'es' if state.batches > 1 else ''} kept"
+    return ""
 
 
 def _stage_status(state: manifest.StageState) -> cli_output.StageStatus:
