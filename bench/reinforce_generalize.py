@@ -15,6 +15,13 @@ come with them:
 
     python -m bench.reinforce_generalize --runs RUN_DIR [RUN_DIR ...] \
         --out docs/results/reinforce-generalize.json
+
+A committed results file never changes: a later seed goes into a new file, which takes the
+earlier file's runs unchanged (`--earlier FILE`, recorded in the new file) ahead of its own,
+so a run directory that is gone need not be read again:
+
+    python -m bench.reinforce_generalize --runs RUN_DIR --earlier docs/results/A.json \
+        --out docs/results/B.json
 """
 
 from __future__ import annotations
@@ -167,15 +174,36 @@ def page(results: list[dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
+def combine(earlier: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An earlier file's runs, unchanged, then the new ones; a data seed in both is refused
+    (one seed counted twice would pass for two)."""
+    seen = {r["data_seed"]: r["run"] for r in earlier}
+    for run in new:
+        if run["data_seed"] in seen:
+            raise SystemExit(
+                f"data seed {run['data_seed']} is in the earlier file already (run "
+                f"{seen[run['data_seed']]!r}); got it again from {run['run']!r}"
+            )
+        seen[run["data_seed"]] = run["run"]
+    return [*earlier, *new]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--earlier", type=Path, help="a committed results file whose runs come first, unchanged"
+    )
     args = parser.parse_args()
     results = [r for r in (summary(run) for run in args.runs) if r is not None]
-    args.out.write_text(json.dumps({"runs": results}, indent=1) + "\n")
-    if results:
-        print(page(results))
+    document: dict[str, Any] = {"runs": results}
+    if args.earlier:
+        earlier = json.loads(args.earlier.read_text())["runs"]
+        document = {"earlier": args.earlier.name, "runs": combine(earlier, results)}
+    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    if document["runs"]:
+        print(page(document["runs"]))
 
 
 if __name__ == "__main__":

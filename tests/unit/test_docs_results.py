@@ -296,3 +296,13 @@ def test_results_page_quotes_the_oversampled_run_of_its_roofline_file() -> None:
         f"{now['seconds']['actor_update']:.1f} s a step"
     )
     assert quoted in " ".join(RESULTS_PAGE.read_text().split()), quoted
+
+
+def test_a_later_seed_joins_the_earlier_file_runs_unchanged_and_is_never_counted_twice() -> None:
+    """A later seed's results file starts with the committed file's runs as they are (their
+    run directories may be gone), and a seed already there is refused, not doubled."""
+    first = results(GENERALIZE)["runs"]
+    second = {**first[0], "run": "reinforce-generalize-d2", "data_seed": 2}
+    assert reinforce_generalize.combine(first, [second]) == [*first, second]
+    with pytest.raises(SystemExit, match="data seed 1 is in the earlier file already"):
+        reinforce_generalize.combine(first, [{**second, "data_seed": 1}])
