@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import prefect.main  # noqa: F401  # see the comment below
 import pytest
 import yaml
 
@@ -31,6 +32,13 @@ from tests.cpu_profile import (  # noqa: F401  # hooks, registered by pytest fro
     pytest_runtest_teardown,
 )
 
+# prefect.main, imported above before any test imports JAX: its first import configures
+# logging (logging.config.dictConfig), which closes every handler already installed, and
+# absl's (installed with JAX) closes its stream unless that is the current sys.stderr. A worker
+# whose first Prefect import came after JAX was imported under pytest's capture had its
+# capture file closed inside a later test: that test and every one after it on the worker
+# failed with "I/O operation on closed file" (test_plugins.py before
+# test_status_after_failure.py in one process).
 REPO = Path(__file__).resolve().parent.parent
 # The project's executables (far, prefect) sit beside the interpreter running the tests,
 # wherever its environment was created.
