@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import prefect.main  # noqa: F401  # see the comment below
 import pytest
 import yaml
 
@@ -32,13 +31,21 @@ from tests.cpu_profile import (  # noqa: F401  # hooks, registered by pytest fro
     pytest_runtest_teardown,
 )
 
-# prefect.main, imported above before any test imports JAX: its first import configures
-# logging (logging.config.dictConfig), which closes every handler already installed, and
-# absl's (installed with JAX) closes its stream unless that is the current sys.stderr. A worker
-# whose first Prefect import came after JAX was imported under pytest's capture had its
-# capture file closed inside a later test: that test and every one after it on the worker
-# failed with "I/O operation on closed file" (test_plugins.py before
-# test_status_after_failure.py in one process).
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Prefect's logging configured before any test imports JAX.
+
+    Prefect's first import configures logging (logging.config.dictConfig), which closes every
+    handler already installed, and absl's (installed with JAX) closes its stream unless that
+    is the current sys.stderr. A worker whose first Prefect import came after JAX was imported
+    under pytest's capture had its capture file closed inside a later test: that test and
+    every one after it on the worker failed with "I/O operation on closed file"
+    (test_plugins.py before test_status_after_failure.py in one process). A hook, not an
+    import at the top: the tests' child processes import this module and need no Prefect.
+    """
+    import prefect.main  # noqa: F401
+
+
 REPO = Path(__file__).resolve().parent.parent
 # The project's executables (far, prefect) sit beside the interpreter running the tests,
 # wherever its environment was created.
