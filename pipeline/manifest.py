@@ -30,7 +30,7 @@ from stages.core.records import (
     read_record,
 )
 from stages.core.runner import RunContext
-from stages.evaluate.progress import PROGRESS_DIR
+from stages.evaluate import progress
 
 MANIFEST_NAME = "run.json"
 
@@ -234,19 +234,9 @@ def _directory_state(stage: str, directory: str) -> StageState:
         directory,
         latest_checkpoint_step(directory),
         max_steps,
-        batches=kept_batches(directory),
+        batches=progress.kept_batches(directory) or None,
         sessions=sessions,
     )
-
-
-def kept_batches(directory: str) -> int | None:
-    """The batches of completions a partial evaluation has kept (stages/evaluate/progress.py
-    writes each as progress/<model>/batch-<n>.json), or None where it has kept none."""
-    folder = storage.join(directory, PROGRESS_DIR)
-    if not storage.exists(folder):
-        return None
-    names = [rel.rsplit("/", 1)[-1] for rel in storage.list_files(folder)]
-    return sum(name.startswith("batch-") and name.endswith(".json") for name in names) or None
 
 
 def max_steps_of(directory: str) -> int | None:

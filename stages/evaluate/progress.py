@@ -23,6 +23,15 @@ from stages.core.runner import SessionExpired
 from stages.core.sessions import StopFlag
 
 PROGRESS_DIR = "progress"
+BATCH_PREFIX, BATCH_SUFFIX = "batch-", ".json"  # progress/<model key>/batch-00012.json
+
+
+def kept_batches(directory: str) -> int:
+    """The batches of completions an evaluation's stage directory keeps, over all its models
+    (a torn write's temporary file is not one)."""
+    files = storage.list_files(storage.join(directory, PROGRESS_DIR))  # empty when absent
+    names = (rel.rsplit("/", 1)[-1] for rel in files)
+    return sum(name.startswith(BATCH_PREFIX) and name.endswith(BATCH_SUFFIX) for name in names)
 
 
 class BatchTally:
@@ -69,7 +78,7 @@ class EvalProgress:
         self._started: float | None = None
 
     def _uri(self, number: int) -> str:
-        return storage.join(self.folder, f"batch-{number:05d}.json")
+        return storage.join(self.folder, f"{BATCH_PREFIX}{number:05d}{BATCH_SUFFIX}")
 
     def load(self, number: int) -> list[str] | None:
         """The completions of batch `number` if a session finished it, else None."""
