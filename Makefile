@@ -15,6 +15,9 @@ PYTEST_ARGS ?=
 # worker, the files sharing the session's flow runs on one together, the slow ones start first
 # (tests/conftest.py); docs/contributing.md has the measurements behind 2.
 PYTEST_WORKERS ?= 2
+# The tests run JAX in pytest's own processes, so they get glibc's huge-page tunable as `far`
+# gives it to itself (flows/launch.py says why; it changes no result), after any the caller set.
+HUGE_PAGES := GLIBC_TUNABLES=$(if $(GLIBC_TUNABLES),$(GLIBC_TUNABLES):)glibc.malloc.hugetlb=1
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: run test test-fast lint lint-checks env browser build-info sandbox clean-runs docs
@@ -92,7 +95,7 @@ LINT_LOG := test-outputs/lint.log
 test: env browser
 	@mkdir -p $(dir $(LINT_LOG))
 	@$(MAKE) --no-print-directory lint-checks > $(LINT_LOG) 2>&1 & lint=$$!; \
-	JAX_PLATFORMS=cpu $(BIN)/pytest $(XDIST) --durations=25 $(PYTEST_ARGS); tests=$$?; \
+	JAX_PLATFORMS=cpu $(HUGE_PAGES) $(BIN)/pytest $(XDIST) --durations=25 $(PYTEST_ARGS); tests=$$?; \
 	wait $$lint; linted=$$?; \
 	echo "==== make lint-checks, run beside the tests ($(LINT_LOG)):"; cat $(LINT_LOG); \
 	if [ $$linted != 0 ]; then echo "make test: lint FAILED (exit $$linted): see above" >&2; \
@@ -103,7 +106,7 @@ test: env browser
 # over 30 s). CI runs the full `make test`; docs/contributing.md lists the layers and the
 # slowest tests.
 test-fast: env
-	JAX_PLATFORMS=cpu $(BIN)/pytest $(XDIST) -m "not slow" --durations=10 $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(HUGE_PAGES) $(BIN)/pytest $(XDIST) -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 clean-runs:
 	rm -rf runs

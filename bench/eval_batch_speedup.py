@@ -20,6 +20,7 @@ evaluate node (headroom, validation, held out) decodes `eval.batch_size` rows a 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -87,6 +88,10 @@ def main() -> None:
                     b: round(v / per_s[first], 2) for b, v in per_s.items()
                 },
                 f"identical_to_batch{first}": {b: o == outputs[first] for b, o in outputs.items()},
+                "completions_sha256": {
+                    b: hashlib.sha256(json.dumps(o).encode()).hexdigest()
+                    for b, o in outputs.items()
+                },
             }
         )
     )
