@@ -52,6 +52,11 @@ def seconds(rows: int, k: int, n: int, dtype: Any, reps: int) -> list[float]:
     x = jnp.asarray(rng.standard_normal((rows, k)), dtype)
     w = jnp.asarray(rng.standard_normal((k, n)) * 0.02, dtype)
     product = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+    return timed(product, x, w, reps)
+
+
+def timed(product: Any, x: Any, w: Any, reps: int) -> list[float]:
+    """Seconds of `reps` calls of the jitted `product(x, w)`, after one that compiles it."""
     product(x, w).block_until_ready()  # compile
     times = []
     for _ in range(reps):

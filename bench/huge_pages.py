@@ -24,11 +24,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.bf16_matmul import decode_matrices
+from bench.bf16_matmul import decode_matrices, timed
 from flows import launch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,13 +70,7 @@ def step_ms(rows: list[int], reps: int) -> dict[int, float]:
             keys = jax.random.split(jax.random.key(index), 2)
             x = jax.random.normal(keys[0], (count, k))
             w = jax.random.normal(keys[1], (k, n)) * 0.02
-            product(x, w).block_until_ready()  # compile
-            times = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                product(x, w).block_until_ready()
-                times.append(time.perf_counter() - start)
-            total += statistics.median(times) * per_step
+            total += statistics.median(timed(product, x, w, reps)) * per_step
         out[count] = round(total * 1e3, 2)
     return out
 
