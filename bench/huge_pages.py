@@ -34,23 +34,36 @@ REPO = Path(__file__).resolve().parent.parent
 ARMS = {"plain": "glibc.malloc.hugetlb=0", "huge pages": launch.HUGE_PAGES}
 
 
-def child(tunable: str, rows: list[int], reps: int) -> dict[int, float]:
-    """`step_ms` in a fresh process whose glibc reads `tunable`: float32 ms a step, by rows."""
+def last_json(tunable: str, module: str, *args: str) -> dict[str, Any]:
+    """`python -m module args` in a fresh process whose glibc reads `tunable`: its last line."""
     env = {**os.environ, launch.TUNABLES: tunable, "JAX_PLATFORMS": "cpu"}
-    command = [sys.executable, "-m", "bench.huge_pages", "--child", "--reps", str(reps)]
-    command += ["--rows", *map(str, rows)]
+    command = [sys.executable, "-m", module, *args]
     done = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
-    return {int(k): v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
+    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
+def child(tunable: str, rows: list[int], reps: int) -> dict[int, float]:
+    """`step_ms` in a fresh process: float32 ms a step, by rows."""
+    found = last_json(
+        tunable, "bench.huge_pages", "--child", "--reps", str(reps), "--rows", *map(str, rows)
+    )
+    return {int(k): v for k, v in found.items()}
 
 
 def decode(tunable: str, prompts: int, tokens: int) -> dict[str, Any]:
-    """bench.eval_batch_speedup in a fresh process whose glibc reads `tunable`: the real Gemma
-    3 270M decoding the demo's prompts greedily, 32 rows a step (its JSON line)."""
-    env = {**os.environ, launch.TUNABLES: tunable, "JAX_PLATFORMS": "cpu"}
-    command = [sys.executable, "-m", "bench.eval_batch_speedup", "--batches", "32"]
-    command += ["--prompts", str(prompts), "--tokens", str(tokens)]
-    done = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
-    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    """bench.eval_batch_speedup in a fresh process: the real Gemma 3 270M decoding the demo's
+    prompts greedily, 32 rows a step."""
+    found = last_json(
+        tunable,
+        "bench.eval_batch_speedup",
+        "--batches",
+        "32",
+        "--prompts",
+        str(prompts),
+        "--tokens",
+        str(tokens),
+    )
     return {
         "completions_per_s": found["completions_per_s"]["32"],
         "completions_sha256": found["completions_sha256"]["32"],
